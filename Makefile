@@ -1,0 +1,42 @@
+# The two commands a new user needs: `make demo` and `make test`.
+# Both set up everything on a fresh machine with only Python 3.11 and root.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup java demo test lint bench-state-ops soak clean
+
+setup: java $(STAMP)
+
+# Java 17 for Spark (the Spark runtime needs a JVM); installed only if missing.
+java:
+	@command -v java >/dev/null 2>&1 || { \
+	  echo "java not found: installing OpenJDK 17 (headless) with apt-get"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless; }
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "weir needs Python 3.11+"'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+demo: setup
+	$(PY) -m weir.examples.fraud_demo
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy
+
+bench-state-ops: setup
+	$(PY) -m bench.state_ops
+
+soak: setup
+	$(PY) -m pytest -q -m slow
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,192 @@
+"""State descriptors: a state's unique name, kind, serializer(s) and optional TTL.
+
+Descriptors are frozen: :meth:`StateDescriptor.enable_time_to_live` returns a new
+descriptor, so write ``desc = ValueStateDescriptor("count").enable_time_to_live(cfg)``
+(or pass ``ttl=cfg``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, Self, TypeVar
+
+from weir.api.ttl import StateTtlConfig
+from weir.errors import ConfigurationError
+from weir.state.serializers import MsgpackSerializer, Serializer
+
+__all__ = [
+    "AggregateFunction",
+    "AggregatingStateDescriptor",
+    "ListStateDescriptor",
+    "MapStateDescriptor",
+    "ReducingStateDescriptor",
+    "StateDescriptor",
+    "StateKind",
+    "ValueStateDescriptor",
+]
+
+T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
+IN = TypeVar("IN")
+ACC = TypeVar("ACC")
+OUT = TypeVar("OUT")
+
+#: Names starting with this prefix are weir's own (timers, internal bookkeeping).
+RESERVED_PREFIX = "__weir"
+
+DEFAULT_SERIALIZER: Serializer[Any] = MsgpackSerializer()
+
+
+class StateKind(enum.Enum):
+    """The kind of a keyed state; stored with every snapshot."""
+
+    VALUE = "value"
+    LIST = "list"
+    MAP = "map"
+    REDUCING = "reducing"
+    AGGREGATING = "aggregating"
+
+
+class AggregateFunction(ABC, Generic[IN, ACC, OUT]):
+    """Incremental aggregation for :class:`AggregatingStateDescriptor` (Flink's
+    ``AggregateFunction``)."""
+
+    @abstractmethod
+    def create_accumulator(self) -> ACC:
+        """A new, empty accumulator."""
+
+    @abstractmethod
+    def add(self, value: IN, accumulator: ACC) -> ACC:
+        """Fold ``value`` into ``accumulator`` and return the accumulator."""
+
+    @abstractmethod
+    def get_result(self, accumulator: ACC) -> OUT:
+        """The aggregate of an accumulator."""
+
+    @abstractmethod
+    def merge(self, a: ACC, b: ACC) -> ACC:
+        """Combine two accumulators."""
+
+
+@dataclass(frozen=True)
+class StateDescriptor(ABC):
+    """Common part of every descriptor: a unique name and an optional TTL."""
+
+    name: str
+    ttl: StateTtlConfig | None = field(default=None, kw_only=True)
+
+    kind: StateKind = field(init=False, repr=False, compare=False, default=StateKind.VALUE)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigurationError(f"a state name must be a non-empty str, got {self.name!r}")
+        if self.name.startswith(RESERVED_PREFIX):
+            raise ConfigurationError(
+                f"state name {self.name!r} starts with {RESERVED_PREFIX!r}, which weir reserves"
+            )
+        if self.ttl is not None and not isinstance(self.ttl, StateTtlConfig):
+            raise ConfigurationError(f"ttl of state {self.name!r} must be a StateTtlConfig")
+
+    def enable_time_to_live(self, ttl_config: StateTtlConfig) -> Self:
+        """A copy of this descriptor whose values expire after ``ttl_config.ttl_ms``."""
+        return dataclasses.replace(self, ttl=ttl_config)
+
+    @property
+    @abstractmethod
+    def value_serializer(self) -> Serializer[Any]:
+        """The serializer of stored values (elements for list state)."""
+
+    def serializer_ids(self) -> tuple[str, ...]:
+        """The ``type_id`` of every serializer, as stored in snapshots."""
+        return (self.value_serializer.type_id,)
+
+
+@dataclass(frozen=True)
+class ValueStateDescriptor(StateDescriptor, Generic[T]):
+    """A single value per key: :class:`~weir.ValueState`."""
+
+    serializer: Serializer[T] | None = None
+    kind: StateKind = field(init=False, repr=False, compare=False, default=StateKind.VALUE)
+
+    @property
+    def value_serializer(self) -> Serializer[Any]:
+        return self.serializer or DEFAULT_SERIALIZER
+
+
+@dataclass(frozen=True)
+class ListStateDescriptor(StateDescriptor, Generic[T]):
+    """A list of elements per key: :class:`~weir.ListState`; also operator list state."""
+
+    serializer: Serializer[T] | None = None
+    kind: StateKind = field(init=False, repr=False, compare=False, default=StateKind.LIST)
+
+    @property
+    def value_serializer(self) -> Serializer[Any]:
+        return self.serializer or DEFAULT_SERIALIZER
+
+
+@dataclass(frozen=True)
+class MapStateDescriptor(StateDescriptor, Generic[K, V]):
+    """A map per key (:class:`~weir.MapState`), or broadcast state."""
+
+    key_serializer: Serializer[K] | None = None
+    serializer: Serializer[V] | None = None
+    kind: StateKind = field(init=False, repr=False, compare=False, default=StateKind.MAP)
+
+    @property
+    def value_serializer(self) -> Serializer[Any]:
+        return self.serializer or DEFAULT_SERIALIZER
+
+    @property
+    def user_key_serializer(self) -> Serializer[Any]:
+        """The serializer of the map's keys."""
+        return self.key_serializer or DEFAULT_SERIALIZER
+
+    def serializer_ids(self) -> tuple[str, ...]:
+        return (self.user_key_serializer.type_id, self.value_serializer.type_id)
+
+
+@dataclass(frozen=True)
+class ReducingStateDescriptor(StateDescriptor, Generic[T]):
+    """One value per key folded with ``reduce_function(a, b)``: :class:`~weir.ReducingState`."""
+
+    reduce_function: Callable[[T, T], T] | None = None
+    serializer: Serializer[T] | None = None
+    kind: StateKind = field(init=False, repr=False, compare=False, default=StateKind.REDUCING)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not callable(self.reduce_function):
+            raise ConfigurationError(
+                f"ReducingStateDescriptor {self.name!r} needs a reduce_function(a, b)"
+            )
+
+    @property
+    def value_serializer(self) -> Serializer[Any]:
+        return self.serializer or DEFAULT_SERIALIZER
+
+
+@dataclass(frozen=True)
+class AggregatingStateDescriptor(StateDescriptor, Generic[IN, ACC, OUT]):
+    """An accumulator per key driven by an :class:`AggregateFunction`:
+    :class:`~weir.AggregatingState`."""
+
+    aggregate_function: AggregateFunction[IN, ACC, OUT] | None = None
+    accumulator_serializer: Serializer[ACC] | None = None
+    kind: StateKind = field(init=False, repr=False, compare=False, default=StateKind.AGGREGATING)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.aggregate_function, AggregateFunction):
+            raise ConfigurationError(
+                f"AggregatingStateDescriptor {self.name!r} needs an AggregateFunction instance"
+            )
+
+    @property
+    def value_serializer(self) -> Serializer[Any]:
+        return self.accumulator_serializer or DEFAULT_SERIALIZER

@@ -1,0 +1,80 @@
+"""weir's error hierarchy: every error weir raises is a :class:`WeirError`.
+
+::
+
+    WeirError
+    ├── ConfigurationError          bad settings: parallelism, max parallelism, backend name
+    ├── StateError                  misuse of managed state
+    │   ├── StateRegistrationError  a state name registered again with another type/serializer
+    │   ├── NoKeyContextError       keyed state or timers used where there is no current key
+    │   ├── KeyGroupError           a key outside the subtask's key-group range
+    │   ├── StateSerializationError a key or value the serializer cannot encode or decode
+    │   ├── ReadOnlyStateError      writing broadcast state from the keyed (read-only) side
+    │   └── StateBackendError       the storage under a backend failed (RocksDB, disk)
+    └── RestoreError                a snapshot that cannot be restored as asked
+        └── StateMigrationError     a state restored with an incompatible type, serializer or TTL
+
+Messages say what happened, where (state name, operator uid, subtask, key group) and
+what to do about it. Lower-level errors are chained with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigurationError",
+    "KeyGroupError",
+    "NoKeyContextError",
+    "ReadOnlyStateError",
+    "RestoreError",
+    "StateBackendError",
+    "StateError",
+    "StateMigrationError",
+    "StateRegistrationError",
+    "StateSerializationError",
+    "WeirError",
+]
+
+
+class WeirError(Exception):
+    """Base class of every error raised by weir."""
+
+
+class ConfigurationError(WeirError, ValueError):
+    """A setting is out of range or inconsistent (parallelism, max parallelism, backend)."""
+
+
+class StateError(WeirError):
+    """Managed state was used in a way weir cannot honour."""
+
+
+class StateRegistrationError(StateError):
+    """A state name was registered again with a different kind, serializer or TTL."""
+
+
+class NoKeyContextError(StateError):
+    """Keyed state or a timer was used where no key is current (e.g. in ``open``)."""
+
+
+class KeyGroupError(StateError):
+    """A key belongs to a key group that the current subtask does not own."""
+
+
+class StateSerializationError(StateError):
+    """A key or a state value could not be encoded or decoded by its serializer."""
+
+
+class ReadOnlyStateError(StateError):
+    """Broadcast state was written from the keyed (read-only) side of an operator."""
+
+
+class StateBackendError(StateError):
+    """The storage under a state backend failed (RocksDB, local disk)."""
+
+
+class RestoreError(WeirError):
+    """Snapshots cannot be restored as requested."""
+
+
+class StateMigrationError(RestoreError):
+    """A restored state's kind, serializer or TTL setting is incompatible with its new
+    descriptor. Raised before any record is processed."""

@@ -1,0 +1,1 @@
+"""Runtimes that host operators: shared operator core, Spark, continuous."""

@@ -1,0 +1,533 @@
+"""The runtime-independent operator core: one parallel instance of a user function
+with its keyed state, timers, operator state and broadcast state.
+
+Every runtime (the test harness, Spark, the continuous runtime) drives the same
+:class:`KeyedOperator` / :class:`NonKeyedOperator`: set up, restore, ``open``, feed
+elements and time, ``snapshot``, ``close``.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from weir.api.context import (
+    BroadcastContext,
+    Context,
+    FunctionInitializationContext,
+    FunctionSnapshotContext,
+    KeyedContext,
+    OperatorStateStore,
+    TimeDomain,
+    TimerService,
+)
+from weir.api.descriptors import MapStateDescriptor, StateDescriptor
+from weir.api.functions import (
+    CheckpointedFunction,
+    KeyedBroadcastProcessFunction,
+    KeyedProcessFunction,
+    ProcessFunction,
+    outputs,
+)
+from weir.errors import ConfigurationError, NoKeyContextError, RestoreError, StateError
+from weir.state.backend import KeyedStateBackend
+from weir.state.hashmap import HashMapStateBackend
+from weir.state.keycontext import NO_KEY, KeyContext
+from weir.state.keyed import KeyedStateStore
+from weir.state.keygroups import (
+    KeyGroupRange,
+    check_parallelism,
+    key_group_range_for_operator,
+)
+from weir.state.operator_state import BroadcastStateStore, OperatorStateStoreImpl
+from weir.state.rocksdb import RocksDBStateBackend
+from weir.state.snapshot import (
+    OperatorSubtaskSnapshot,
+    assign_broadcast_state,
+    assign_keyed_state,
+    assign_operator_state,
+)
+from weir.state.timers import EVENT_TIMERS, PROCESSING_TIMERS, TimerQueue
+
+__all__ = [
+    "MIN_WATERMARK",
+    "KeyedOperator",
+    "NonKeyedOperator",
+    "OperatorConfig",
+    "StateBackendKind",
+    "system_clock",
+]
+
+Clock = Callable[[], int]
+#: The watermark before any has been seen (Java's Long.MIN_VALUE, as in Flink).
+MIN_WATERMARK = -(2**63)
+
+
+def system_clock() -> int:
+    """Wall-clock processing time in epoch milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+class StateBackendKind(enum.Enum):
+    """Where keyed state lives."""
+
+    HASHMAP = "hashmap"
+    ROCKSDB = "rocksdb"
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Identity and placement of one operator subtask."""
+
+    uid: str = "operator"
+    state_backend: StateBackendKind | str = StateBackendKind.HASHMAP
+    max_parallelism: int = 128
+    parallelism: int = 1
+    subtask_index: int = 0
+    #: Directory of the RocksDB instance (a temporary one if None).
+    rocksdb_path: str | Path | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.uid, str) or not self.uid:
+            raise ConfigurationError(f"operator uid must be a non-empty str, got {self.uid!r}")
+        try:
+            kind = StateBackendKind(self.state_backend)
+        except ValueError:
+            names = [k.value for k in StateBackendKind]
+            raise ConfigurationError(
+                f"unknown state_backend {self.state_backend!r}; choose one of {names}"
+            ) from None
+        object.__setattr__(self, "state_backend", kind)
+        check_parallelism(self.parallelism, self.max_parallelism)
+        index = self.subtask_index
+        if not isinstance(index, int) or not 0 <= index < self.parallelism:
+            raise ConfigurationError(
+                f"subtask_index={self.subtask_index!r} must be in [0, {self.parallelism})"
+            )
+
+    @property
+    def key_group_range(self) -> KeyGroupRange:
+        """The key groups this subtask owns."""
+        return key_group_range_for_operator(
+            self.max_parallelism, self.parallelism, self.subtask_index
+        )
+
+    def describe(self) -> str:
+        """``operator 'uid' subtask i/p`` for messages."""
+        return f"operator {self.uid!r} subtask {self.subtask_index}/{self.parallelism}"
+
+
+class _InitContext(FunctionInitializationContext):
+    def __init__(self, restored: bool, store: OperatorStateStoreImpl) -> None:
+        self._restored = restored
+        self._store = store
+
+    @property
+    def is_restored(self) -> bool:
+        return self._restored
+
+    @property
+    def operator_state_store(self) -> OperatorStateStore:
+        return self._store  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class _SnapshotContext(FunctionSnapshotContext):
+    _checkpoint_id: int
+    _timestamp: int
+
+    @property
+    def checkpoint_id(self) -> int:
+        return self._checkpoint_id
+
+    @property
+    def checkpoint_timestamp(self) -> int:
+        return self._timestamp
+
+
+class _OperatorBase(Context):
+    """Parts shared by keyed and non-keyed operators: time, operator and broadcast state."""
+
+    def __init__(
+        self,
+        function: Any,
+        config: OperatorConfig,
+        clock: Clock | None,
+        broadcast_state_descriptors: Iterable[MapStateDescriptor[Any, Any]],
+    ) -> None:
+        self.function = function
+        self.config = config
+        self.clock: Clock = clock or system_clock
+        self.watermark = MIN_WATERMARK
+        self.record_timestamp: int | None = None
+        self._broadcast_descriptors = list(broadcast_state_descriptors)
+        self._opened = False
+        self._restored = False
+        self._restored_operator: dict[str, Any] = {}
+        self._restored_broadcast: dict[str, Any] = {}
+        self.operator_state: OperatorStateStoreImpl | None = None
+        self.broadcast: BroadcastStateStore | None = None
+
+    # Context ------------------------------------------------------------------------
+    @property
+    def subtask_index(self) -> int:
+        return self.config.subtask_index
+
+    @property
+    def parallelism(self) -> int:
+        return self.config.parallelism
+
+    @property
+    def timestamp(self) -> int | None:
+        return self.record_timestamp
+
+    def current_processing_time(self) -> int:
+        return self.clock()
+
+    def current_watermark(self) -> int:
+        return self.watermark
+
+    # life cycle ---------------------------------------------------------------------
+    def _filter_snapshots(
+        self, snapshots: Sequence[OperatorSubtaskSnapshot], allow_non_restored_state: bool
+    ) -> list[OperatorSubtaskSnapshot]:
+        if self._opened:
+            raise RestoreError(f"{self.config.describe()}: restore must come before open()")
+        mine = [s for s in snapshots if s.operator_uid == self.config.uid]
+        others = sorted({s.operator_uid for s in snapshots} - {self.config.uid})
+        if others and not allow_non_restored_state:
+            raise RestoreError(
+                f"snapshot holds state of operator(s) {others} that {self.config.describe()} "
+                f"does not match (its uid is {self.config.uid!r}); restoring would drop that "
+                f"state. Give the operator the old uid, or pass allow_non_restored_state=True "
+                f"to start without it"
+            )
+        if mine and mine[0].max_parallelism != self.config.max_parallelism:
+            raise RestoreError(
+                f"{self.config.describe()}: snapshot was taken with max_parallelism="
+                f"{mine[0].max_parallelism} but the operator has max_parallelism="
+                f"{self.config.max_parallelism}; the number of key groups cannot change"
+            )
+        if mine:
+            self._restored = True
+            cfg = self.config
+            self._restored_operator = assign_operator_state(
+                mine, cfg.parallelism, cfg.subtask_index
+            )
+            self._restored_broadcast = assign_broadcast_state(mine, cfg.subtask_index)
+        return mine
+
+    def _open_common(self) -> None:
+        owner = self.config.describe()
+        self.broadcast = BroadcastStateStore(
+            owner, self._broadcast_descriptors, self._restored_broadcast
+        )
+        if isinstance(self.function, CheckpointedFunction):
+            self.operator_state = OperatorStateStoreImpl(owner, self._restored_operator)
+            self.function.initialize_state(_InitContext(self._restored, self.operator_state))
+        elif self._restored_operator:
+            raise RestoreError(
+                f"{owner}: the snapshot has operator state {sorted(self._restored_operator)} "
+                f"but the function is not a CheckpointedFunction; it would be dropped"
+            )
+        self._opened = True
+
+    def _snapshot_common(self, checkpoint_id: int, timestamp: int) -> dict[str, Any]:
+        if isinstance(self.function, CheckpointedFunction):
+            self.function.snapshot_state(_SnapshotContext(checkpoint_id, timestamp))
+        return {
+            "operator_states": self.operator_state.snapshot() if self.operator_state else {},
+            "broadcast_states": self.broadcast.snapshot() if self.broadcast else {},
+        }
+
+    def _require_open(self) -> None:
+        if not self._opened:
+            raise StateError(f"{self.config.describe()} is not open: call open() first")
+
+
+class KeyedOperator(_OperatorBase, KeyedContext, TimerService):
+    """One parallel instance of a keyed function (optionally with broadcast input)."""
+
+    def __init__(
+        self,
+        function: KeyedProcessFunction[Any, Any] | KeyedBroadcastProcessFunction[Any, Any, Any],
+        key_selector: Callable[[Any], Any],
+        config: OperatorConfig,
+        *,
+        clock: Clock | None = None,
+        broadcast_state_descriptors: Iterable[MapStateDescriptor[Any, Any]] = (),
+    ) -> None:
+        if not isinstance(function, KeyedProcessFunction | KeyedBroadcastProcessFunction):
+            raise ConfigurationError(
+                f"{config.describe()}: expected a KeyedProcessFunction or "
+                f"KeyedBroadcastProcessFunction, got {type(function).__name__}"
+            )
+        if not callable(key_selector):
+            raise ConfigurationError(f"{config.describe()}: key_selector must be callable")
+        super().__init__(function, config, clock, broadcast_state_descriptors)
+        self.key_selector = key_selector
+        self.key_context = KeyContext(
+            config.max_parallelism,
+            config.key_group_range,
+            f"{config.describe()} (key groups {config.key_group_range})",
+        )
+        self.backend = self._make_backend()
+        self.keyed_state = KeyedStateStore(self.backend, self.clock, config.describe())
+        self.event_timers = TimerQueue()
+        self.processing_timers = TimerQueue()
+        self._time_domain: TimeDomain | None = None
+
+    def _make_backend(self) -> KeyedStateBackend:
+        if self.config.state_backend is StateBackendKind.ROCKSDB:
+            return RocksDBStateBackend(self.key_context, self.config.rocksdb_path)
+        return HashMapStateBackend(self.key_context)
+
+    # life cycle ---------------------------------------------------------------------
+    def restore(
+        self,
+        snapshots: Sequence[OperatorSubtaskSnapshot],
+        *,
+        allow_non_restored_state: bool = False,
+    ) -> None:
+        """Load snapshots taken at any parallelism (before :meth:`open`)."""
+        mine = self._filter_snapshots(snapshots, allow_non_restored_state)
+        if not mine:
+            return
+        keyed = assign_keyed_state(mine, self.config.key_group_range)
+        timers = self.keyed_state.restore(keyed, (EVENT_TIMERS, PROCESSING_TIMERS))
+        self.event_timers.restore_entries(timers[EVENT_TIMERS])
+        self.processing_timers.restore_entries(timers[PROCESSING_TIMERS])
+
+    def open(self) -> None:
+        """Initialize operator state, then call the function's ``open``."""
+        self.key_context.clear()
+        self._open_common()
+        self.function.open(self)
+
+    def close(self) -> None:
+        """Call the function's ``close`` and release the backend."""
+        try:
+            if self._opened:
+                self.key_context.clear()
+                self.function.close()
+        finally:
+            self._opened = False
+            self.backend.close()
+
+    # processing ---------------------------------------------------------------------
+    def process_element(self, value: Any, timestamp: int | None = None) -> list[Any]:
+        """Process one keyed element; returns the function's outputs."""
+        self.key_context.set_current_key(self.key_selector(value))
+        self.record_timestamp = timestamp
+        result = outputs(self.function.process_element(value, self))
+        self.keyed_state.on_record()
+        return result
+
+    def process_broadcast_element(self, value: Any, timestamp: int | None = None) -> list[Any]:
+        """Process one broadcast element (keyed broadcast functions only)."""
+        fn = self.function
+        if not isinstance(fn, KeyedBroadcastProcessFunction):
+            raise ConfigurationError(
+                f"{self.config.describe()}: {type(fn).__name__} has no broadcast input"
+            )
+        self.key_context.clear()
+        self.record_timestamp = timestamp
+        return outputs(fn.process_broadcast_element(value, _BroadcastSide(self)))
+
+    def advance_watermark(self, watermark: int) -> list[Any]:
+        """Move event time to ``watermark`` and fire due event-time timers in order."""
+        if watermark <= self.watermark:
+            return []
+        self.watermark = watermark
+        return self._fire(self.event_timers, watermark, TimeDomain.EVENT_TIME)
+
+    def advance_processing_time(self, now: int | None = None) -> list[Any]:
+        """Fire processing-time timers due at ``now`` (default: the clock)."""
+        return self._fire(
+            self.processing_timers, self.clock() if now is None else now,
+            TimeDomain.PROCESSING_TIME,
+        )
+
+    def _fire(self, queue: TimerQueue, time: int, domain: TimeDomain) -> list[Any]:
+        out: list[Any] = []
+        on_timer = self.function.on_timer
+        self._time_domain = domain
+        try:
+            while (timer := queue.pop_due(time)) is not None:
+                timestamp, key = timer
+                self.key_context.set_current_prefixed_key(key)
+                self.record_timestamp = timestamp
+                out.extend(outputs(on_timer(timestamp, self)))
+        finally:
+            self._time_domain = None
+        return out
+
+    def snapshot(self, checkpoint_id: int, timestamp: int | None = None) -> OperatorSubtaskSnapshot:
+        """Everything needed to resume this subtask, as bytes."""
+        self._require_open()
+        ts = self.clock() if timestamp is None else timestamp
+        common = self._snapshot_common(checkpoint_id, ts)
+        timers = {
+            EVENT_TIMERS: self.event_timers.snapshot_entries(),
+            PROCESSING_TIMERS: self.processing_timers.snapshot_entries(),
+        }
+        cfg = self.config
+        keyed = self.keyed_state.snapshot(timers, cfg.key_group_range)
+        return OperatorSubtaskSnapshot(
+            cfg.uid, checkpoint_id, ts, cfg.parallelism, cfg.subtask_index,
+            cfg.max_parallelism, keyed, **common,
+        )
+
+    # KeyedContext -------------------------------------------------------------------
+    def get_state(self, descriptor: Any) -> Any:
+        return self.keyed_state.get_state(descriptor)
+
+    get_list_state = get_map_state = get_reducing_state = get_aggregating_state = get_state
+
+    @property
+    def current_key(self) -> Any:
+        return self.key_context.key
+
+    @property
+    def timer_service(self) -> TimerService:
+        return self
+
+    @property
+    def time_domain(self) -> TimeDomain | None:
+        return self._time_domain
+
+    def get_broadcast_state(self, descriptor: Any) -> Any:
+        assert self.broadcast is not None, "open() first"
+        return self.broadcast.read_only(descriptor)
+
+    # TimerService -------------------------------------------------------------------
+    def _timer_key(self) -> bytes:
+        key = self.key_context.key_bytes
+        if key is NO_KEY:
+            raise self.key_context.no_key_error("the timer service")
+        return key  # type: ignore[no-any-return]
+
+    def register_event_time_timer(self, timestamp: int) -> None:
+        self.event_timers.register(int(timestamp), self._timer_key())
+
+    def register_processing_time_timer(self, timestamp: int) -> None:
+        self.processing_timers.register(int(timestamp), self._timer_key())
+
+    def delete_event_time_timer(self, timestamp: int) -> None:
+        self.event_timers.delete(int(timestamp), self._timer_key())
+
+    def delete_processing_time_timer(self, timestamp: int) -> None:
+        self.processing_timers.delete(int(timestamp), self._timer_key())
+
+
+class _BroadcastSide(BroadcastContext):
+    """The context of ``process_broadcast_element``."""
+
+    def __init__(self, op: KeyedOperator) -> None:
+        self._op = op
+
+    @property
+    def subtask_index(self) -> int:
+        return self._op.subtask_index
+
+    @property
+    def parallelism(self) -> int:
+        return self._op.parallelism
+
+    @property
+    def timestamp(self) -> int | None:
+        return self._op.record_timestamp
+
+    def current_processing_time(self) -> int:
+        return self._op.clock()
+
+    def current_watermark(self) -> int:
+        return self._op.watermark
+
+    def get_broadcast_state(self, descriptor: Any) -> Any:
+        assert self._op.broadcast is not None
+        return self._op.broadcast.writable(descriptor)
+
+    def apply_to_keyed_state(
+        self, descriptor: StateDescriptor, function: Callable[[Any, Any], None]
+    ) -> None:
+        op = self._op
+        state = op.keyed_state.get_state(descriptor)
+        try:
+            for key in op.keyed_state.keys(descriptor.name):
+                op.key_context.set_current_prefixed_key(key)
+                function(op.key_context.key, state)
+        finally:
+            op.key_context.clear()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("get_") and name.endswith("state"):
+            raise NoKeyContextError(
+                f"{self._op.config.describe()}: keyed state is not available in "
+                f"process_broadcast_element (there is no current key); use "
+                f"ctx.apply_to_keyed_state(descriptor, function) to visit every key's state"
+            )
+        raise AttributeError(name)
+
+
+class NonKeyedOperator(_OperatorBase):
+    """One parallel instance of a non-keyed :class:`~weir.ProcessFunction`."""
+
+    def __init__(
+        self,
+        function: ProcessFunction[Any, Any],
+        config: OperatorConfig,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        if not isinstance(function, ProcessFunction):
+            raise ConfigurationError(
+                f"{config.describe()}: expected a ProcessFunction, got {type(function).__name__}"
+            )
+        super().__init__(function, config, clock, ())
+
+    def restore(
+        self,
+        snapshots: Sequence[OperatorSubtaskSnapshot],
+        *,
+        allow_non_restored_state: bool = False,
+    ) -> None:
+        """Load snapshots taken at any parallelism (before :meth:`open`)."""
+        mine = self._filter_snapshots(snapshots, allow_non_restored_state)
+        if any(s.keyed is not None and s.keyed.entry_count() for s in mine):
+            raise RestoreError(
+                f"{self.config.describe()}: the snapshot has keyed state, which a non-keyed "
+                f"operator would drop"
+            )
+
+    def open(self) -> None:
+        """Initialize operator state, then call the function's ``open``."""
+        self._open_common()
+        self.function.open(self)
+
+    def close(self) -> None:
+        """Call the function's ``close``."""
+        if self._opened:
+            self._opened = False
+            self.function.close()
+
+    def process_element(self, value: Any, timestamp: int | None = None) -> list[Any]:
+        """Process one element; returns the function's outputs."""
+        self.record_timestamp = timestamp
+        return outputs(self.function.process_element(value, self))
+
+    def snapshot(self, checkpoint_id: int, timestamp: int | None = None) -> OperatorSubtaskSnapshot:
+        """Operator state of this subtask, as bytes."""
+        self._require_open()
+        ts = self.clock() if timestamp is None else timestamp
+        common = self._snapshot_common(checkpoint_id, ts)
+        cfg = self.config
+        return OperatorSubtaskSnapshot(
+            cfg.uid, checkpoint_id, ts, cfg.parallelism, cfg.subtask_index,
+            cfg.max_parallelism, None, **common,
+        )
+

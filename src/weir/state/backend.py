@@ -1,0 +1,292 @@
+"""The keyed-state backend interface: storage of keyed state, by prefixed key.
+
+A backend stores, per registered state name, entries addressed by the *prefixed
+key* of ``weir.state.keycontext`` (2 bytes of key group + canonical key bytes). It
+knows nothing of TTL, reducing or aggregating functions: those wrap the tables it
+creates (``weir.state.ttl``, ``weir.state.keyed``). Three table shapes exist:
+
+* value table — one value per key (value, reducing, aggregating state);
+* list table — a list of elements per key;
+* map table — a map of user keys to values per key.
+
+Tables implement the public state interfaces directly (so a state without TTL costs
+one method call), plus ``*_at(prefixed_key)`` variants used for iteration, TTL
+cleanup and restore. Values pass through the state's serializer when the backend
+needs bytes: the RocksDB backend on every write, the hash-map backend only when it
+snapshots (live values are Python objects, as in Flink's heap backend).
+
+Snapshot entries — the canonical, backend-independent form of keyed state
+(``KeyedStateSnapshot``), identical for both backends:
+
+* value table: ``(prefixed_key, value_bytes)``
+* list table:  ``(prefixed_key, frame(element_bytes...))`` where ``frame`` is a
+  concatenation of ``uint32_be(len) + bytes`` per element
+* map table:   ``(prefixed_key + user_key_bytes, value_bytes)``
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import msgpack
+
+from weir.errors import StateSerializationError
+from weir.state.keycontext import KeyContext
+from weir.state.serializers import Serializer
+
+__all__ = [
+    "EntryFilter",
+    "KeyedStateBackend",
+    "ListTable",
+    "MapTable",
+    "SnapshotGroups",
+    "ValueTable",
+    "WriteCheck",
+    "frame",
+    "split_map_key",
+    "unframe",
+]
+
+#: ``(key, value_bytes) -> new value bytes or None to drop``; applied to snapshot
+#: and compaction entries (TTL cleanup), never on the processing path.
+EntryFilter = Callable[[bytes, bytes], bytes | None]
+#: key group -> state name -> entries
+SnapshotGroups = dict[int, dict[str, list[tuple[bytes, bytes]]]]
+
+
+def frame(elements: Iterable[bytes]) -> bytes:
+    """Length-prefixed concatenation of list elements."""
+    return b"".join(len(e).to_bytes(4, "big") + e for e in elements)
+
+
+def unframe(data: bytes) -> list[bytes]:
+    """Inverse of :func:`frame`."""
+    out = []
+    pos, end = 0, len(data)
+    while pos < end:
+        n = int.from_bytes(data[pos : pos + 4], "big")
+        out.append(data[pos + 4 : pos + 4 + n])
+        pos += 4 + n
+    return out
+
+
+def split_map_key(key: bytes) -> tuple[bytes, bytes]:
+    """Split ``prefixed_key + user_key_bytes`` (canonical keys are prefix-free)."""
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(key[2:])
+    unpacker.skip()
+    end = 2 + unpacker.tell()
+    return key[:end], key[end:]
+
+
+class WriteCheck:
+    """Checks at write time that a value's type can be encoded by the state's
+    serializer, encoding the first value of every type once. Backends that keep
+    objects (hash map) use it so a bad value fails where it is written, not at the
+    next snapshot."""
+
+    __slots__ = ("_ok", "name", "serializer")
+
+    def __init__(self, name: str, serializer: Serializer[Any]) -> None:
+        self.name = name
+        self.serializer = serializer
+        self._ok: set[type] = set()
+
+    def __call__(self, value: Any) -> None:
+        if type(value) in self._ok:
+            return
+        encode_checked(self.name, self.serializer, value)
+        self._ok.add(type(value))
+
+
+def encode_checked(name: str, serializer: Serializer[Any], value: Any) -> bytes:
+    """``serializer.encode(value)`` with failures reported as StateSerializationError."""
+    try:
+        return serializer.encode(value)
+    except StateSerializationError:
+        raise
+    except Exception as exc:
+        raise StateSerializationError(
+            f"state {name!r}: a value of type {type(value).__name__} cannot be encoded by "
+            f"{type(serializer).__name__} ({exc}); give the descriptor a serializer for this "
+            f"type (e.g. serializer=weir.PickleSerializer())"
+        ) from exc
+
+
+def decode_checked(name: str, serializer: Serializer[Any], data: bytes) -> Any:
+    """``serializer.decode(data)`` with failures reported as StateSerializationError."""
+    try:
+        return serializer.decode(data)
+    except Exception as exc:
+        raise StateSerializationError(
+            f"state {name!r}: stored bytes cannot be decoded by {type(serializer).__name__} "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+class _Table(ABC):
+    """Common part of the three table shapes."""
+
+    name: str
+
+    @abstractmethod
+    def keys_snapshot(self) -> list[bytes]:
+        """The prefixed keys that currently have state (a list: safe to mutate while
+        walking it)."""
+
+    @abstractmethod
+    def clear_at(self, key: bytes) -> None:
+        """Remove the state of one prefixed key."""
+
+
+class ValueTable(_Table):
+    """One stored value per key. Implements ``value``/``update``/``clear`` for the
+    current key (``weir.api.state.ValueState``)."""
+
+    @abstractmethod
+    def value(self) -> Any:
+        """The current key's stored value, or None."""
+
+    @abstractmethod
+    def update(self, value: Any) -> None:
+        """Store a value for the current key (None clears)."""
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Remove the current key's value."""
+
+    @abstractmethod
+    def value_at(self, key: bytes) -> Any:
+        """The stored value of a prefixed key, or None."""
+
+    @abstractmethod
+    def update_at(self, key: bytes, value: Any) -> None:
+        """Store a value for a prefixed key."""
+
+
+class ListTable(_Table):
+    """A list of stored elements per key (``weir.api.state.ListState``)."""
+
+    @abstractmethod
+    def get(self) -> list[Any]:
+        """The current key's elements (a new list)."""
+
+    @abstractmethod
+    def add(self, value: Any) -> None:
+        """Append one element."""
+
+    @abstractmethod
+    def add_all(self, values: Iterable[Any]) -> None:
+        """Append elements."""
+
+    @abstractmethod
+    def update(self, values: Iterable[Any]) -> None:
+        """Replace the elements."""
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Remove the current key's list."""
+
+    @abstractmethod
+    def get_at(self, key: bytes) -> list[Any]:
+        """The elements of a prefixed key."""
+
+    @abstractmethod
+    def update_at(self, key: bytes, values: list[Any]) -> None:
+        """Replace the elements of a prefixed key (empty list clears)."""
+
+
+class MapTable(_Table):
+    """A map per key (``weir.api.state.MapState``)."""
+
+    @abstractmethod
+    def get(self, user_key: Any, default: Any = None) -> Any:
+        """The stored value under ``user_key`` or ``default``."""
+
+    @abstractmethod
+    def put(self, user_key: Any, value: Any) -> None:
+        """Store a value under ``user_key``."""
+
+    @abstractmethod
+    def remove(self, user_key: Any) -> None:
+        """Remove ``user_key``."""
+
+    @abstractmethod
+    def contains(self, user_key: Any) -> bool:
+        """Whether ``user_key`` is present."""
+
+    @abstractmethod
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        """The current key's entries."""
+
+    @abstractmethod
+    def is_empty(self) -> bool:
+        """Whether the current key's map is empty."""
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Remove the current key's map."""
+
+    @abstractmethod
+    def items_at(self, key: bytes) -> list[tuple[Any, Any]]:
+        """The entries of a prefixed key."""
+
+    @abstractmethod
+    def remove_at(self, key: bytes, user_key: Any) -> None:
+        """Remove one entry of a prefixed key."""
+
+    @abstractmethod
+    def put_at(self, key: bytes, user_key: Any, value: Any) -> None:
+        """Store one entry of a prefixed key."""
+
+
+class KeyedStateBackend(ABC):
+    """Storage for the keyed state of one operator subtask (one key-group range)."""
+
+    #: ``"hashmap"`` or ``"rocksdb"``
+    name: str = ""
+
+    def __init__(self, key_context: KeyContext) -> None:
+        self.key_context = key_context
+
+    @abstractmethod
+    def create_value_table(
+        self, name: str, serializer: Serializer[Any], check_writes: bool = True
+    ) -> ValueTable:
+        """The value table of state ``name``, holding data restored for it, if any."""
+
+    @abstractmethod
+    def create_list_table(
+        self, name: str, serializer: Serializer[Any], check_writes: bool = True
+    ) -> ListTable:
+        """The list table of state ``name``."""
+
+    @abstractmethod
+    def create_map_table(
+        self,
+        name: str,
+        key_serializer: Serializer[Any],
+        serializer: Serializer[Any],
+        check_writes: bool = True,
+    ) -> MapTable:
+        """The map table of state ``name``."""
+
+    @abstractmethod
+    def restore_entries(self, name: str, entries: Iterable[tuple[bytes, bytes]]) -> None:
+        """Add snapshot entries (already clipped to this backend's key-group range)."""
+
+    @abstractmethod
+    def snapshot(self, filters: Mapping[str, EntryFilter]) -> SnapshotGroups:
+        """Every state's entries grouped by key group, in canonical snapshot form.
+        States restored but never registered are included unchanged."""
+
+    def compact(self, filters: Mapping[str, EntryFilter]) -> int:
+        """Run compaction with ``filters`` as compaction filters; returns the number of
+        entries dropped. Only the RocksDB backend compacts."""
+        return 0
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release resources (files of a RocksDB instance)."""

@@ -1,0 +1,314 @@
+"""The hash-map backend: keyed state as Python objects in dictionaries.
+
+Each state is a dict ``prefixed_key -> value`` (``-> list`` for list state,
+``-> dict`` for map state). Values are kept as objects and encoded with the state's
+serializer only when a snapshot is taken; a write checks once per value type that
+the serializer accepts it (``WriteCheck``). As in Flink's heap backend, a mutable
+value returned by ``value()`` is the stored object: call ``update`` after changing it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from weir.api.state import ListState, MapState, ValueState
+from weir.errors import StateError
+from weir.state.backend import (
+    EntryFilter,
+    KeyedStateBackend,
+    ListTable,
+    MapTable,
+    SnapshotGroups,
+    ValueTable,
+    WriteCheck,
+    decode_checked,
+    encode_checked,
+    frame,
+    split_map_key,
+    unframe,
+)
+from weir.state.keycontext import KeyContext, key_group_of_prefixed
+from weir.state.serializers import Serializer
+
+__all__ = ["HashMapStateBackend"]
+
+
+def _no_check(value: Any) -> None:
+    return None
+
+
+class _HashMapTable:
+    def __init__(self, name: str, ctx: KeyContext, serializer: Serializer[Any], check: bool):
+        self.name = name
+        self._ctx = ctx
+        self._serializer = serializer
+        self._check = WriteCheck(name, serializer) if check else _no_check
+        self._data: dict[bytes, Any] = {}
+
+    def keys_snapshot(self) -> list[bytes]:
+        return list(self._data)
+
+    def clear_at(self, key: bytes) -> None:
+        self._data.pop(key, None)
+
+    def _key_error(self, exc: TypeError) -> Exception:
+        if self._ctx.key_bytes.__hash__ is None:
+            return self._ctx.no_key_error(f"state {self.name!r}")
+        return exc
+
+    def _encode(self, value: Any) -> bytes:
+        return encode_checked(self.name, self._serializer, value)
+
+    def _decode(self, data: bytes) -> Any:
+        return decode_checked(self.name, self._serializer, data)
+
+
+class _ValueTable(_HashMapTable, ValueTable, ValueState[Any]):
+    def value(self) -> Any:
+        try:
+            return self._data.get(self._ctx.key_bytes)
+        except TypeError as exc:
+            raise self._key_error(exc) from None
+
+    def update(self, value: Any) -> None:
+        if value is None:
+            self.clear()
+            return
+        self._check(value)
+        try:
+            self._data[self._ctx.key_bytes] = value
+        except TypeError as exc:
+            raise self._key_error(exc) from None
+
+    def clear(self) -> None:
+        try:
+            self._data.pop(self._ctx.key_bytes, None)
+        except TypeError as exc:
+            raise self._key_error(exc) from None
+
+    def value_at(self, key: bytes) -> Any:
+        return self._data.get(key)
+
+    def update_at(self, key: bytes, value: Any) -> None:
+        self._data[key] = value
+
+    def snapshot_entries(self) -> Iterator[tuple[bytes, bytes]]:
+        encode = self._encode
+        for key, value in self._data.items():
+            yield key, encode(value)
+
+    def load(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
+        for key, data in entries:
+            self._data[key] = self._decode(data)
+
+
+class _ListTable(_HashMapTable, ListTable, ListState[Any]):
+    def _current(self) -> bytes:
+        key = self._ctx.key_bytes
+        if key.__hash__ is None:
+            raise self._ctx.no_key_error(f"state {self.name!r}")
+        return key  # type: ignore[no-any-return]
+
+    def get(self) -> list[Any]:
+        return list(self._data.get(self._current(), ()))
+
+    def add(self, value: Any) -> None:
+        if value is None:
+            raise StateError(f"list state {self.name!r}: cannot add None")
+        self._check(value)
+        key = self._current()
+        stored = self._data.get(key)
+        if stored is None:
+            self._data[key] = [value]
+        else:
+            stored.append(value)
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        values = self._checked(values)
+        if values:
+            self._data.setdefault(self._current(), []).extend(values)
+
+    def update(self, values: Iterable[Any]) -> None:
+        self.update_at(self._current(), self._checked(values))
+
+    def clear(self) -> None:
+        self._data.pop(self._current(), None)
+
+    def _checked(self, values: Iterable[Any]) -> list[Any]:
+        out = list(values)
+        for value in out:
+            if value is None:
+                raise StateError(f"list state {self.name!r}: cannot add None")
+            self._check(value)
+        return out
+
+    def get_at(self, key: bytes) -> list[Any]:
+        return list(self._data.get(key, ()))
+
+    def update_at(self, key: bytes, values: list[Any]) -> None:
+        if values:
+            self._data[key] = list(values)
+        else:
+            self._data.pop(key, None)
+
+    def snapshot_entries(self) -> Iterator[tuple[bytes, bytes]]:
+        encode = self._encode
+        for key, values in self._data.items():
+            yield key, frame([encode(v) for v in values])
+
+    def load(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
+        for key, data in entries:
+            self._data.setdefault(key, []).extend(self._decode(e) for e in unframe(data))
+
+
+class _MapTable(_HashMapTable, MapTable, MapState[Any, Any]):
+    def __init__(
+        self,
+        name: str,
+        ctx: KeyContext,
+        key_serializer: Serializer[Any],
+        serializer: Serializer[Any],
+        check: bool,
+    ):
+        super().__init__(name, ctx, serializer, check)
+        self._key_serializer = key_serializer
+        self._key_check = WriteCheck(name, key_serializer)
+
+    def _current(self) -> bytes:
+        key = self._ctx.key_bytes
+        if key.__hash__ is None:
+            raise self._ctx.no_key_error(f"state {self.name!r}")
+        return key  # type: ignore[no-any-return]
+
+    def get(self, user_key: Any, default: Any = None) -> Any:
+        entries = self._data.get(self._current())
+        if entries is None:
+            return default
+        return entries.get(user_key, default)
+
+    def put(self, user_key: Any, value: Any) -> None:
+        self._key_check(user_key)
+        self._check(value)
+        key = self._current()
+        entries = self._data.get(key)
+        if entries is None:
+            self._data[key] = {user_key: value}
+        else:
+            entries[user_key] = value
+
+    def remove(self, user_key: Any) -> None:
+        self.remove_at(self._current(), user_key)
+
+    def contains(self, user_key: Any) -> bool:
+        entries = self._data.get(self._current())
+        return entries is not None and user_key in entries
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        return iter(self.items_at(self._current()))
+
+    def is_empty(self) -> bool:
+        return not self._data.get(self._current())
+
+    def clear(self) -> None:
+        self._data.pop(self._current(), None)
+
+    def items_at(self, key: bytes) -> list[tuple[Any, Any]]:
+        entries = self._data.get(key)
+        return list(entries.items()) if entries else []
+
+    def remove_at(self, key: bytes, user_key: Any) -> None:
+        entries = self._data.get(key)
+        if entries is not None:
+            entries.pop(user_key, None)
+            if not entries:
+                del self._data[key]
+
+    def put_at(self, key: bytes, user_key: Any, value: Any) -> None:
+        self._data.setdefault(key, {})[user_key] = value
+
+    def snapshot_entries(self) -> Iterator[tuple[bytes, bytes]]:
+        encode, name, kser = self._encode, self.name, self._key_serializer
+        for key, entries in self._data.items():
+            for user_key, value in entries.items():
+                yield key + encode_checked(name, kser, user_key), encode(value)
+
+    def load(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
+        name, kser = self.name, self._key_serializer
+        for composite, data in entries:
+            key, user_key = split_map_key(composite)
+            self._data.setdefault(key, {})[decode_checked(name, kser, user_key)] = (
+                self._decode(data)
+            )
+
+
+_AnyTable = _ValueTable | _ListTable | _MapTable
+
+
+class HashMapStateBackend(KeyedStateBackend):
+    """Keyed state in memory, as Python objects; serialized only in snapshots."""
+
+    name = "hashmap"
+
+    def __init__(self, key_context: KeyContext) -> None:
+        super().__init__(key_context)
+        self._tables: dict[str, _AnyTable] = {}
+        self._restored: dict[str, list[tuple[bytes, bytes]]] = defaultdict(list)
+
+    def _register(self, table: _AnyTable) -> Any:
+        table.load(self._restored.pop(table.name, ()))
+        self._tables[table.name] = table
+        return table
+
+    def create_value_table(
+        self, name: str, serializer: Serializer[Any], check_writes: bool = True
+    ) -> ValueTable:
+        return self._register(_ValueTable(name, self.key_context, serializer, check_writes))  # type: ignore[no-any-return]
+
+    def create_list_table(
+        self, name: str, serializer: Serializer[Any], check_writes: bool = True
+    ) -> ListTable:
+        return self._register(_ListTable(name, self.key_context, serializer, check_writes))  # type: ignore[no-any-return]
+
+    def create_map_table(
+        self,
+        name: str,
+        key_serializer: Serializer[Any],
+        serializer: Serializer[Any],
+        check_writes: bool = True,
+    ) -> MapTable:
+        table = _MapTable(name, self.key_context, key_serializer, serializer, check_writes)
+        return self._register(table)  # type: ignore[no-any-return]
+
+    def restore_entries(self, name: str, entries: Iterable[tuple[bytes, bytes]]) -> None:
+        table = self._tables.get(name)
+        if table is not None:
+            table.load(entries)
+        else:
+            self._restored[name].extend(entries)
+
+    def snapshot(self, filters: Mapping[str, EntryFilter]) -> SnapshotGroups:
+        groups: SnapshotGroups = {}
+        sources: list[tuple[str, Iterable[tuple[bytes, bytes]]]] = [
+            (name, table.snapshot_entries()) for name, table in self._tables.items()
+        ]
+        sources.extend(self._restored.items())
+        for name, entries in sources:
+            keep = filters.get(name)
+            for key, data in entries:
+                if keep is not None:
+                    kept = keep(key, data)
+                    if kept is None:
+                        continue
+                    data = kept
+                group = key_group_of_prefixed(key)
+                per_group = groups.get(group)
+                if per_group is None:
+                    per_group = groups[group] = {}
+                per_group.setdefault(name, []).append((key, data))
+        return groups
+
+    def close(self) -> None:
+        self._tables.clear()
+        self._restored.clear()

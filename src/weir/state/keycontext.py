@@ -1,0 +1,98 @@
+"""The current key of a keyed operator subtask.
+
+Keyed state reads and writes the state of the current key. Setting a key computes,
+once per record, its canonical bytes and key group and checks that this subtask owns
+that group. Backends address state by the *prefixed key*: two big-endian bytes of
+key group followed by the canonical key bytes (``weir.state.keygroups``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mmh3
+
+from weir.errors import KeyGroupError, NoKeyContextError
+from weir.state.keygroups import KeyGroupRange, canonical_key_bytes, decode_key
+
+__all__ = ["NO_KEY", "KeyContext", "key_group_of_prefixed", "prefixed_key", "split_prefixed"]
+
+
+class _NoKey:
+    """Sentinel for 'no current key'. Unhashable and not bytes, so using it as a dict
+    key or RocksDB key fails at once instead of reading some other key's state."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return "<no current key>"
+
+
+NO_KEY: Any = _NoKey()
+
+
+def prefixed_key(key_group: int, key_bytes: bytes) -> bytes:
+    """Key-group prefix (2 bytes, big-endian) followed by canonical key bytes."""
+    return key_group.to_bytes(2, "big") + key_bytes
+
+
+def key_group_of_prefixed(prefixed: bytes) -> int:
+    """The key group stored in a prefixed key."""
+    return (prefixed[0] << 8) | prefixed[1]
+
+
+def split_prefixed(prefixed: bytes) -> tuple[int, Any]:
+    """``(key_group, key)`` of a prefixed key."""
+    return key_group_of_prefixed(prefixed), decode_key(prefixed[2:])
+
+
+class KeyContext:
+    """Holds the current key of one keyed operator subtask."""
+
+    __slots__ = ("description", "key", "key_bytes", "key_group", "key_group_range",
+                 "max_parallelism")
+
+    def __init__(
+        self, max_parallelism: int, key_group_range: KeyGroupRange, description: str = ""
+    ) -> None:
+        self.max_parallelism = max_parallelism
+        self.key_group_range = key_group_range
+        self.description = description
+        self.key: Any = None
+        self.key_group = -1
+        self.key_bytes: Any = NO_KEY
+
+    def set_current_key(self, key: Any) -> None:
+        """Make ``key`` current; raises :class:`KeyGroupError` if another subtask owns it."""
+        raw = canonical_key_bytes(key)
+        group = mmh3.hash(raw, 0, False) % self.max_parallelism
+        kgr = self.key_group_range
+        if not kgr.start <= group <= kgr.end:
+            raise KeyGroupError(
+                f"key {key!r} is in key group {group}, outside the key-group range {kgr} of "
+                f"{self.description or 'this subtask'} (max_parallelism="
+                f"{self.max_parallelism}): route records by "
+                f"weir.state.keygroups.assign_key_to_parallel_operator"
+            )
+        self.key = key
+        self.key_group = group
+        self.key_bytes = group.to_bytes(2, "big") + raw
+
+    def set_current_prefixed_key(self, prefixed: bytes) -> None:
+        """Make current the key stored in a prefixed key (timers, state iteration)."""
+        self.key_group, self.key = split_prefixed(prefixed)
+        self.key_bytes = prefixed
+
+    def clear(self) -> None:
+        """No key is current any more."""
+        self.key = None
+        self.key_group = -1
+        self.key_bytes = NO_KEY
+
+    def no_key_error(self, what: str) -> NoKeyContextError:
+        """The error for keyed access without a current key."""
+        return NoKeyContextError(
+            f"{what} was used without a current key in {self.description or 'this operator'}: "
+            f"keyed state and timers are only available in process_element and on_timer of a "
+            f"keyed function (not in open, close or on the broadcast side)"
+        )

@@ -1,0 +1,248 @@
+"""Keyed state of one operator subtask: registration, TTL, reduce/aggregate, snapshots.
+
+:class:`KeyedStateStore` turns descriptors into state objects over a backend's
+tables, wrapping them with TTL where the descriptor asks for it, checks that a name
+is never registered twice with another kind, serializer or TTL (also against what
+a restored snapshot says), and produces and restores :class:`KeyedStateSnapshot`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from weir.api.descriptors import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    StateKind,
+)
+from weir.api.state import AggregatingState, ReducingState, State
+from weir.errors import StateMigrationError, StateRegistrationError
+from weir.state.backend import EntryFilter, KeyedStateBackend
+from weir.state.snapshot import KeyedStateSnapshot, StateMeta
+from weir.state.ttl import (
+    IncrementalCleaner,
+    TtlListState,
+    TtlMapState,
+    TtlSerializer,
+    TtlValueState,
+    expired_entry_filter,
+)
+
+__all__ = ["AggregatingStateImpl", "KeyedStateStore", "ReducingStateImpl"]
+
+Clock = Callable[[], int]
+
+
+class ReducingStateImpl(ReducingState[Any]):
+    """Reducing state over a value cell (plain table or TTL value state)."""
+
+    def __init__(self, cell: Any, reduce_function: Callable[[Any, Any], Any]) -> None:
+        self._read = cell.value
+        self._read_for_update = getattr(cell, "value_unexpired", cell.value)
+        self._write = cell.update
+        self.clear = cell.clear  # type: ignore[method-assign]
+        self._reduce = reduce_function
+
+    def get(self) -> Any:
+        return self._read()
+
+    def add(self, value: Any) -> None:
+        current = self._read_for_update()
+        self._write(value if current is None else self._reduce(current, value))
+
+    def clear(self) -> None:  # replaced per instance in __init__
+        raise NotImplementedError
+
+
+class AggregatingStateImpl(AggregatingState[Any, Any]):
+    """Aggregating state over a value cell holding the accumulator."""
+
+    def __init__(self, cell: Any, function: Any) -> None:
+        self._read = cell.value
+        self._read_for_update = getattr(cell, "value_unexpired", cell.value)
+        self._write = cell.update
+        self.clear = cell.clear  # type: ignore[method-assign]
+        self._function = function
+
+    def get(self) -> Any:
+        acc = self._read()
+        return None if acc is None else self._function.get_result(acc)
+
+    def add(self, value: Any) -> None:
+        acc = self._read_for_update()
+        if acc is None:
+            acc = self._function.create_accumulator()
+        self._write(self._function.add(value, acc))
+
+    def clear(self) -> None:  # replaced per instance in __init__
+        raise NotImplementedError
+
+
+def meta_of(descriptor: StateDescriptor) -> StateMeta:
+    """The snapshot metadata a descriptor registers."""
+    return StateMeta(
+        descriptor.name, descriptor.kind, descriptor.serializer_ids(), descriptor.ttl is not None
+    )
+
+
+class KeyedStateStore:
+    """Registered keyed states of one subtask over one backend."""
+
+    def __init__(self, backend: KeyedStateBackend, clock: Clock, owner: str) -> None:
+        self.backend = backend
+        self._clock = clock
+        self._owner = owner
+        self._states: dict[str, tuple[StateDescriptor, StateMeta, State, Any]] = {}
+        self._metas: dict[str, StateMeta] = {}
+        self._restored_metas: dict[str, StateMeta] = {}
+        self._snapshot_filters: dict[str, Callable[[], EntryFilter]] = {}
+        self._compaction_filters: dict[str, Callable[[], EntryFilter]] = {}
+        self._record_cleaners: list[IncrementalCleaner] = []
+        self._tables: dict[str, Any] = {}
+
+    # registration -----------------------------------------------------------------
+
+    def get_state(self, descriptor: StateDescriptor) -> Any:
+        """The state object of ``descriptor`` (registered on first use)."""
+        known = self._states.get(descriptor.name)
+        meta = meta_of(descriptor)
+        if known is not None:
+            if known[1] != meta or known[0].ttl != descriptor.ttl:
+                raise StateRegistrationError(
+                    f"{self._owner}: state {descriptor.name!r} is already registered as "
+                    f"{_describe(known[1], known[0])}; it cannot be registered again as "
+                    f"{_describe(meta, descriptor)}. Use another name for the new state"
+                )
+            return known[2]
+        restored = self._restored_metas.get(descriptor.name)
+        if restored is not None and restored != meta:
+            raise StateMigrationError(
+                f"{self._owner}: state {descriptor.name!r} was restored as "
+                f"{_describe(restored, None)} but is now registered as "
+                f"{_describe(meta, descriptor)}; weir cannot read the old bytes with the new "
+                f"descriptor. Keep the old kind/serializer/TTL setting, or use a new state name"
+            )
+        state = self._create(descriptor)
+        self._states[descriptor.name] = (descriptor, meta, state, None)
+        self._metas[descriptor.name] = meta
+        return state
+
+    def _create(self, d: StateDescriptor) -> State:
+        backend, name, ttl = self.backend, d.name, d.ttl
+        serializer = d.value_serializer
+        kind = d.kind
+        storage_kind = kind if kind in (StateKind.LIST, StateKind.MAP) else StateKind.VALUE
+        table_serializer = serializer if ttl is None else TtlSerializer(serializer)
+        check = ttl is None  # TTL states check the user value themselves
+        table: Any
+        if isinstance(d, MapStateDescriptor):
+            table = backend.create_map_table(name, d.user_key_serializer, table_serializer, check)
+        elif isinstance(d, ListStateDescriptor):
+            table = backend.create_list_table(name, table_serializer, check)
+        else:
+            table = backend.create_value_table(name, table_serializer, check)
+        self._tables[name] = table
+        cell: Any = table
+        if ttl is not None:
+            cleaner = None
+            if ttl.incremental_cleanup is not None:
+                cleaner = IncrementalCleaner(storage_kind, table, ttl, self._clock)
+                if cleaner.for_every_record:
+                    self._record_cleaners.append(cleaner)
+            if ttl.cleanup_full_snapshot:
+                self._snapshot_filters[name] = lambda: expired_entry_filter(
+                    storage_kind, ttl.ttl_ms, self._clock
+                )
+            if ttl.rocksdb_compact_filter_cleanup is not None:
+                every = ttl.rocksdb_compact_filter_cleanup.query_time_after_num_entries
+                self._compaction_filters[name] = lambda: expired_entry_filter(
+                    storage_kind, ttl.ttl_ms, self._clock, every
+                )
+            args = (name, ttl, self._clock, serializer, cleaner)
+            if isinstance(d, MapStateDescriptor):
+                return TtlMapState(table, d.user_key_serializer, *args)
+            if isinstance(d, ListStateDescriptor):
+                return TtlListState(table, *args)
+            cell = TtlValueState(table, *args)
+        if isinstance(d, ReducingStateDescriptor):
+            return ReducingStateImpl(cell, d.reduce_function)  # type: ignore[arg-type]
+        if isinstance(d, AggregatingStateDescriptor):
+            return AggregatingStateImpl(cell, d.aggregate_function)
+        return cell  # type: ignore[no-any-return]
+
+    def registered(self) -> list[StateDescriptor]:
+        """Descriptors registered so far."""
+        return [entry[0] for entry in self._states.values()]
+
+    def descriptor(self, name: str) -> StateDescriptor | None:
+        """The descriptor registered under ``name``."""
+        entry = self._states.get(name)
+        return entry[0] if entry is not None else None
+
+    def keys(self, name: str) -> list[bytes]:
+        """Prefixed keys that currently have state ``name`` (empty if not registered)."""
+        table = self._tables.get(name)
+        return table.keys_snapshot() if table is not None else []
+
+    # maintenance ------------------------------------------------------------------
+
+    def on_record(self) -> None:
+        """Run per-record incremental TTL cleanup, where configured."""
+        for cleaner in self._record_cleaners:
+            cleaner.step()
+
+    def compact(self) -> int:
+        """Compact the backend with TTL compaction filters; returns entries dropped."""
+        return self.backend.compact({n: f() for n, f in self._compaction_filters.items()})
+
+    # snapshot / restore -----------------------------------------------------------
+
+    def snapshot(
+        self, timer_entries: dict[str, list[tuple[bytes, bytes]]], key_group_range: Any
+    ) -> KeyedStateSnapshot:
+        """Canonical snapshot of every state (registered or only restored) and timers."""
+        filters = {name: make() for name, make in self._snapshot_filters.items()}
+        groups = self.backend.snapshot(filters)
+        for name, entries in timer_entries.items():
+            for key, data in entries:
+                group = (key[0] << 8) | key[1]
+                groups.setdefault(group, {}).setdefault(name, []).append((key, data))
+        metas = {**self._restored_metas, **self._metas}
+        frozen = {g: {n: tuple(e) for n, e in per.items()} for g, per in groups.items()}
+        ctx = self.backend.key_context
+        return KeyedStateSnapshot(
+            ctx.max_parallelism, key_group_range, metas, tuple(timer_entries), frozen
+        )
+
+    def restore(
+        self, snapshots: Sequence[KeyedStateSnapshot], timer_names: Sequence[str]
+    ) -> dict[str, list[tuple[bytes, bytes]]]:
+        """Load keyed snapshots (already clipped to this subtask); returns timer entries."""
+        timers: dict[str, list[tuple[bytes, bytes]]] = {n: [] for n in timer_names}
+        per_state: dict[str, list[tuple[bytes, bytes]]] = {}
+        for snap in snapshots:
+            for name, meta in snap.metas.items():
+                known = self._restored_metas.setdefault(name, meta)
+                if known != meta:
+                    raise StateMigrationError(
+                        f"{self._owner}: snapshots disagree on state {name!r}: "
+                        f"{_describe(known, None)} vs {_describe(meta, None)}"
+                    )
+            for per in snap.groups.values():
+                for name, entries in per.items():
+                    target = timers if name in timers else per_state
+                    target.setdefault(name, []).extend(entries)
+        for name, state_entries in per_state.items():
+            self.backend.restore_entries(name, state_entries)
+        return timers
+
+
+def _describe(meta: StateMeta, descriptor: StateDescriptor | None) -> str:
+    ttl = "with TTL" if meta.ttl else "without TTL"
+    if descriptor is not None and descriptor.ttl is not None:
+        ttl = f"with TTL {descriptor.ttl.ttl_ms} ms"
+    return f"{meta.kind.value} state, serializers {list(meta.serializers)}, {ttl}"

@@ -1,0 +1,358 @@
+"""The RocksDB backend: keyed state in an embedded RocksDB (through rocksdict).
+
+One RocksDB instance per operator subtask, in a local directory; one column family
+per state (``s:<state name>``). Every key starts with the 2-byte key-group prefix,
+so a key-group range is a contiguous key range that can be iterated, copied and
+dropped. Keys and values are bytes laid out exactly as in the canonical snapshot
+form (``weir.state.backend``): a snapshot is a scan, a restore is a batch write.
+The write-ahead log is off: durability comes from checkpoints, not from RocksDB.
+
+rocksdict exposes no native compaction filter, so ``compact(filters)`` runs the
+filters over every entry of the filtered column families and then compacts them;
+the TTL layer calls it for ``cleanup_in_rocksdb_compact_filter``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import rocksdict
+
+from weir.api.state import ListState, MapState, ValueState
+from weir.errors import StateBackendError, StateError
+from weir.state.backend import (
+    EntryFilter,
+    KeyedStateBackend,
+    ListTable,
+    MapTable,
+    SnapshotGroups,
+    ValueTable,
+    decode_checked,
+    encode_checked,
+    frame,
+    split_map_key,
+    unframe,
+)
+from weir.state.keycontext import NO_KEY, KeyContext, key_group_of_prefixed
+from weir.state.serializers import Serializer
+
+__all__ = ["RocksDBStateBackend"]
+
+_CF_PREFIX = "s:"
+
+
+def _successor(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with ``prefix``."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+def _options() -> rocksdict.Options:
+    opts = rocksdict.Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    return opts
+
+
+class _RocksTable:
+    def __init__(self, name: str, ctx: KeyContext, cf: Any, serializer: Serializer[Any]):
+        self.name = name
+        self._ctx = ctx
+        self._cf = cf
+        self._serializer = serializer
+
+    def _current(self) -> bytes:
+        key = self._ctx.key_bytes
+        if key is NO_KEY:
+            raise self._ctx.no_key_error(f"state {self.name!r}")
+        return key  # type: ignore[no-any-return]
+
+    def _encode(self, value: Any) -> bytes:
+        return encode_checked(self.name, self._serializer, value)
+
+    def _decode(self, data: bytes) -> Any:
+        return decode_checked(self.name, self._serializer, data)
+
+    def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        it = self._cf.iter()
+        it.seek(prefix)
+        while it.valid():
+            key = it.key()
+            if not key.startswith(prefix):
+                break
+            yield key, it.value()
+            it.next()
+
+    def keys_snapshot(self) -> list[bytes]:
+        return list(self._cf.keys())
+
+    def clear_at(self, key: bytes) -> None:
+        self._cf.delete(key)
+
+
+class _ValueTable(_RocksTable, ValueTable, ValueState[Any]):
+    def value(self) -> Any:
+        data = self._cf.get(self._current())
+        return None if data is None else self._decode(data)
+
+    def update(self, value: Any) -> None:
+        if value is None:
+            self.clear()
+        else:
+            self._cf.put(self._current(), self._encode(value))
+
+    def clear(self) -> None:
+        self._cf.delete(self._current())
+
+    def value_at(self, key: bytes) -> Any:
+        data = self._cf.get(key)
+        return None if data is None else self._decode(data)
+
+    def update_at(self, key: bytes, value: Any) -> None:
+        self._cf.put(key, self._encode(value))
+
+
+class _ListTable(_RocksTable, ListTable, ListState[Any]):
+    def _frame_checked(self, values: Iterable[Any]) -> bytes:
+        parts = []
+        for value in values:
+            if value is None:
+                raise StateError(f"list state {self.name!r}: cannot add None")
+            data = self._encode(value)
+            parts.append(len(data).to_bytes(4, "big") + data)
+        return b"".join(parts)
+
+    def get(self) -> list[Any]:
+        return self.get_at(self._current())
+
+    def add(self, value: Any) -> None:
+        key = self._current()
+        framed = self._frame_checked((value,))
+        old = self._cf.get(key)
+        self._cf.put(key, framed if old is None else old + framed)
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        key = self._current()
+        framed = self._frame_checked(values)
+        if framed:
+            old = self._cf.get(key)
+            self._cf.put(key, framed if old is None else old + framed)
+
+    def update(self, values: Iterable[Any]) -> None:
+        key = self._current()
+        framed = self._frame_checked(values)
+        if framed:
+            self._cf.put(key, framed)
+        else:
+            self._cf.delete(key)
+
+    def clear(self) -> None:
+        self._cf.delete(self._current())
+
+    def get_at(self, key: bytes) -> list[Any]:
+        data = self._cf.get(key)
+        if data is None:
+            return []
+        decode = self._decode
+        return [decode(e) for e in unframe(data)]
+
+    def update_at(self, key: bytes, values: list[Any]) -> None:
+        if values:
+            self._cf.put(key, frame(self._encode(v) for v in values))
+        else:
+            self._cf.delete(key)
+
+
+class _MapTable(_RocksTable, MapTable, MapState[Any, Any]):
+    def __init__(
+        self,
+        name: str,
+        ctx: KeyContext,
+        cf: Any,
+        key_serializer: Serializer[Any],
+        serializer: Serializer[Any],
+    ):
+        super().__init__(name, ctx, cf, serializer)
+        self._key_serializer = key_serializer
+
+    def _user_key(self, user_key: Any) -> bytes:
+        return encode_checked(self.name, self._key_serializer, user_key)
+
+    def get(self, user_key: Any, default: Any = None) -> Any:
+        data = self._cf.get(self._current() + self._user_key(user_key))
+        return default if data is None else self._decode(data)
+
+    def put(self, user_key: Any, value: Any) -> None:
+        self._cf.put(self._current() + self._user_key(user_key), self._encode(value))
+
+    def remove(self, user_key: Any) -> None:
+        self._cf.delete(self._current() + self._user_key(user_key))
+
+    def contains(self, user_key: Any) -> bool:
+        return self._cf.get(self._current() + self._user_key(user_key)) is not None
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        return iter(self.items_at(self._current()))
+
+    def is_empty(self) -> bool:
+        prefix = self._current()
+        return next(self._scan(prefix), None) is None
+
+    def clear(self) -> None:
+        self.clear_at(self._current())
+
+    def clear_at(self, key: bytes) -> None:
+        end = _successor(key)
+        if end is None:
+            for composite, _ in list(self._scan(key)):
+                self._cf.delete(composite)
+        else:
+            self._cf.delete_range(key, end)
+
+    def keys_snapshot(self) -> list[bytes]:
+        out: list[bytes] = []
+        last = None
+        for composite in self._cf:
+            if last is not None and composite.startswith(last):
+                continue
+            last = split_map_key(composite)[0]
+            out.append(last)
+        return out
+
+    def items_at(self, key: bytes) -> list[tuple[Any, Any]]:
+        n = len(key)
+        name, kser, decode = self.name, self._key_serializer, self._decode
+        return [
+            (decode_checked(name, kser, composite[n:]), decode(data))
+            for composite, data in self._scan(key)
+        ]
+
+    def remove_at(self, key: bytes, user_key: Any) -> None:
+        self._cf.delete(key + self._user_key(user_key))
+
+    def put_at(self, key: bytes, user_key: Any, value: Any) -> None:
+        self._cf.put(key + self._user_key(user_key), self._encode(value))
+
+
+class RocksDBStateBackend(KeyedStateBackend):
+    """Keyed state in an embedded RocksDB under ``path`` (a fresh temporary directory
+    if not given; removed on close when weir created it)."""
+
+    name = "rocksdb"
+
+    def __init__(self, key_context: KeyContext, path: str | Path | None = None) -> None:
+        super().__init__(key_context)
+        self._owns_path = path is None
+        self.path = Path(path if path is not None else tempfile.mkdtemp(prefix="weir-rocksdb-"))
+        try:
+            self._db = rocksdict.Rdict(str(self.path), _options())
+        except Exception as exc:
+            raise StateBackendError(
+                f"cannot open RocksDB at {self.path}: {exc}; check that the directory is "
+                f"writable and not used by another process"
+            ) from exc
+        self._write_options = rocksdict.WriteOptions()
+        # rocksdict's stubs declare disable_wal a method; at run time it is a property.
+        self._write_options.disable_wal = True  # type: ignore[method-assign,assignment]
+        self._db.set_write_options(self._write_options)
+        self._families: dict[str, Any] = {}
+        self._closed = False
+
+    def _family(self, name: str) -> Any:
+        cf = self._families.get(name)
+        if cf is None:
+            cf_name = _CF_PREFIX + name
+            try:
+                cf = self._db.get_column_family(cf_name)
+            except Exception:
+                cf = self._db.create_column_family(cf_name, _options())
+            cf.set_write_options(self._write_options)
+            self._families[name] = cf
+        return cf
+
+    def create_value_table(
+        self, name: str, serializer: Serializer[Any], check_writes: bool = True
+    ) -> ValueTable:
+        return _ValueTable(name, self.key_context, self._family(name), serializer)
+
+    def create_list_table(
+        self, name: str, serializer: Serializer[Any], check_writes: bool = True
+    ) -> ListTable:
+        return _ListTable(name, self.key_context, self._family(name), serializer)
+
+    def create_map_table(
+        self,
+        name: str,
+        key_serializer: Serializer[Any],
+        serializer: Serializer[Any],
+        check_writes: bool = True,
+    ) -> MapTable:
+        return _MapTable(name, self.key_context, self._family(name), key_serializer, serializer)
+
+    def restore_entries(self, name: str, entries: Iterable[tuple[bytes, bytes]]) -> None:
+        cf = self._family(name)
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        batch.set_default_column_family(self._db.get_column_family_handle(_CF_PREFIX + name))
+        count = 0
+        for key, data in entries:
+            batch.put(key, data)
+            count += 1
+            if count % 10_000 == 0:
+                self._db.write(batch, self._write_options)
+                batch = rocksdict.WriteBatch(raw_mode=True)
+                batch.set_default_column_family(
+                    self._db.get_column_family_handle(_CF_PREFIX + name)
+                )
+        if count % 10_000:
+            self._db.write(batch, self._write_options)
+        del cf
+
+    def snapshot(self, filters: Mapping[str, EntryFilter]) -> SnapshotGroups:
+        groups: SnapshotGroups = {}
+        for name, cf in self._all_families().items():
+            keep = filters.get(name)
+            for key, data in cf.items():
+                if keep is not None:
+                    kept = keep(key, data)
+                    if kept is None:
+                        continue
+                    data = kept
+                group = key_group_of_prefixed(key)
+                per_group = groups.get(group)
+                if per_group is None:
+                    per_group = groups[group] = {}
+                per_group.setdefault(name, []).append((key, data))
+        return groups
+
+    def compact(self, filters: Mapping[str, EntryFilter]) -> int:
+        dropped = 0
+        for name, keep in filters.items():
+            cf = self._family(name)
+            for key, data in list(cf.items()):
+                kept = keep(key, data)
+                if kept is None:
+                    cf.delete(key)
+                    dropped += 1
+                elif kept != data:
+                    cf.put(key, kept)
+            cf.compact_range(None, None)
+        return dropped
+
+    def _all_families(self) -> dict[str, Any]:
+        # Every column family is opened through _family (tables and restores).
+        return dict(self._families)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._families.clear()
+        self._db.close()
+        if self._owns_path:
+            shutil.rmtree(self.path, ignore_errors=True)

@@ -1,0 +1,200 @@
+"""In-memory snapshots of one operator subtask, and how they are redistributed.
+
+A snapshot holds only bytes and plain metadata (no pickled objects): keyed state in
+the canonical per-key-group form of ``weir.state.backend`` (timers included, as the
+internal states ``__weir_timers/event`` and ``__weir_timers/processing``), operator
+list state as encoded elements with their redistribution mode, and broadcast state
+as encoded entries. Restoring at another parallelism:
+
+* keyed state — each new subtask takes the key groups of its range from every old
+  snapshot whose range intersects it;
+* even-split list state — all old elements, in subtask order, cut into contiguous
+  chunks (the first ``n % p`` subtasks get one more), as Flink's round-robin
+  repartitioner does for a single state;
+* union list state — every new subtask gets every old element;
+* broadcast state — new subtask ``i`` gets old subtask ``i % p_old``'s copy.
+
+Durable storage of these snapshots is ``weir.checkpoint``'s job.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from weir.api.descriptors import StateKind
+from weir.errors import RestoreError
+from weir.state.keygroups import KeyGroupRange
+
+__all__ = [
+    "BroadcastStateSnapshot",
+    "KeyedStateSnapshot",
+    "OperatorListStateSnapshot",
+    "OperatorSubtaskSnapshot",
+    "RedistributionMode",
+    "StateMeta",
+    "assign_broadcast_state",
+    "assign_keyed_state",
+    "assign_operator_state",
+]
+
+Entries = tuple[tuple[bytes, bytes], ...]
+
+
+class RedistributionMode(enum.Enum):
+    """How operator state is divided when the parallelism changes."""
+
+    SPLIT_DISTRIBUTE = "split_distribute"
+    UNION = "union"
+    BROADCAST = "broadcast"
+
+
+@dataclass(frozen=True, slots=True)
+class StateMeta:
+    """What a keyed state was registered as: compared on restore."""
+
+    name: str
+    kind: StateKind
+    serializers: tuple[str, ...]
+    ttl: bool = False
+
+
+@dataclass(frozen=True)
+class KeyedStateSnapshot:
+    """Keyed state of one subtask: key group -> state name -> canonical entries."""
+
+    max_parallelism: int
+    key_group_range: KeyGroupRange
+    metas: Mapping[str, StateMeta]
+    timer_states: tuple[str, ...]
+    groups: Mapping[int, Mapping[str, Entries]]
+
+    def entry_count(self) -> int:
+        """Number of stored entries (for statistics and tests)."""
+        return sum(len(e) for per in self.groups.values() for e in per.values())
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorListStateSnapshot:
+    """One operator list state of one subtask."""
+
+    name: str
+    mode: RedistributionMode
+    serializer: str
+    elements: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BroadcastStateSnapshot:
+    """One broadcast state of one subtask."""
+
+    name: str
+    serializers: tuple[str, str]
+    entries: Entries
+
+
+@dataclass(frozen=True)
+class OperatorSubtaskSnapshot:
+    """Everything one operator subtask needs to resume, as bytes and metadata."""
+
+    operator_uid: str
+    checkpoint_id: int
+    timestamp_ms: int
+    parallelism: int
+    subtask_index: int
+    max_parallelism: int
+    keyed: KeyedStateSnapshot | None = None
+    operator_states: Mapping[str, OperatorListStateSnapshot] = field(default_factory=dict)
+    broadcast_states: Mapping[str, BroadcastStateSnapshot] = field(default_factory=dict)
+
+
+def _check_same_job(snapshots: Sequence[OperatorSubtaskSnapshot]) -> None:
+    if not snapshots:
+        raise RestoreError("no snapshots to restore from")
+    first = snapshots[0]
+    for s in snapshots:
+        if s.operator_uid != first.operator_uid:
+            raise RestoreError(
+                f"snapshots of different operators mixed in one restore: "
+                f"{first.operator_uid!r} and {s.operator_uid!r}"
+            )
+        if s.max_parallelism != first.max_parallelism:
+            raise RestoreError(
+                f"operator {first.operator_uid!r}: snapshots disagree on max_parallelism "
+                f"({first.max_parallelism} vs {s.max_parallelism})"
+            )
+    indexes = sorted(s.subtask_index for s in snapshots)
+    if indexes != list(range(first.parallelism)) or any(
+        s.parallelism != first.parallelism for s in snapshots
+    ):
+        raise RestoreError(
+            f"operator {first.operator_uid!r}: expected one snapshot per subtask "
+            f"0..{first.parallelism - 1}, got subtasks {indexes}: a restore from an incomplete "
+            f"set would lose state"
+        )
+
+
+def assign_keyed_state(
+    snapshots: Sequence[OperatorSubtaskSnapshot], key_group_range: KeyGroupRange
+) -> list[KeyedStateSnapshot]:
+    """The keyed snapshots whose key groups intersect ``key_group_range``, clipped to it."""
+    _check_same_job(snapshots)
+    out = []
+    for s in sorted(snapshots, key=lambda s: s.subtask_index):
+        keyed = s.keyed
+        if keyed is None:
+            continue
+        overlap = keyed.key_group_range.intersection(key_group_range)
+        groups = {g: e for g, e in keyed.groups.items() if g in overlap}
+        out.append(
+            KeyedStateSnapshot(
+                keyed.max_parallelism, overlap, keyed.metas, keyed.timer_states, groups
+            )
+        )
+    return out
+
+
+def assign_operator_state(
+    snapshots: Sequence[OperatorSubtaskSnapshot], parallelism: int, subtask_index: int
+) -> dict[str, OperatorListStateSnapshot]:
+    """Operator list states of new subtask ``subtask_index`` of ``parallelism``."""
+    _check_same_job(snapshots)
+    ordered = sorted(snapshots, key=lambda s: s.subtask_index)
+    names: dict[str, OperatorListStateSnapshot] = {}
+    for s in ordered:
+        for name, st in s.operator_states.items():
+            known = names.setdefault(name, st)
+            if known.mode is not st.mode or known.serializer != st.serializer:
+                raise RestoreError(
+                    f"operator {s.operator_uid!r}: operator state {name!r} has different "
+                    f"modes or serializers in different subtasks"
+                )
+    out = {}
+    for name, first in names.items():
+        elements = [
+            e
+            for s in ordered
+            for e in (s.operator_states[name].elements if name in s.operator_states else ())
+        ]
+        if first.mode is RedistributionMode.UNION:
+            mine = elements
+        elif first.mode is RedistributionMode.SPLIT_DISTRIBUTE:
+            base, extra = divmod(len(elements), parallelism)
+            start = subtask_index * base + min(subtask_index, extra)
+            mine = elements[start : start + base + (1 if subtask_index < extra else 0)]
+        else:
+            old = [s for s in ordered if name in s.operator_states]
+            mine = list(old[subtask_index % len(old)].operator_states[name].elements)
+        out[name] = OperatorListStateSnapshot(name, first.mode, first.serializer, tuple(mine))
+    return out
+
+
+def assign_broadcast_state(
+    snapshots: Sequence[OperatorSubtaskSnapshot], subtask_index: int
+) -> dict[str, BroadcastStateSnapshot]:
+    """Broadcast states for new subtask ``subtask_index``: old subtask ``i % p_old``'s."""
+    _check_same_job(snapshots)
+    ordered = sorted(snapshots, key=lambda s: s.subtask_index)
+    source = ordered[subtask_index % len(ordered)]
+    return dict(source.broadcast_states)
