@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar, overload
 
 __all__ = [
     "AggregatingState",
@@ -91,8 +91,12 @@ class AggregatingState(_AppendingState[IN, OUT]):
 class MapState(State, Generic[K, V]):
     """A map per key. Also usable as ``state[k]``, ``k in state``, ``for k in state``."""
 
+    @overload
+    def get(self, key: K) -> V | None: ...
+    @overload
+    def get(self, key: K, default: D) -> V | D: ...
     @abstractmethod
-    def get(self, key: K, default: D | None = None) -> V | D | None:
+    def get(self, key: K, default: Any = None) -> Any:
         """The value under ``key`` or ``default``."""
 
     @abstractmethod
@@ -154,8 +158,12 @@ class MapState(State, Generic[K, V]):
 class ReadOnlyBroadcastState(Generic[K, V]):
     """Broadcast state as the keyed side sees it: readable, never writable."""
 
+    @overload
+    def get(self, key: K) -> V | None: ...
+    @overload
+    def get(self, key: K, default: D) -> V | D: ...
     @abstractmethod
-    def get(self, key: K, default: D | None = None) -> V | D | None:
+    def get(self, key: K, default: Any = None) -> Any:
         """The value under ``key`` or ``default``."""
 
     @abstractmethod
@@ -178,12 +186,8 @@ class ReadOnlyBroadcastState(Generic[K, V]):
         """Whether there is no entry."""
         return next(iter(self.items()), None) is None
 
-    @overload
-    def __getitem__(self, key: K) -> V: ...
-    @overload
-    def __getitem__(self, key: object) -> V: ...
-    def __getitem__(self, key: object) -> V:
-        value = self.get(key, _MISSING)  # type: ignore[arg-type]
+    def __getitem__(self, key: K) -> V:
+        value = self.get(key, _MISSING)
         if value is _MISSING:
             raise KeyError(key)
         return value  # type: ignore[return-value]

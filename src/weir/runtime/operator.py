@@ -227,7 +227,9 @@ class _OperatorBase(Context):
             owner, self._broadcast_descriptors, self._restored_broadcast
         )
         if isinstance(self.function, CheckpointedFunction):
-            self.operator_state = OperatorStateStoreImpl(owner, self._restored_operator)
+            self.operator_state = OperatorStateStoreImpl(
+                owner, self._restored_operator, self.config.subtask_index
+            )
             self.function.initialize_state(_InitContext(self._restored, self.operator_state))
         elif self._restored_operator:
             raise RestoreError(

@@ -87,18 +87,19 @@ class WriteCheck:
     objects (hash map) use it so a bad value fails where it is written, not at the
     next snapshot."""
 
-    __slots__ = ("_ok", "name", "serializer")
+    __slots__ = ("name", "ok_types", "serializer")
 
     def __init__(self, name: str, serializer: Serializer[Any]) -> None:
         self.name = name
         self.serializer = serializer
-        self._ok: set[type] = set()
+        #: Types already shown encodable; hot paths test membership inline.
+        self.ok_types: set[type] = set()
 
     def __call__(self, value: Any) -> None:
-        if type(value) in self._ok:
+        if type(value) in self.ok_types:
             return
         encode_checked(self.name, self.serializer, value)
-        self._ok.add(type(value))
+        self.ok_types.add(type(value))
 
 
 def encode_checked(name: str, serializer: Serializer[Any], value: Any) -> bytes:
@@ -139,6 +140,15 @@ class _Table(ABC):
     @abstractmethod
     def clear_at(self, key: bytes) -> None:
         """Remove the state of one prefixed key."""
+
+    def keys_page(self, cursor: Any, limit: int) -> tuple[list[bytes], Any]:
+        """Up to ``limit`` prefixed keys starting at ``cursor`` (None: the beginning),
+        and the cursor of the next page (None once the end is reached). Used by
+        incremental TTL cleanup, which walks a state a few keys at a time."""
+        keys, pos = cursor if cursor is not None else (self.keys_snapshot(), 0)
+        page = keys[pos : pos + limit]
+        pos += limit
+        return page, ((keys, pos) if pos < len(keys) else None)
 
 
 class ValueTable(_Table):

@@ -29,7 +29,7 @@ from weir.state.backend import (
     split_map_key,
     unframe,
 )
-from weir.state.keycontext import KeyContext, key_group_of_prefixed
+from weir.state.keycontext import NO_KEY, KeyContext, key_group_of_prefixed
 from weir.state.serializers import Serializer
 
 __all__ = ["HashMapStateBackend"]
@@ -44,7 +44,12 @@ class _HashMapTable:
         self.name = name
         self._ctx = ctx
         self._serializer = serializer
-        self._check = WriteCheck(name, serializer) if check else _no_check
+        if check:
+            self._check: Any = WriteCheck(name, serializer)
+            self._ok = self._check.ok_types
+        else:  # the TTL layer checks user values; stored values are (value, ts) tuples
+            self._check = _no_check
+            self._ok = {tuple}
         self._data: dict[bytes, Any] = {}
 
     def keys_snapshot(self) -> list[bytes]:
@@ -54,7 +59,7 @@ class _HashMapTable:
         self._data.pop(key, None)
 
     def _key_error(self, exc: TypeError) -> Exception:
-        if self._ctx.key_bytes.__hash__ is None:
+        if self._ctx.key_bytes is NO_KEY:
             return self._ctx.no_key_error(f"state {self.name!r}")
         return exc
 
@@ -73,20 +78,49 @@ class _ValueTable(_HashMapTable, ValueTable, ValueState[Any]):
             raise self._key_error(exc) from None
 
     def update(self, value: Any) -> None:
-        if value is None:
-            self.clear()
-            return
-        self._check(value)
+        if type(value) not in self._ok:
+            if value is None:
+                self.clear()
+                return
+            self._check(value)
         try:
             self._data[self._ctx.key_bytes] = value
         except TypeError as exc:
             raise self._key_error(exc) from None
 
-    def clear(self) -> None:
+    def reduce_add(self, function: Any, value: Any) -> None:
+        """Reducing state without TTL: store ``function(current, value)`` (or
+        ``value``) in one lookup."""
+        data = self._data
         try:
-            self._data.pop(self._ctx.key_bytes, None)
+            key = self._ctx.key_bytes
+            current = data.get(key)
         except TypeError as exc:
             raise self._key_error(exc) from None
+        result = value if current is None else function(current, value)
+        if type(result) not in self._ok:
+            self._check(result)
+        data[key] = result
+
+    def aggregate_add(self, add: Any, create: Any, value: Any) -> None:
+        """Aggregating state without TTL: store ``add(value, accumulator)`` in one
+        lookup, starting from ``create()``."""
+        data = self._data
+        try:
+            key = self._ctx.key_bytes
+            current = data.get(key)
+        except TypeError as exc:
+            raise self._key_error(exc) from None
+        result = add(value, create() if current is None else current)
+        if type(result) not in self._ok:
+            self._check(result)
+        data[key] = result
+
+    def clear(self) -> None:
+        key = self._ctx.key_bytes
+        if key is NO_KEY:  # dict.pop on an empty dict would not notice
+            raise self._ctx.no_key_error(f"state {self.name!r}")
+        self._data.pop(key, None)
 
     def value_at(self, key: bytes) -> Any:
         return self._data.get(key)
@@ -107,21 +141,30 @@ class _ValueTable(_HashMapTable, ValueTable, ValueState[Any]):
 class _ListTable(_HashMapTable, ListTable, ListState[Any]):
     def _current(self) -> bytes:
         key = self._ctx.key_bytes
-        if key.__hash__ is None:
+        if key is NO_KEY:
             raise self._ctx.no_key_error(f"state {self.name!r}")
         return key  # type: ignore[no-any-return]
 
     def get(self) -> list[Any]:
-        return list(self._data.get(self._current(), ()))
+        try:
+            stored = self._data.get(self._ctx.key_bytes)
+        except TypeError as exc:
+            raise self._key_error(exc) from None
+        return [] if stored is None else stored[:]
 
     def add(self, value: Any) -> None:
-        if value is None:
-            raise StateError(f"list state {self.name!r}: cannot add None")
-        self._check(value)
-        key = self._current()
-        stored = self._data.get(key)
+        if type(value) not in self._ok:
+            if value is None:
+                raise StateError(f"list state {self.name!r}: cannot add None")
+            self._check(value)
+        data = self._data
+        try:
+            key = self._ctx.key_bytes
+            stored = data.get(key)
+        except TypeError as exc:
+            raise self._key_error(exc) from None
         if stored is None:
-            self._data[key] = [value]
+            data[key] = [value]
         else:
             stored.append(value)
 
@@ -175,26 +218,36 @@ class _MapTable(_HashMapTable, MapTable, MapState[Any, Any]):
         super().__init__(name, ctx, serializer, check)
         self._key_serializer = key_serializer
         self._key_check = WriteCheck(name, key_serializer)
+        self._key_ok = self._key_check.ok_types
 
     def _current(self) -> bytes:
         key = self._ctx.key_bytes
-        if key.__hash__ is None:
+        if key is NO_KEY:
             raise self._ctx.no_key_error(f"state {self.name!r}")
         return key  # type: ignore[no-any-return]
 
     def get(self, user_key: Any, default: Any = None) -> Any:
-        entries = self._data.get(self._current())
+        try:
+            entries = self._data.get(self._ctx.key_bytes)
+        except TypeError as exc:
+            raise self._key_error(exc) from None
         if entries is None:
             return default
         return entries.get(user_key, default)
 
     def put(self, user_key: Any, value: Any) -> None:
-        self._key_check(user_key)
-        self._check(value)
-        key = self._current()
-        entries = self._data.get(key)
+        if type(user_key) not in self._key_ok:
+            self._key_check(user_key)
+        if type(value) not in self._ok:
+            self._check(value)
+        data = self._data
+        try:
+            key = self._ctx.key_bytes
+            entries = data.get(key)
+        except TypeError as exc:
+            raise self._key_error(exc) from None
         if entries is None:
-            self._data[key] = {user_key: value}
+            data[key] = {user_key: value}
         else:
             entries[user_key] = value
 

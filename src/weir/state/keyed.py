@@ -9,6 +9,7 @@ a restored snapshot says), and produces and restores :class:`KeyedStateSnapshot`
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from weir.api.descriptors import (
@@ -46,6 +47,9 @@ class ReducingStateImpl(ReducingState[Any]):
         self._write = cell.update
         self.clear = cell.clear  # type: ignore[method-assign]
         self._reduce = reduce_function
+        fast = getattr(cell, "reduce_add", None)
+        if fast is not None:  # the backend folds in one lookup
+            self.add = partial(fast, reduce_function)  # type: ignore[method-assign]
 
     def get(self) -> Any:
         return self._read()
@@ -67,6 +71,11 @@ class AggregatingStateImpl(AggregatingState[Any, Any]):
         self._write = cell.update
         self.clear = cell.clear  # type: ignore[method-assign]
         self._function = function
+        fast = getattr(cell, "aggregate_add", None)
+        if fast is not None:  # the backend folds in one lookup
+            self.add = partial(  # type: ignore[method-assign]
+                fast, function.add, function.create_accumulator
+            )
 
     def get(self) -> Any:
         acc = self._read()

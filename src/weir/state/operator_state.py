@@ -68,8 +68,14 @@ class OperatorListState(ListState[Any]):
 class OperatorStateStoreImpl:
     """``ctx.operator_state_store`` of a :class:`~weir.CheckpointedFunction`."""
 
-    def __init__(self, owner: str, restored: Mapping[str, OperatorListStateSnapshot]) -> None:
+    def __init__(
+        self,
+        owner: str,
+        restored: Mapping[str, OperatorListStateSnapshot],
+        subtask_index: int = 0,
+    ) -> None:
         self._owner = owner
+        self._subtask_index = subtask_index
         self._restored = dict(restored)
         self._states: dict[str, OperatorListState] = {}
 
@@ -110,8 +116,14 @@ class OperatorStateStoreImpl:
         return state
 
     def snapshot(self) -> dict[str, OperatorListStateSnapshot]:
-        """Every state, including restored ones the function has not asked for again."""
-        out = dict(self._restored)
+        """Every state, including restored ones the function has not asked for again.
+        A union state that was not asked for again is kept by subtask 0 only: every
+        subtask received all of it, so keeping every copy would multiply it."""
+        out = {
+            name: st
+            for name, st in self._restored.items()
+            if st.mode is not RedistributionMode.UNION or self._subtask_index == 0
+        }
         out.update({name: s.snapshot() for name, s in self._states.items()})
         return out
 

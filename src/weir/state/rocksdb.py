@@ -92,8 +92,45 @@ class _RocksTable:
     def keys_snapshot(self) -> list[bytes]:
         return list(self._cf.keys())
 
+    def _state_key(self, stored_key: bytes) -> bytes:
+        return stored_key
+
+    def keys_page(self, cursor: Any, limit: int) -> tuple[list[bytes], Any]:
+        # cursor: the first key of the next page, in RocksDB key order
+        it = self._cf.iter()
+        if cursor is None:
+            it.seek_to_first()
+        else:
+            it.seek(cursor)
+        page: list[bytes] = []
+        while it.valid():
+            key = self._state_key(it.key())
+            if len(page) == limit:
+                return page, key
+            page.append(key)
+            after = _successor(key)
+            if after is None:
+                break
+            it.seek(after)
+        return page, None
+
     def clear_at(self, key: bytes) -> None:
         self._cf.delete(key)
+
+    def filter_at(self, key: bytes, keep: EntryFilter) -> int:
+        """Apply a bytes-level filter to one key's stored bytes without decoding
+        values (TTL cleanup); returns the number of entries changed or dropped."""
+        data = self._cf.get(key)
+        if data is None:
+            return 0
+        kept = keep(key, data)
+        if kept is None:
+            self._cf.delete(key)
+        elif kept != data:
+            self._cf.put(key, kept)
+        else:
+            return 0
+        return 1
 
 
 class _ValueTable(_RocksTable, ValueTable, ValueState[Any]):
@@ -218,12 +255,23 @@ class _MapTable(_RocksTable, MapTable, MapState[Any, Any]):
     def keys_snapshot(self) -> list[bytes]:
         out: list[bytes] = []
         last = None
-        for composite in self._cf:
+        for composite in self._cf.keys():  # noqa: SIM118 - Rdict iteration is not raw-mode safe
             if last is not None and composite.startswith(last):
                 continue
             last = split_map_key(composite)[0]
             out.append(last)
         return out
+
+    def _state_key(self, stored_key: bytes) -> bytes:
+        return split_map_key(stored_key)[0]
+
+    def filter_at(self, key: bytes, keep: EntryFilter) -> int:
+        dropped = 0
+        for composite, data in list(self._scan(key)):
+            if keep(composite, data) is None:
+                self._cf.delete(composite)
+                dropped += 1
+        return dropped
 
     def items_at(self, key: bytes) -> list[tuple[Any, Any]]:
         n = len(key)
@@ -352,6 +400,10 @@ class RocksDBStateBackend(KeyedStateBackend):
         if self._closed:
             return
         self._closed = True
+        # Close column families before the database: a handle dropped after the
+        # database closed stalls for a second in rocksdict when the WAL is off.
+        for cf in self._families.values():
+            cf.close()
         self._families.clear()
         self._db.close()
         if self._owns_path:

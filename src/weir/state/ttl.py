@@ -102,19 +102,18 @@ class IncrementalCleaner:
         self._size = config.incremental_cleanup.cleanup_size
         self.for_every_record = config.incremental_cleanup.run_cleanup_for_every_record
         self._clock = clock
-        self._keys: list[bytes] = []
-        self._pos = 0
+        self._cursor: Any = None
 
     def step(self) -> int:
         """Check the next ``n`` keys; returns how many values were removed."""
-        if self._pos >= len(self._keys):
-            self._keys = self._table.keys_snapshot()
-            self._pos = 0
-        batch = self._keys[self._pos : self._pos + self._size]
-        self._pos += self._size
+        batch, self._cursor = self._table.keys_page(self._cursor, self._size)
+        table = self._table
+        filter_at = getattr(table, "filter_at", None)
+        if filter_at is not None:  # bytes-native table (RocksDB): no value decoding
+            keep = expired_entry_filter(self._kind, self._ttl, self._clock)
+            return sum(filter_at(key, keep) for key in batch)
         limit = self._clock() - self._ttl
         removed = 0
-        table = self._table
         for key in batch:
             if self._kind is StateKind.LIST:
                 elements = table.get_at(key)

@@ -84,6 +84,14 @@ class _HarnessBase:
         self._next_checkpoint_id = cid + 1
         return self._op.snapshot(cid)
 
+    def operator_state_of(self, name: str) -> list[Any]:
+        """The elements of an operator list state the function registered."""
+        store = self._op.operator_state
+        states = store._states if store is not None else {}
+        if name not in states:
+            raise KeyError(f"no operator state {name!r} registered; known: {sorted(states)}")
+        return states[name].get()
+
     @property
     def operator(self) -> KeyedOperator | NonKeyedOperator:
         """The hosted operator (for runtimes and advanced tests)."""
@@ -222,6 +230,17 @@ class KeyedOperatorHarness(_HarnessBase):
         from weir.state.keycontext import split_prefixed
 
         return [(ts, split_prefixed(k)[1]) for ts, k in queue.timers()]
+
+    @property
+    def watermark(self) -> int:
+        """The current event-time watermark."""
+        return self._op.watermark
+
+    def broadcast_state_of(self, descriptor: MapStateDescriptor[Any, Any]) -> dict[Any, Any]:
+        """The entries of a declared broadcast state, as a dict."""
+        self._op._require_open()
+        assert self._op.broadcast is not None
+        return dict(self._op.broadcast.read_only(descriptor).items())
 
     def compact_state(self) -> int:
         """Compact the state backend now (RocksDB TTL compaction filter); returns the

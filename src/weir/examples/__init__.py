@@ -1,0 +1,1 @@
+"""Runnable examples (``python -m weir.examples.fraud_demo``)."""
