@@ -1,0 +1,290 @@
+"""Operator (non-keyed) list and union list state of CheckpointedFunctions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from weir import (
+    CheckpointedFunction,
+    Context,
+    FunctionInitializationContext,
+    FunctionSnapshotContext,
+    KeyedContext,
+    KeyedProcessFunction,
+    ListStateDescriptor,
+    ProcessFunction,
+    RestoreError,
+    StateRegistrationError,
+    ValueStateDescriptor,
+)
+from weir.state.keygroups import assign_key_to_parallel_operator
+from weir.testing import CheckpointedFunctionHarness, KeyedOperatorHarness
+
+BUFFER = ListStateDescriptor("buffer")
+SEEN = ListStateDescriptor("seen")
+
+
+class BufferingSink(ProcessFunction[Any, Any], CheckpointedFunction):
+    """Buffers elements in a Python list (even-split list state ``buffer``) and keeps
+    ``(subtask, count)`` of elements seen per subtask in union list state ``seen``."""
+
+    def __init__(self) -> None:
+        self.buffer: list[Any] = []
+        self.count = 0
+        self.is_restored: bool | None = None
+        self.snapshot_ids: list[int] = []
+
+    def initialize_state(self, ctx: FunctionInitializationContext) -> None:
+        self.is_restored = ctx.is_restored
+        store = ctx.operator_state_store
+        self.buffer_state = store.get_list_state(BUFFER)
+        self.seen_state = store.get_union_list_state(SEEN)
+        self.buffer = self.buffer_state.get()
+        self.restored_seen = self.seen_state.get()
+
+    def open(self, ctx: Context) -> None:
+        self.subtask = ctx.subtask_index
+
+    def process_element(self, value: Any, ctx: Context) -> None:
+        self.buffer.append(value)
+        self.count += 1
+
+    def snapshot_state(self, ctx: FunctionSnapshotContext) -> None:
+        self.snapshot_ids.append(ctx.checkpoint_id)
+        self.buffer_state.update(self.buffer)
+        self.seen_state.update([(self.subtask, self.count)])
+
+
+def run_sinks(chunks: list[list[Any]]) -> list[Any]:
+    """One fresh subtask per chunk (parallelism = len(chunks)); their snapshots."""
+    snaps = []
+    for index, chunk in enumerate(chunks):
+        with CheckpointedFunctionHarness(
+            BufferingSink(), parallelism=len(chunks), subtask_index=index
+        ) as h:
+            for element in chunk:
+                h.process_element(element)
+            snaps.append(h.snapshot())
+    return snaps
+
+
+def restore_all(snaps: list[Any], parallelism: int, **kwargs: Any) -> list[BufferingSink]:
+    """Restore every subtask of ``parallelism`` from ``snaps``; their functions."""
+    sinks = []
+    for index in range(parallelism):
+        sink = BufferingSink()
+        CheckpointedFunctionHarness.restore(
+            sink, snaps, parallelism=parallelism, subtask_index=index, **kwargs
+        ).close()
+        sinks.append(sink)
+    return sinks
+
+
+def test_is_restored_is_false_on_a_fresh_start_and_true_on_restore() -> None:
+    fresh = BufferingSink()
+    with CheckpointedFunctionHarness(fresh) as h:
+        h.process_element("x")
+        snap = h.snapshot()
+    assert fresh.is_restored is False
+    assert fresh.snapshot_ids == [1]
+    (restored,) = restore_all([snap], 1)
+    assert restored.is_restored is True
+    assert restored.buffer == ["x"]
+
+
+def test_restored_subtask_counts_checkpoint_ids_on_from_the_snapshot() -> None:
+    with CheckpointedFunctionHarness(BufferingSink()) as h:
+        h.snapshot()
+        snap = h.snapshot(checkpoint_id=7)
+    sink = BufferingSink()
+    with CheckpointedFunctionHarness.restore(sink, [snap], parallelism=1, subtask_index=0) as r:
+        r.snapshot()
+    assert sink.snapshot_ids == [8]
+
+
+def test_elements_not_snapshotted_into_state_are_not_restored() -> None:
+    with CheckpointedFunctionHarness(BufferingSink()) as h:
+        h.process_element("before")
+        snap = h.snapshot()
+        h.process_element("after")
+    (restored,) = restore_all([snap], 1)
+    assert restored.buffer == ["before"]
+
+
+@pytest.mark.parametrize(
+    ("chunks", "new_p", "expected"),
+    [
+        ([list(range(5))], 2, [[0, 1, 2], [3, 4]]),
+        ([[0, 1], [2, 3, 4], [5, 6]], 2, [[0, 1, 2, 3], [4, 5, 6]]),
+        ([["a", "b", "c"], ["d", "e", "f", "g"]], 5,
+         [["a", "b"], ["c", "d"], ["e"], ["f"], ["g"]]),
+        ([[1, 2], [], [3]], 2, [[1, 2], [3]]),
+        ([[1], [2]], 5, [[1], [2], [], [], []]),
+    ],
+    ids=["1to2", "3to2", "2to5", "3to2-with-empty-subtask", "2to5-fewer-elements-than-subtasks"],
+)
+def test_list_state_is_split_into_contiguous_chunks_in_subtask_order(
+    chunks: list[list[Any]], new_p: int, expected: list[list[Any]]
+) -> None:
+    sinks = restore_all(run_sinks(chunks), new_p)
+    assert [s.buffer for s in sinks] == expected
+    everything = [e for chunk in chunks for e in chunk]
+    assert [e for s in sinks for e in s.buffer] == everything
+    base, extra = divmod(len(everything), new_p)
+    assert [len(s.buffer) for s in sinks] == [base + (i < extra) for i in range(new_p)]
+
+
+@pytest.mark.parametrize(
+    ("chunks", "new_p"),
+    [([["a"] * 4], 2), ([["a"], ["b", "b"], []], 2), ([["a"] * 3, ["b"] * 2], 5)],
+    ids=["1to2", "3to2", "2to5"],
+)
+def test_union_list_state_gives_every_new_subtask_all_elements(
+    chunks: list[list[Any]], new_p: int
+) -> None:
+    sinks = restore_all(run_sinks(chunks), new_p)
+    expected = [(index, len(chunk)) for index, chunk in enumerate(chunks)]
+    assert [s.restored_seen for s in sinks] == [expected] * new_p
+
+
+def test_rescaled_state_survives_a_second_rescale_unchanged() -> None:
+    snaps = run_sinks([list(range(4)), list(range(4, 7))])
+    for parallelism in (3, 5, 1):
+        new_snaps = []
+        for index in range(parallelism):
+            with CheckpointedFunctionHarness.restore(
+                BufferingSink(), snaps, parallelism=parallelism, subtask_index=index
+            ) as h:
+                new_snaps.append(h.snapshot())
+        snaps = new_snaps
+    (sink,) = restore_all(snaps, 1)
+    assert sink.buffer == list(range(7))
+
+
+class DoubleRegistration(ProcessFunction[Any, Any], CheckpointedFunction):
+    def __init__(self, second: str) -> None:
+        self.second = second
+
+    def initialize_state(self, ctx: FunctionInitializationContext) -> None:
+        store = ctx.operator_state_store
+        self.states = [store.get_list_state(BUFFER), getattr(store, self.second)(BUFFER)]
+
+    def snapshot_state(self, ctx: FunctionSnapshotContext) -> None:
+        pass
+
+    def process_element(self, value: Any, ctx: Context) -> None:
+        pass
+
+
+def test_same_name_as_list_and_union_list_state_raises_registration_error() -> None:
+    h = CheckpointedFunctionHarness(DoubleRegistration("get_union_list_state"))
+    with pytest.raises(StateRegistrationError, match="buffer"):
+        h.open()
+
+
+def test_registering_the_same_list_state_twice_returns_the_same_state() -> None:
+    fn = DoubleRegistration("get_list_state")
+    with CheckpointedFunctionHarness(fn):
+        first, second = fn.states
+        first.add("x")
+        assert second is first
+        assert second.get() == ["x"]
+
+
+def test_restoring_another_operators_snapshots_raises_restore_error() -> None:
+    snaps = run_sinks([[1, 2]])
+    with pytest.raises(RestoreError, match="allow_non_restored_state"):
+        CheckpointedFunctionHarness.restore(
+            BufferingSink(), snaps, parallelism=1, subtask_index=0, uid="other"
+        )
+
+
+def test_allow_non_restored_state_starts_empty_and_not_restored() -> None:
+    snaps = run_sinks([[1, 2], [3]])
+    sinks = restore_all(snaps, 2, uid="other", allow_non_restored_state=True)
+    assert [(s.is_restored, s.buffer, s.restored_seen) for s in sinks] == [(False, [], [])] * 2
+
+
+@pytest.mark.parametrize("missing", [0, 1, 2])
+def test_restoring_from_an_incomplete_set_of_snapshots_raises_restore_error(
+    missing: int,
+) -> None:
+    snaps = run_sinks([[1], [2], [3]])
+    del snaps[missing]
+    with pytest.raises(RestoreError, match="incomplete"):
+        CheckpointedFunctionHarness.restore(BufferingSink(), snaps, parallelism=2, subtask_index=0)
+
+
+def test_restoring_duplicate_snapshots_of_one_subtask_raises_restore_error() -> None:
+    a, _ = run_sinks([[1], [2]])
+    with pytest.raises(RestoreError):
+        CheckpointedFunctionHarness.restore(BufferingSink(), [a, a], parallelism=1, subtask_index=0)
+
+
+# keyed state and operator state together ------------------------------------------
+
+TOTAL = ValueStateDescriptor("total")
+MAX_P = 128
+
+
+class KeyedSumWithOperatorLog(KeyedProcessFunction[tuple[str, int], Any], CheckpointedFunction):
+    """Sums per key in keyed state; logs every key it saw in even-split operator state."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+        self.is_restored: bool | None = None
+
+    def initialize_state(self, ctx: FunctionInitializationContext) -> None:
+        self.is_restored = ctx.is_restored
+        self.log_state = ctx.operator_state_store.get_list_state(ListStateDescriptor("log"))
+        self.log = self.log_state.get()
+
+    def snapshot_state(self, ctx: FunctionSnapshotContext) -> None:
+        self.log_state.update(self.log)
+
+    def process_element(self, value: tuple[str, int], ctx: KeyedContext) -> list[Any]:
+        total = ctx.get_state(TOTAL)
+        total.update((total.value() or 0) + value[1])
+        self.log.append(value[0])
+        return [(ctx.current_key, total.value())]
+
+
+def test_keyed_function_with_operator_state_restores_both(backend: str) -> None:
+    fn = KeyedSumWithOperatorLog()
+    with KeyedOperatorHarness(fn, lambda e: e[0], state_backend=backend) as h:
+        assert h.process_elements([("a", 1), ("b", 2), ("a", 3)]) == [
+            ("a", 1), ("b", 2), ("a", 4),
+        ]
+        snap = h.snapshot()
+    assert fn.is_restored is False
+    restored = KeyedSumWithOperatorLog()
+    with KeyedOperatorHarness.restore(
+        restored, lambda e: e[0], [snap], parallelism=1, subtask_index=0, state_backend=backend
+    ) as r:
+        assert restored.is_restored is True
+        assert restored.log == ["a", "b", "a"]
+        assert r.state_of("a", TOTAL) == 4
+        assert r.process_element(("b", 10)) == [("b", 12)]
+
+
+def test_keyed_function_with_operator_state_rescales_both(backend: str) -> None:
+    keys = [f"k{i}" for i in range(10)]
+    fn = KeyedSumWithOperatorLog()
+    with KeyedOperatorHarness(fn, lambda e: e[0], state_backend=backend) as h:
+        h.process_elements([(k, i) for i, k in enumerate(keys)])
+        snap = h.snapshot()
+    logs, totals = [], {}
+    for index in range(2):
+        restored = KeyedSumWithOperatorLog()
+        with KeyedOperatorHarness.restore(
+            restored, lambda e: e[0], [snap], parallelism=2, subtask_index=index,
+            state_backend=backend,
+        ) as r:
+            logs.append(restored.log)
+            owned = [k for k in keys if assign_key_to_parallel_operator(k, MAX_P, 2) == index]
+            assert sorted(r.keys(TOTAL)) == sorted(owned)
+            totals.update({k: r.state_of(k, TOTAL) for k in owned})
+    assert logs == [keys[:5], keys[5:]]
+    assert totals == {k: i for i, k in enumerate(keys)}
