@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from weir.api.descriptors import (
     AggregatingStateDescriptor,
@@ -106,9 +106,23 @@ class KeyedContext(Context):
     """The context of a keyed function: ``open``, ``process_element`` and ``on_timer``
     all receive it. State objects are bound to :attr:`current_key` at every call."""
 
+    @overload
+    def get_state(self, descriptor: ValueStateDescriptor[T]) -> ValueState[T]: ...
+    @overload
+    def get_state(self, descriptor: ListStateDescriptor[T]) -> ListState[T]: ...
+    @overload
+    def get_state(self, descriptor: MapStateDescriptor[K, V]) -> MapState[K, V]: ...
+    @overload
+    def get_state(self, descriptor: ReducingStateDescriptor[T]) -> ReducingState[T]: ...
+    @overload
+    def get_state(
+        self, descriptor: AggregatingStateDescriptor[Any, Any, Any]
+    ) -> AggregatingState[Any, Any]: ...
     @abstractmethod
-    def get_state(self, descriptor: ValueStateDescriptor[T]) -> ValueState[T]:
-        """Value state of ``descriptor``."""
+    def get_state(self, descriptor: Any) -> Any:
+        """The state of any descriptor, of the descriptor's kind (value state for a
+        ``ValueStateDescriptor``, list state for a ``ListStateDescriptor``, ...).
+        The typed getters below do the same and also check the descriptor's kind."""
 
     @abstractmethod
     def get_list_state(self, descriptor: ListStateDescriptor[T]) -> ListState[T]:

@@ -25,7 +25,13 @@ from weir.api.context import (
     TimeDomain,
     TimerService,
 )
-from weir.api.descriptors import MapStateDescriptor, StateDescriptor
+from weir.api.descriptors import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+)
 from weir.api.functions import (
     CheckpointedFunction,
     KeyedBroadcastProcessFunction,
@@ -33,7 +39,13 @@ from weir.api.functions import (
     ProcessFunction,
     outputs,
 )
-from weir.errors import ConfigurationError, NoKeyContextError, RestoreError, StateError
+from weir.errors import (
+    ConfigurationError,
+    NoKeyContextError,
+    RestoreError,
+    StateError,
+    StateRegistrationError,
+)
 from weir.state.backend import KeyedStateBackend
 from weir.state.hashmap import HashMapStateBackend
 from weir.state.keycontext import NO_KEY, KeyContext
@@ -385,10 +397,28 @@ class KeyedOperator(_OperatorBase, KeyedContext, TimerService):
         )
 
     # KeyedContext -------------------------------------------------------------------
-    def get_state(self, descriptor: Any) -> Any:
+    def _get(self, descriptor: Any, expected: type[Any], method: str) -> Any:
+        if not isinstance(descriptor, expected):
+            raise StateRegistrationError(
+                f"{self.config.describe()}: ctx.{method} needs a {expected.__name__}, got "
+                f"{type(descriptor).__name__} {getattr(descriptor, 'name', '')!r}"
+            )
         return self.keyed_state.get_state(descriptor)
 
-    get_list_state = get_map_state = get_reducing_state = get_aggregating_state = get_state
+    def get_state(self, descriptor: Any) -> Any:
+        return self._get(descriptor, StateDescriptor, "get_state")
+
+    def get_list_state(self, descriptor: Any) -> Any:
+        return self._get(descriptor, ListStateDescriptor, "get_list_state")
+
+    def get_map_state(self, descriptor: Any) -> Any:
+        return self._get(descriptor, MapStateDescriptor, "get_map_state")
+
+    def get_reducing_state(self, descriptor: Any) -> Any:
+        return self._get(descriptor, ReducingStateDescriptor, "get_reducing_state")
+
+    def get_aggregating_state(self, descriptor: Any) -> Any:
+        return self._get(descriptor, AggregatingStateDescriptor, "get_aggregating_state")
 
     @property
     def current_key(self) -> Any:

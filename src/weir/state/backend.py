@@ -20,7 +20,10 @@ Snapshot entries — the canonical, backend-independent form of keyed state
 
 * value table: ``(prefixed_key, value_bytes)``
 * list table:  ``(prefixed_key, frame(element_bytes...))`` where ``frame`` is a
-  concatenation of ``uint32_be(len) + bytes`` per element
+  msgpack array32 (``0xdd``, ``uint32_be(count)``) with one item per element: the
+  element's msgpack encoding itself when the serializer is msgpack
+  (``inline_in_msgpack_array``), else a msgpack ``bin`` holding the encoded element.
+  Appending patches the count; reading a msgpack list is one C-level unpack
 * map table:   ``(prefixed_key + user_key_bytes, value_bytes)``
 """
 
@@ -56,20 +59,36 @@ EntryFilter = Callable[[bytes, bytes], bytes | None]
 SnapshotGroups = dict[int, dict[str, list[tuple[bytes, bytes]]]]
 
 
-def frame(elements: Iterable[bytes]) -> bytes:
-    """Length-prefixed concatenation of list elements."""
-    return b"".join(len(e).to_bytes(4, "big") + e for e in elements)
+_ARRAY32 = b"\xdd"
+_pack_bin = msgpack.Packer(use_bin_type=True).pack
+
+
+def frame(elements: Iterable[bytes], inline: bool = False) -> bytes:
+    """List elements (already encoded) as a msgpack array32 (see the module doc)."""
+    items, count = frame_items(elements, inline)
+    return _ARRAY32 + count.to_bytes(4, "big") + items
+
+
+def frame_items(elements: Iterable[bytes], inline: bool = False) -> tuple[bytes, int]:
+    """The framed items of ``elements`` without the array header, and their count:
+    what :func:`frame_append` adds to an existing frame."""
+    items = list(elements) if inline else [_pack_bin(e) for e in elements]
+    return b"".join(items), len(items)
+
+
+def frame_append(framed: bytes | None, items: bytes, count: int) -> bytes:
+    """``framed`` (or an empty list) with ``count`` more framed ``items`` appended."""
+    if framed is None:
+        return _ARRAY32 + count.to_bytes(4, "big") + items
+    total = int.from_bytes(framed[1:5], "big") + count
+    return _ARRAY32 + total.to_bytes(4, "big") + framed[5:] + items
 
 
 def unframe(data: bytes) -> list[bytes]:
-    """Inverse of :func:`frame`."""
-    out = []
-    pos, end = 0, len(data)
-    while pos < end:
-        n = int.from_bytes(data[pos : pos + 4], "big")
-        out.append(data[pos + 4 : pos + 4 + n])
-        pos += 4 + n
-    return out
+    """Inverse of :func:`frame` for bin items (serializers that are not inline)."""
+    if data[:1] != _ARRAY32:
+        raise StateSerializationError("list state bytes do not start with a msgpack array32")
+    return msgpack.unpackb(data, raw=False)  # type: ignore[no-any-return]
 
 
 def split_map_key(key: bytes) -> tuple[bytes, bytes]:

@@ -139,6 +139,10 @@ class _ValueTable(_HashMapTable, ValueTable, ValueState[Any]):
 
 
 class _ListTable(_HashMapTable, ListTable, ListState[Any]):
+    def __init__(self, name: str, ctx: KeyContext, serializer: Serializer[Any], check: bool):
+        super().__init__(name, ctx, serializer, check)
+        self._inline = serializer.inline_in_msgpack_array
+
     def _current(self) -> bytes:
         key = self._ctx.key_bytes
         if key is NO_KEY:
@@ -199,11 +203,15 @@ class _ListTable(_HashMapTable, ListTable, ListState[Any]):
     def snapshot_entries(self) -> Iterator[tuple[bytes, bytes]]:
         encode = self._encode
         for key, values in self._data.items():
-            yield key, frame([encode(v) for v in values])
+            yield key, frame([encode(v) for v in values], self._inline)
 
     def load(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
         for key, data in entries:
-            self._data.setdefault(key, []).extend(self._decode(e) for e in unframe(data))
+            if self._inline:
+                values = self._decode(data)
+            else:
+                values = [self._decode(e) for e in unframe(data)]
+            self._data.setdefault(key, []).extend(values)
 
 
 class _MapTable(_HashMapTable, MapTable, MapState[Any, Any]):

@@ -145,7 +145,7 @@ class KeyedStateStore:
         serializer = d.value_serializer
         kind = d.kind
         storage_kind = kind if kind in (StateKind.LIST, StateKind.MAP) else StateKind.VALUE
-        table_serializer = serializer if ttl is None else TtlSerializer(serializer)
+        table_serializer = serializer if ttl is None else TtlSerializer(serializer, name)
         check = ttl is None  # TTL states check the user value themselves
         table: Any
         if isinstance(d, MapStateDescriptor):

@@ -34,6 +34,8 @@ from weir.state.backend import (
     decode_checked,
     encode_checked,
     frame,
+    frame_append,
+    frame_items,
     split_map_key,
     unframe,
 )
@@ -156,36 +158,37 @@ class _ValueTable(_RocksTable, ValueTable, ValueState[Any]):
 
 
 class _ListTable(_RocksTable, ListTable, ListState[Any]):
-    def _frame_checked(self, values: Iterable[Any]) -> bytes:
-        parts = []
+    def __init__(self, name: str, ctx: KeyContext, cf: Any, serializer: Serializer[Any]):
+        super().__init__(name, ctx, cf, serializer)
+        self._inline = serializer.inline_in_msgpack_array
+
+    def _frame_checked(self, values: Iterable[Any]) -> tuple[bytes, int]:
+        encoded = []
         for value in values:
             if value is None:
                 raise StateError(f"list state {self.name!r}: cannot add None")
-            data = self._encode(value)
-            parts.append(len(data).to_bytes(4, "big") + data)
-        return b"".join(parts)
+            encoded.append(self._encode(value))
+        return frame_items(encoded, self._inline)
 
     def get(self) -> list[Any]:
         return self.get_at(self._current())
 
     def add(self, value: Any) -> None:
         key = self._current()
-        framed = self._frame_checked((value,))
-        old = self._cf.get(key)
-        self._cf.put(key, framed if old is None else old + framed)
+        items, count = self._frame_checked((value,))
+        self._cf.put(key, frame_append(self._cf.get(key), items, count))
 
     def add_all(self, values: Iterable[Any]) -> None:
         key = self._current()
-        framed = self._frame_checked(values)
-        if framed:
-            old = self._cf.get(key)
-            self._cf.put(key, framed if old is None else old + framed)
+        items, count = self._frame_checked(values)
+        if count:
+            self._cf.put(key, frame_append(self._cf.get(key), items, count))
 
     def update(self, values: Iterable[Any]) -> None:
         key = self._current()
-        framed = self._frame_checked(values)
-        if framed:
-            self._cf.put(key, framed)
+        items, count = self._frame_checked(values)
+        if count:
+            self._cf.put(key, frame_append(None, items, count))
         else:
             self._cf.delete(key)
 
@@ -196,12 +199,18 @@ class _ListTable(_RocksTable, ListTable, ListState[Any]):
         data = self._cf.get(key)
         if data is None:
             return []
-        decode = self._decode
-        return [decode(e) for e in unframe(data)]
+        if self._inline:  # the whole list is one msgpack array
+            return self._decode(data)  # type: ignore[no-any-return]
+        decode = self._serializer.decode
+        elements = unframe(data)
+        try:
+            return [decode(e) for e in elements]
+        except Exception:  # name the state and the problem
+            return [self._decode(e) for e in elements]
 
     def update_at(self, key: bytes, values: list[Any]) -> None:
         if values:
-            self._cf.put(key, frame(self._encode(v) for v in values))
+            self._cf.put(key, frame((self._encode(v) for v in values), self._inline))
         else:
             self._cf.delete(key)
 

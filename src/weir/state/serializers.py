@@ -48,6 +48,10 @@ class Serializer(ABC, Generic[T]):
     """
 
     type_id: str = ""
+    #: True if every encoding is exactly one msgpack object and :meth:`decode` of a
+    #: msgpack array of such encodings returns the list of values. List state then
+    #: stores elements inline in the array instead of wrapping each in a ``bin``.
+    inline_in_msgpack_array: bool = False
 
     @abstractmethod
     def encode(self, value: T) -> bytes:
@@ -106,6 +110,7 @@ class MsgpackSerializer(Serializer[Any]):
     types are rejected with a clear error — use :class:`PickleSerializer` or your own."""
 
     type_id = "msgpack/1"
+    inline_in_msgpack_array = True
 
     def __init__(self) -> None:
         self._packer = msgpack.Packer(

@@ -20,6 +20,7 @@ from weir.state.backend import (
     MapTable,
     ValueTable,
     WriteCheck,
+    encode_checked,
     frame,
     unframe,
 )
@@ -41,12 +42,16 @@ _MISSING: Any = object()
 class TtlSerializer(Serializer[tuple[Any, int]]):
     """``(value, timestamp_ms)`` as ``int64_be(timestamp) + inner.encode(value)``."""
 
-    def __init__(self, inner: Serializer[Any]) -> None:
+    def __init__(self, inner: Serializer[Any], state_name: str = "") -> None:
         self.inner = inner
+        self.state_name = state_name
         self.type_id = f"ttl({inner.type_id})"
 
     def encode(self, value: tuple[Any, int]) -> bytes:
-        return value[1].to_bytes(8, "big", signed=True) + self.inner.encode(value[0])
+        # Encode the user's value through encode_checked so that a failure names the
+        # state and the user's type, not the internal (value, timestamp) pair.
+        data = encode_checked(self.state_name, self.inner, value[0])
+        return value[1].to_bytes(8, "big", signed=True) + data
 
     def decode(self, data: bytes) -> tuple[Any, int]:
         return self.inner.decode(data[8:]), int.from_bytes(data[:8], "big", signed=True)
