@@ -215,6 +215,11 @@ class _ListTable(_HashMapTable, ListTable, ListState[Any]):
 
 
 class _MapTable(_HashMapTable, MapTable, MapState[Any, Any]):
+    """Entries are stored as ``identity -> (user_key, value)``. The identity of a user
+    key is the key itself for ``str`` and ``(int, k)`` for ``int``, else its encoded
+    bytes, so keys equal in Python but encoded differently (``1``, ``True``, ``1.0``)
+    stay distinct entries, exactly as on RocksDB and in snapshots."""
+
     def __init__(
         self,
         name: str,
@@ -227,6 +232,11 @@ class _MapTable(_HashMapTable, MapTable, MapState[Any, Any]):
         self._key_serializer = key_serializer
         self._key_check = WriteCheck(name, key_serializer)
         self._key_ok = self._key_check.ok_types
+
+    def _identity(self, user_key: Any) -> Any:
+        if type(user_key) is int:
+            return (int, user_key)
+        return encode_checked(self.name, self._key_serializer, user_key)
 
     def _current(self) -> bytes:
         key = self._ctx.key_bytes
@@ -241,7 +251,8 @@ class _MapTable(_HashMapTable, MapTable, MapState[Any, Any]):
             raise self._key_error(exc) from None
         if entries is None:
             return default
-        return entries.get(user_key, default)
+        pair = entries.get(user_key if type(user_key) is str else self._identity(user_key))
+        return default if pair is None else pair[1]
 
     def put(self, user_key: Any, value: Any) -> None:
         if type(user_key) not in self._key_ok:
@@ -254,17 +265,20 @@ class _MapTable(_HashMapTable, MapTable, MapState[Any, Any]):
             entries = data.get(key)
         except TypeError as exc:
             raise self._key_error(exc) from None
+        identity = user_key if type(user_key) is str else self._identity(user_key)
         if entries is None:
-            data[key] = {user_key: value}
+            data[key] = {identity: (user_key, value)}
         else:
-            entries[user_key] = value
+            entries[identity] = (user_key, value)
 
     def remove(self, user_key: Any) -> None:
         self.remove_at(self._current(), user_key)
 
     def contains(self, user_key: Any) -> bool:
         entries = self._data.get(self._current())
-        return entries is not None and user_key in entries
+        if entries is None:
+            return False
+        return (user_key if type(user_key) is str else self._identity(user_key)) in entries
 
     def items(self) -> Iterator[tuple[Any, Any]]:
         return iter(self.items_at(self._current()))
@@ -277,31 +291,30 @@ class _MapTable(_HashMapTable, MapTable, MapState[Any, Any]):
 
     def items_at(self, key: bytes) -> list[tuple[Any, Any]]:
         entries = self._data.get(key)
-        return list(entries.items()) if entries else []
+        return list(entries.values()) if entries else []
 
     def remove_at(self, key: bytes, user_key: Any) -> None:
         entries = self._data.get(key)
         if entries is not None:
-            entries.pop(user_key, None)
+            entries.pop(user_key if type(user_key) is str else self._identity(user_key), None)
             if not entries:
                 del self._data[key]
 
     def put_at(self, key: bytes, user_key: Any, value: Any) -> None:
-        self._data.setdefault(key, {})[user_key] = value
+        identity = user_key if type(user_key) is str else self._identity(user_key)
+        self._data.setdefault(key, {})[identity] = (user_key, value)
 
     def snapshot_entries(self) -> Iterator[tuple[bytes, bytes]]:
         encode, name, kser = self._encode, self.name, self._key_serializer
         for key, entries in self._data.items():
-            for user_key, value in entries.items():
+            for user_key, value in entries.values():
                 yield key + encode_checked(name, kser, user_key), encode(value)
 
     def load(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
         name, kser = self.name, self._key_serializer
         for composite, data in entries:
-            key, user_key = split_map_key(composite)
-            self._data.setdefault(key, {})[decode_checked(name, kser, user_key)] = (
-                self._decode(data)
-            )
+            key, user_key_bytes = split_map_key(composite)
+            self.put_at(key, decode_checked(name, kser, user_key_bytes), self._decode(data))
 
 
 _AnyTable = _ValueTable | _ListTable | _MapTable
