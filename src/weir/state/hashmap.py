@@ -251,7 +251,11 @@ class _MapTable(_HashMapTable, MapTable, MapState[Any, Any]):
             raise self._key_error(exc) from None
         if entries is None:
             return default
-        pair = entries.get(user_key if type(user_key) is str else self._identity(user_key))
+        kind = type(user_key)
+        pair = entries.get(
+            user_key if kind is str else (int, user_key) if kind is int
+            else self._identity(user_key)
+        )
         return default if pair is None else pair[1]
 
     def put(self, user_key: Any, value: Any) -> None:
@@ -265,7 +269,11 @@ class _MapTable(_HashMapTable, MapTable, MapState[Any, Any]):
             entries = data.get(key)
         except TypeError as exc:
             raise self._key_error(exc) from None
-        identity = user_key if type(user_key) is str else self._identity(user_key)
+        kind = type(user_key)
+        identity = (
+            user_key if kind is str else (int, user_key) if kind is int
+            else self._identity(user_key)
+        )
         if entries is None:
             data[key] = {identity: (user_key, value)}
         else:
