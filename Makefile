@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup java demo test lint bench-state-ops soak clean
+.PHONY: setup java demo test lint bench-state-ops clean
 
 setup: java $(STAMP)
 
@@ -35,8 +35,6 @@ lint: setup
 bench-state-ops: setup
 	$(PY) -m bench.state_ops
 
-soak: setup
-	$(PY) -m pytest -q -m slow
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

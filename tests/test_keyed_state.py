@@ -13,11 +13,10 @@ from typing import Any
 import pytest
 
 import weir
+from support import Action, Actions, Average, key_of
 from weir import (
-    AggregateFunction,
     AggregatingStateDescriptor,
     IntSerializer,
-    KeyedProcessFunction,
     ListStateDescriptor,
     MapStateDescriptor,
     ReducingStateDescriptor,
@@ -26,41 +25,6 @@ from weir import (
 )
 from weir.state.keygroups import assign_key_to_parallel_operator
 from weir.testing import KeyedOperatorHarness
-
-Action = Callable[[Any], Any]
-
-
-class Actions(KeyedProcessFunction[tuple[Any, Action], Any]):
-    """Runs each element's action against the context; ``on_open`` runs in ``open``."""
-
-    def __init__(self, on_open: Action | None = None) -> None:
-        self.on_open = on_open
-
-    def open(self, ctx: Any) -> None:
-        if self.on_open is not None:
-            self.on_open(ctx)
-
-    def process_element(self, value: tuple[Any, Action], ctx: Any) -> list[Any]:
-        return [value[1](ctx)]
-
-
-def key_of(element: tuple[Any, Action]) -> Any:
-    return element[0]
-
-
-class Average(AggregateFunction[float, list[float], float]):
-    def create_accumulator(self) -> list[float]:
-        return [0, 0]
-
-    def add(self, value: float, accumulator: list[float]) -> list[float]:
-        return [accumulator[0] + value, accumulator[1] + 1]
-
-    def get_result(self, accumulator: list[float]) -> float:
-        return accumulator[0] / accumulator[1]
-
-    def merge(self, a: list[float], b: list[float]) -> list[float]:
-        return [a[0] + b[0], a[1] + b[1]]
-
 
 VALUE = ValueStateDescriptor("value")
 LIST = ListStateDescriptor("list")

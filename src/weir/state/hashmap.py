@@ -58,6 +58,12 @@ class _HashMapTable:
     def clear_at(self, key: bytes) -> None:
         self._data.pop(key, None)
 
+    def _current(self) -> bytes:
+        key = self._ctx.key_bytes
+        if key is NO_KEY:
+            raise self._ctx.no_key_error(f"state {self.name!r}")
+        return key  # type: ignore[no-any-return]
+
     def _key_error(self, exc: TypeError) -> Exception:
         if self._ctx.key_bytes is NO_KEY:
             return self._ctx.no_key_error(f"state {self.name!r}")
@@ -117,10 +123,8 @@ class _ValueTable(_HashMapTable, ValueTable, ValueState[Any]):
         data[key] = result
 
     def clear(self) -> None:
-        key = self._ctx.key_bytes
-        if key is NO_KEY:  # dict.pop on an empty dict would not notice
-            raise self._ctx.no_key_error(f"state {self.name!r}")
-        self._data.pop(key, None)
+        # _current checks the key: dict.pop on an empty dict would not notice NO_KEY
+        self._data.pop(self._current(), None)
 
     def value_at(self, key: bytes) -> Any:
         return self._data.get(key)
@@ -142,12 +146,6 @@ class _ListTable(_HashMapTable, ListTable, ListState[Any]):
     def __init__(self, name: str, ctx: KeyContext, serializer: Serializer[Any], check: bool):
         super().__init__(name, ctx, serializer, check)
         self._inline = serializer.inline_in_msgpack_array
-
-    def _current(self) -> bytes:
-        key = self._ctx.key_bytes
-        if key is NO_KEY:
-            raise self._ctx.no_key_error(f"state {self.name!r}")
-        return key  # type: ignore[no-any-return]
 
     def get(self) -> list[Any]:
         try:
@@ -237,12 +235,6 @@ class _MapTable(_HashMapTable, MapTable, MapState[Any, Any]):
         if type(user_key) is int:
             return (int, user_key)
         return encode_checked(self.name, self._key_serializer, user_key)
-
-    def _current(self) -> bytes:
-        key = self._ctx.key_bytes
-        if key is NO_KEY:
-            raise self._ctx.no_key_error(f"state {self.name!r}")
-        return key  # type: ignore[no-any-return]
 
     def get(self, user_key: Any, default: Any = None) -> Any:
         try:
