@@ -40,3 +40,13 @@ class Average(AggregateFunction[float, list[float], float]):
 
     def merge(self, a: list[float], b: list[float]) -> list[float]:
         return [a[0] + b[0], a[1] + b[1]]
+
+
+def write_state(state: Any, kind: str, value: Any) -> None:
+    """Write ``value`` the way state of ``kind`` takes one (map state: under ``"k"``)."""
+    if kind == "value":
+        state.update(value)
+    elif kind == "map":
+        state.put("k", value)
+    else:
+        state.add(value)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import weir
-from support import Action, Actions, Average, key_of
+from support import Action, Actions, Average, key_of, write_state
 from weir import (
     AggregatingStateDescriptor,
     IntSerializer,
@@ -204,16 +204,7 @@ DESCS = {"value": VALUE, "list": LIST, "map": MAP, "reducing": SUM, "aggregating
 def writer(kind: str, value_of: Callable[[Any], Any] = lambda c: c.current_key) -> Action:
     """An action writing ``value_of(ctx)`` (default: the current key) to ``kind``."""
 
-    def write(c: Any) -> None:
-        state, value = c.get_state(DESCS[kind]), value_of(c)
-        if kind == "value":
-            state.update(value)
-        elif kind == "map":
-            state.put("k", value)
-        else:
-            state.add(value)
-
-    return write
+    return lambda c: write_state(c.get_state(DESCS[kind]), kind, value_of(c))
 
 
 WRITERS = {kind: (desc, writer(kind)) for kind, desc in DESCS.items()}

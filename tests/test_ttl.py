@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import weir
-from support import Action, Actions, Average, key_of
+from support import Action, Actions, Average, key_of, write_state
 from weir import (
     AggregatingStateDescriptor,
     ListStateDescriptor,
@@ -52,16 +52,7 @@ def descriptor(kind: str, cfg: StateTtlConfig | None) -> Any:
 
 
 def writer(kind: str, desc: Any, value: Any) -> Action:
-    def write(c: Any) -> None:
-        state = c.get_state(desc)
-        if kind == "value":
-            state.update(value)
-        elif kind == "map":
-            state.put("k", value)
-        else:
-            state.add(value)
-
-    return write
+    return lambda c: write_state(c.get_state(desc), kind, value)
 
 
 def seen(kind: str, value: Any) -> Any:

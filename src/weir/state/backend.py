@@ -47,6 +47,7 @@ __all__ = [
     "SnapshotGroups",
     "ValueTable",
     "WriteCheck",
+    "add_to_groups",
     "frame",
     "split_map_key",
     "unframe",
@@ -98,6 +99,27 @@ def split_map_key(key: bytes) -> tuple[bytes, bytes]:
     unpacker.skip()
     end = 2 + unpacker.tell()
     return key[:end], key[end:]
+
+
+def add_to_groups(
+    groups: SnapshotGroups,
+    name: str,
+    entries: Iterable[tuple[bytes, bytes]],
+    keep: EntryFilter | None = None,
+) -> None:
+    """Add a state's canonical entries to ``groups`` under the key group in each
+    key's 2-byte prefix, dropping or rewriting entries through ``keep``."""
+    for key, data in entries:
+        if keep is not None:
+            kept = keep(key, data)
+            if kept is None:
+                continue
+            data = kept
+        group = (key[0] << 8) | key[1]
+        per_group = groups.get(group)
+        if per_group is None:
+            per_group = groups[group] = {}
+        per_group.setdefault(name, []).append((key, data))
 
 
 class WriteCheck:
@@ -307,9 +329,17 @@ class KeyedStateBackend(ABC):
         """Add snapshot entries (already clipped to this backend's key-group range)."""
 
     @abstractmethod
+    def snapshot_sources(self) -> Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]]:
+        """``(state name, canonical entries)`` of every state, including states
+        restored but never registered."""
+
     def snapshot(self, filters: Mapping[str, EntryFilter]) -> SnapshotGroups:
-        """Every state's entries grouped by key group, in canonical snapshot form.
-        States restored but never registered are included unchanged."""
+        """Every state's entries grouped by key group, in canonical snapshot form,
+        with ``filters`` (TTL full-snapshot cleanup) applied per state."""
+        groups: SnapshotGroups = {}
+        for name, entries in self.snapshot_sources():
+            add_to_groups(groups, name, entries, filters.get(name))
+        return groups
 
     def compact(self, filters: Mapping[str, EntryFilter]) -> int:
         """Run compaction with ``filters`` as compaction filters; returns the number of

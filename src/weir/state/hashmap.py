@@ -10,17 +10,15 @@ value returned by ``value()`` is the stored object: call ``update`` after changi
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from weir.api.state import ListState, MapState, ValueState
 from weir.errors import StateError
 from weir.state.backend import (
-    EntryFilter,
     KeyedStateBackend,
     ListTable,
     MapTable,
-    SnapshotGroups,
     ValueTable,
     WriteCheck,
     decode_checked,
@@ -29,7 +27,7 @@ from weir.state.backend import (
     split_map_key,
     unframe,
 )
-from weir.state.keycontext import NO_KEY, KeyContext, key_group_of_prefixed
+from weir.state.keycontext import NO_KEY, KeyContext
 from weir.state.serializers import Serializer
 
 __all__ = ["HashMapStateBackend"]
@@ -362,26 +360,9 @@ class HashMapStateBackend(KeyedStateBackend):
         else:
             self._restored[name].extend(entries)
 
-    def snapshot(self, filters: Mapping[str, EntryFilter]) -> SnapshotGroups:
-        groups: SnapshotGroups = {}
-        sources: list[tuple[str, Iterable[tuple[bytes, bytes]]]] = [
-            (name, table.snapshot_entries()) for name, table in self._tables.items()
-        ]
-        sources.extend(self._restored.items())
-        for name, entries in sources:
-            keep = filters.get(name)
-            for key, data in entries:
-                if keep is not None:
-                    kept = keep(key, data)
-                    if kept is None:
-                        continue
-                    data = kept
-                group = key_group_of_prefixed(key)
-                per_group = groups.get(group)
-                if per_group is None:
-                    per_group = groups[group] = {}
-                per_group.setdefault(name, []).append((key, data))
-        return groups
+    def snapshot_sources(self) -> Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]]:
+        yield from ((name, table.snapshot_entries()) for name, table in self._tables.items())
+        yield from self._restored.items()
 
     def close(self) -> None:
         self._tables.clear()

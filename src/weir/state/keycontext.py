@@ -15,7 +15,7 @@ import mmh3
 from weir.errors import KeyGroupError, NoKeyContextError
 from weir.state.keygroups import KeyGroupRange, canonical_key_bytes, decode_key
 
-__all__ = ["NO_KEY", "KeyContext", "key_group_of_prefixed", "prefixed_key", "split_prefixed"]
+__all__ = ["NO_KEY", "KeyContext", "key_group_of_prefixed", "split_prefixed"]
 
 
 class _NoKey:
@@ -29,11 +29,6 @@ class _NoKey:
 
 
 NO_KEY: Any = _NoKey()
-
-
-def prefixed_key(key_group: int, key_bytes: bytes) -> bytes:
-    """Key-group prefix (2 bytes, big-endian) followed by canonical key bytes."""
-    return key_group.to_bytes(2, "big") + key_bytes
 
 
 def key_group_of_prefixed(prefixed: bytes) -> int:

@@ -22,7 +22,7 @@ from weir.api.descriptors import (
 )
 from weir.api.state import AggregatingState, ReducingState, State
 from weir.errors import StateMigrationError, StateRegistrationError
-from weir.state.backend import EntryFilter, KeyedStateBackend
+from weir.state.backend import EntryFilter, KeyedStateBackend, add_to_groups
 from weir.state.snapshot import KeyedStateSnapshot, StateMeta
 from weir.state.ttl import (
     IncrementalCleaner,
@@ -105,7 +105,7 @@ class KeyedStateStore:
         self.backend = backend
         self._clock = clock
         self._owner = owner
-        self._states: dict[str, tuple[StateDescriptor, StateMeta, State, Any]] = {}
+        self._states: dict[str, tuple[StateDescriptor, StateMeta, State]] = {}
         self._metas: dict[str, StateMeta] = {}
         self._restored_metas: dict[str, StateMeta] = {}
         self._snapshot_filters: dict[str, Callable[[], EntryFilter]] = {}
@@ -136,7 +136,7 @@ class KeyedStateStore:
                 f"descriptor. Keep the old kind/serializer/TTL setting, or use a new state name"
             )
         state = self._create(descriptor)
-        self._states[descriptor.name] = (descriptor, meta, state, None)
+        self._states[descriptor.name] = (descriptor, meta, state)
         self._metas[descriptor.name] = meta
         return state
 
@@ -183,15 +183,6 @@ class KeyedStateStore:
             return AggregatingStateImpl(cell, d.aggregate_function)
         return cell  # type: ignore[no-any-return]
 
-    def registered(self) -> list[StateDescriptor]:
-        """Descriptors registered so far."""
-        return [entry[0] for entry in self._states.values()]
-
-    def descriptor(self, name: str) -> StateDescriptor | None:
-        """The descriptor registered under ``name``."""
-        entry = self._states.get(name)
-        return entry[0] if entry is not None else None
-
     def keys(self, name: str) -> list[bytes]:
         """Prefixed keys that currently have state ``name`` (empty if not registered)."""
         table = self._tables.get(name)
@@ -217,9 +208,7 @@ class KeyedStateStore:
         filters = {name: make() for name, make in self._snapshot_filters.items()}
         groups = self.backend.snapshot(filters)
         for name, entries in timer_entries.items():
-            for key, data in entries:
-                group = (key[0] << 8) | key[1]
-                groups.setdefault(group, {}).setdefault(name, []).append((key, data))
+            add_to_groups(groups, name, entries)
         metas = {**self._restored_metas, **self._metas}
         frozen = {g: {n: tuple(e) for n, e in per.items()} for g, per in groups.items()}
         ctx = self.backend.key_context

@@ -29,7 +29,6 @@ from weir.state.backend import (
     KeyedStateBackend,
     ListTable,
     MapTable,
-    SnapshotGroups,
     ValueTable,
     decode_checked,
     encode_checked,
@@ -39,7 +38,7 @@ from weir.state.backend import (
     split_map_key,
     unframe,
 )
-from weir.state.keycontext import NO_KEY, KeyContext, key_group_of_prefixed
+from weir.state.keycontext import NO_KEY, KeyContext
 from weir.state.serializers import Serializer
 
 __all__ = ["RocksDBStateBackend"]
@@ -370,22 +369,9 @@ class RocksDBStateBackend(KeyedStateBackend):
             self._db.write(batch, self._write_options)
         del cf
 
-    def snapshot(self, filters: Mapping[str, EntryFilter]) -> SnapshotGroups:
-        groups: SnapshotGroups = {}
-        for name, cf in self._all_families().items():
-            keep = filters.get(name)
-            for key, data in cf.items():
-                if keep is not None:
-                    kept = keep(key, data)
-                    if kept is None:
-                        continue
-                    data = kept
-                group = key_group_of_prefixed(key)
-                per_group = groups.get(group)
-                if per_group is None:
-                    per_group = groups[group] = {}
-                per_group.setdefault(name, []).append((key, data))
-        return groups
+    def snapshot_sources(self) -> Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]]:
+        # Every column family is opened through _family (tables and restores).
+        return [(name, cf.items()) for name, cf in self._families.items()]
 
     def compact(self, filters: Mapping[str, EntryFilter]) -> int:
         dropped = 0
@@ -400,10 +386,6 @@ class RocksDBStateBackend(KeyedStateBackend):
                     cf.put(key, kept)
             cf.compact_range(None, None)
         return dropped
-
-    def _all_families(self) -> dict[str, Any]:
-        # Every column family is opened through _family (tables and restores).
-        return dict(self._families)
 
     def close(self) -> None:
         if self._closed:

@@ -52,13 +52,6 @@ class TimerQueue:
                 return timer
         return None
 
-    def next_timestamp(self) -> int | None:
-        """The earliest pending timestamp."""
-        heap, live = self._heap, self._live
-        while heap and heap[0] not in live:
-            heapq.heappop(heap)
-        return heap[0][0] if heap else None
-
     def timers(self) -> list[tuple[int, bytes]]:
         """All pending timers in firing order."""
         return sorted(self._live)
