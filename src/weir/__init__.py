@@ -48,9 +48,24 @@ from weir.api.ttl import (
     StateVisibility,
     UpdateType,
 )
+from weir.checkpoint import (
+    CheckpointCoordinator,
+    CheckpointKind,
+    CheckpointStorage,
+    CompletedCheckpoint,
+    SnapshotMode,
+    SubtaskCheckpointer,
+    load_checkpoint,
+    take_checkpoint,
+    take_savepoint,
+)
 from weir.errors import (
+    CheckpointError,
+    CheckpointFormatError,
     ConfigurationError,
+    CorruptCheckpointError,
     KeyGroupError,
+    NoCheckpointError,
     NoKeyContextError,
     ReadOnlyStateError,
     RestoreError,
@@ -77,6 +92,19 @@ from weir.state.snapshot import OperatorSubtaskSnapshot, RedistributionMode
 __version__ = "0.1.0"
 
 __all__ = [
+    "NoCheckpointError",
+    "CorruptCheckpointError",
+    "CheckpointFormatError",
+    "CheckpointError",
+    "take_savepoint",
+    "take_checkpoint",
+    "load_checkpoint",
+    "SubtaskCheckpointer",
+    "SnapshotMode",
+    "CompletedCheckpoint",
+    "CheckpointStorage",
+    "CheckpointKind",
+    "CheckpointCoordinator",
     "AggregateFunction",
     "AggregatingState",
     "AggregatingStateDescriptor",

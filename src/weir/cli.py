@@ -1,5 +1,4 @@
-"""The ``weir`` command line. Checkpoint inspection, savepoints and rescaling join it
-as the checkpoint layer lands; for now it answers key-group questions and runs the demo."""
+"""The ``weir`` command line: key-group questions, checkpoint inspection, the demo."""
 
 from __future__ import annotations
 
@@ -60,6 +59,87 @@ def keygroup(
 def default_max_parallelism(parallelism: int) -> None:
     """Print the max parallelism Flink would choose for a parallelism."""
     typer.echo(compute_default_max_parallelism(parallelism))
+
+
+checkpoint_app = typer.Typer(help="Checkpoints and savepoints.", no_args_is_help=True)
+app.add_typer(checkpoint_app, name="checkpoint")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+@checkpoint_app.command("inspect")
+def checkpoint_inspect(
+    path: Annotated[str, typer.Argument(help="Checkpoint (chk-N) or savepoint directory URL")],
+    verify: Annotated[bool, typer.Option(help="Verify every file's checksum")] = True,
+) -> None:
+    """Show a checkpoint's or savepoint's operators, subtasks, key groups, sizes and
+    states, and verify its files. Exits with 1 if a file is missing or corrupt."""
+    from weir.checkpoint.coordinator import load_checkpoint
+    from weir.checkpoint.format import KeyedFullHandle, KeyedIncrementalHandle
+    from weir.errors import WeirError
+
+    console = Console()
+    try:
+        completed = load_checkpoint(path, verify=False)
+    except WeirError as exc:
+        console.print(f"[red]cannot read {path}:[/red] {exc}")
+        raise typer.Exit(1) from None
+    meta = completed.metadata
+    console.print(
+        f"[bold]{meta.kind.value} {meta.checkpoint_id}[/bold] at {completed.url}\n"
+        f"format version {meta.format_version}, triggered {meta.trigger_timestamp_ms} ms, "
+        f"took {meta.duration_ms:.1f} ms, {_size(meta.total_bytes)} in "
+        f"{len(meta.files())} files"
+    )
+    if meta.source_positions:
+        console.print(f"source positions: {json.dumps(dict(meta.source_positions))}")
+    for uid, op in sorted(meta.operators.items()):
+        table = Table(
+            title=f"operator {uid!r}: parallelism {op.parallelism}, "
+            f"max parallelism {op.max_parallelism}"
+        )
+        for col in ("subtask", "key groups", "keyed", "size", "sync ms", "async ms", "states"):
+            table.add_column(col)
+        for sub in op.subtasks:
+            if isinstance(sub.keyed, KeyedIncrementalHandle):
+                keyed = f"rocksdb incremental ({len(sub.keyed.shared)} shared SST)"
+            elif isinstance(sub.keyed, KeyedFullHandle):
+                keyed = f"full ({len(sub.keyed.key_groups)} key groups with data)"
+            else:
+                keyed = "-"
+            states = [
+                f"{m.name}: {m.kind.value} {'/'.join(m.serializers)}{' ttl' if m.ttl else ''}"
+                for m in sub.metas.values()
+            ]
+            states += [f"{n}: operator {mode.value} {ser}"
+                       for n, (mode, ser) in sub.operator_states.items()]
+            states += [f"{n}: broadcast {'/'.join(sers)}"
+                       for n, sers in sub.broadcast_states.items()]
+            table.add_row(
+                str(sub.subtask_index), str(sub.key_group_range), keyed,
+                _size(sum(f.size for f in sub.files())), f"{sub.stats.sync_ms:.1f}",
+                f"{sub.stats.async_ms:.1f}", "\n".join(states) or "-",
+            )
+        console.print(table)
+    if not verify:
+        return
+    bad = 0
+    for ref in meta.files():
+        try:
+            completed.storage.verify(ref)
+        except WeirError as exc:
+            bad += 1
+            console.print(f"[red]CORRUPT[/red] {exc}")
+    if bad:
+        console.print(f"[red]{bad} of {len(meta.files())} files missing or corrupt[/red]")
+        raise typer.Exit(1)
+    console.print(f"[green]all {len(meta.files())} files verified (size and SHA-256)[/green]")
 
 
 @app.command()

@@ -11,8 +11,13 @@
     │   ├── StateSerializationError a key or value the serializer cannot encode or decode
     │   ├── ReadOnlyStateError      writing broadcast state from the keyed (read-only) side
     │   └── StateBackendError       the storage under a backend failed (RocksDB, disk)
-    └── RestoreError                a snapshot that cannot be restored as asked
-        └── StateMigrationError     a state restored with an incompatible type, serializer or TTL
+    ├── RestoreError                a snapshot that cannot be restored as asked
+    │   ├── StateMigrationError     a state restored with an incompatible type, serializer or TTL
+    │   ├── NoCheckpointError       nothing complete to restore from
+    │   └── CorruptCheckpointError  a checkpoint/savepoint file fails its checksum, is missing
+    │       │                       or truncated
+    │       └── CheckpointFormatError  a file of another format or format version
+    └── CheckpointError             writing a checkpoint or savepoint failed (storage, disk full)
 
 Messages say what happened, where (state name, operator uid, subtask, key group) and
 what to do about it. Lower-level errors are chained with ``raise ... from exc``.
@@ -21,8 +26,12 @@ what to do about it. Lower-level errors are chained with ``raise ... from exc``.
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointError",
+    "CheckpointFormatError",
     "ConfigurationError",
+    "CorruptCheckpointError",
     "KeyGroupError",
+    "NoCheckpointError",
     "NoKeyContextError",
     "ReadOnlyStateError",
     "RestoreError",
@@ -78,3 +87,21 @@ class RestoreError(WeirError):
 class StateMigrationError(RestoreError):
     """A restored state's kind, serializer or TTL setting is incompatible with its new
     descriptor. Raised before any record is processed."""
+
+
+class NoCheckpointError(RestoreError):
+    """There is no complete checkpoint (or savepoint) where one was expected."""
+
+
+class CorruptCheckpointError(RestoreError):
+    """A checkpoint or savepoint file is missing, truncated, or fails its checksum.
+    Automatic recovery skips such a checkpoint; an explicit restore fails with it."""
+
+
+class CheckpointFormatError(CorruptCheckpointError):
+    """A checkpoint file is not a weir checkpoint file, or has a format version this
+    weir cannot read."""
+
+
+class CheckpointError(WeirError):
+    """Writing a checkpoint or savepoint failed; the previous checkpoint is untouched."""

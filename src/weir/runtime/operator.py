@@ -46,7 +46,7 @@ from weir.errors import (
     StateError,
     StateRegistrationError,
 )
-from weir.state.backend import KeyedStateBackend
+from weir.state.backend import KeyedStateBackend, add_to_groups
 from weir.state.hashmap import HashMapStateBackend
 from weir.state.keycontext import NO_KEY, KeyContext
 from weir.state.keyed import KeyedStateStore
@@ -58,6 +58,8 @@ from weir.state.keygroups import (
 from weir.state.operator_state import BroadcastStateStore, OperatorStateStoreImpl
 from weir.state.rocksdb import RocksDBStateBackend
 from weir.state.snapshot import (
+    KeyedStateSnapshot,
+    NativeRocksDBState,
     OperatorSubtaskSnapshot,
     assign_broadcast_state,
     assign_keyed_state,
@@ -382,6 +384,24 @@ class KeyedOperator(_OperatorBase, KeyedContext, TimerService):
 
     def snapshot(self, checkpoint_id: int, timestamp: int | None = None) -> OperatorSubtaskSnapshot:
         """Everything needed to resume this subtask, as bytes."""
+        return self.prepare_snapshot(checkpoint_id, timestamp)()
+
+    def prepare_snapshot(
+        self,
+        checkpoint_id: int,
+        timestamp: int | None = None,
+        *,
+        native_dir: str | Path | None = None,
+    ) -> Callable[[], OperatorSubtaskSnapshot]:
+        """The synchronous part of a snapshot: the function's ``snapshot_state``,
+        operator, broadcast and timer state are captured and keyed state frozen now;
+        calling the result encodes keyed state (off the processing path, e.g. in a
+        thread) into the canonical snapshot.
+
+        With ``native_dir`` (RocksDB backend only) keyed state is instead a native
+        RocksDB checkpoint written into that new directory, and the snapshot's keyed
+        part holds only the timers plus a reference to the directory.
+        """
         self._require_open()
         ts = self.clock() if timestamp is None else timestamp
         common = self._snapshot_common(checkpoint_id, ts)
@@ -390,11 +410,35 @@ class KeyedOperator(_OperatorBase, KeyedContext, TimerService):
             PROCESSING_TIMERS: self.processing_timers.snapshot_entries(),
         }
         cfg = self.config
-        keyed = self.keyed_state.snapshot(timers, cfg.key_group_range)
-        return OperatorSubtaskSnapshot(
-            cfg.uid, checkpoint_id, ts, cfg.parallelism, cfg.subtask_index,
-            cfg.max_parallelism, keyed, **common,
-        )
+        if native_dir is not None:
+            if not isinstance(self.backend, RocksDBStateBackend):
+                raise ConfigurationError(
+                    f"{cfg.describe()}: incremental (native) snapshots need the RocksDB backend"
+                )
+            self.backend.native_checkpoint(native_dir)
+            groups: dict[int, dict[str, Any]] = {}
+            for name, entries in timers.items():
+                add_to_groups(groups, name, entries)
+            keyed = KeyedStateSnapshot(
+                cfg.max_parallelism, cfg.key_group_range, self.keyed_state.metas,
+                tuple(timers), {g: {n: tuple(e) for n, e in per.items()} for g, per in
+                                groups.items()},
+                NativeRocksDBState(str(native_dir), cfg.key_group_range),
+            )
+            done = OperatorSubtaskSnapshot(
+                cfg.uid, checkpoint_id, ts, cfg.parallelism, cfg.subtask_index,
+                cfg.max_parallelism, keyed, **common,
+            )
+            return lambda: done
+        encode = self.keyed_state.prepare_snapshot(timers, cfg.key_group_range)
+
+        def finish() -> OperatorSubtaskSnapshot:
+            return OperatorSubtaskSnapshot(
+                cfg.uid, checkpoint_id, ts, cfg.parallelism, cfg.subtask_index,
+                cfg.max_parallelism, encode(), **common,
+            )
+
+        return finish
 
     # KeyedContext -------------------------------------------------------------------
     def _get(self, descriptor: Any, expected: type[Any], method: str) -> Any:
@@ -554,12 +598,19 @@ class NonKeyedOperator(_OperatorBase):
 
     def snapshot(self, checkpoint_id: int, timestamp: int | None = None) -> OperatorSubtaskSnapshot:
         """Operator state of this subtask, as bytes."""
+        return self.prepare_snapshot(checkpoint_id, timestamp)()
+
+    def prepare_snapshot(
+        self, checkpoint_id: int, timestamp: int | None = None
+    ) -> Callable[[], OperatorSubtaskSnapshot]:
+        """As :meth:`KeyedOperator.prepare_snapshot` (operator state is captured now)."""
         self._require_open()
         ts = self.clock() if timestamp is None else timestamp
         common = self._snapshot_common(checkpoint_id, ts)
         cfg = self.config
-        return OperatorSubtaskSnapshot(
+        done = OperatorSubtaskSnapshot(
             cfg.uid, checkpoint_id, ts, cfg.parallelism, cfg.subtask_index,
             cfg.max_parallelism, None, **common,
         )
+        return lambda: done
 

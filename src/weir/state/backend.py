@@ -29,8 +29,9 @@ Snapshot entries — the canonical, backend-independent form of keyed state
 
 from __future__ import annotations
 
+import shutil
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -38,6 +39,7 @@ import msgpack
 from weir.errors import StateSerializationError
 from weir.state.keycontext import KeyContext
 from weir.state.serializers import Serializer
+from weir.state.snapshot import NativeRocksDBState
 
 __all__ = [
     "EntryFilter",
@@ -333,13 +335,35 @@ class KeyedStateBackend(ABC):
         """``(state name, canonical entries)`` of every state, including states
         restored but never registered."""
 
-    def snapshot(self, filters: Mapping[str, EntryFilter]) -> SnapshotGroups:
-        """Every state's entries grouped by key group, in canonical snapshot form,
-        with ``filters`` (TTL full-snapshot cleanup) applied per state."""
+    def frozen_sources(self) -> Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]]:
+        """Like :meth:`snapshot_sources`, but unaffected by writes made after this call
+        returns: the synchronous part of an asynchronous snapshot. The default
+        materializes every entry; backends override it with something cheaper."""
+        return [(name, list(entries)) for name, entries in self.snapshot_sources()]
+
+    def snapshot(
+        self,
+        filters: Mapping[str, EntryFilter],
+        sources: Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]] | None = None,
+    ) -> SnapshotGroups:
+        """Every state's entries (of ``sources``, by default the live ones) grouped by
+        key group, in canonical snapshot form, with ``filters`` (TTL full-snapshot
+        cleanup) applied per state."""
         groups: SnapshotGroups = {}
-        for name, entries in self.snapshot_sources():
+        for name, entries in self.snapshot_sources() if sources is None else sources:
             add_to_groups(groups, name, entries, filters.get(name))
         return groups
+
+    def restore_native(self, natives: Sequence[NativeRocksDBState]) -> None:
+        """Load native RocksDB checkpoints (downloaded, already clipped to this backend's
+        range by their ``key_group_range``). The default scans them into canonical
+        entries; the RocksDB backend adopts one as its database instead."""
+        from weir.state.rocksdb import scan_native
+
+        for native in natives:
+            for name, entries in scan_native(native):
+                self.restore_entries(name, entries)
+            shutil.rmtree(native.path, ignore_errors=True)
 
     def compact(self, filters: Mapping[str, EntryFilter]) -> int:
         """Run compaction with ``filters`` as compaction filters; returns the number of

@@ -37,6 +37,10 @@ def _no_check(value: Any) -> None:
     return None
 
 
+#: Types whose objects cannot change in place: a snapshot may share them with live state.
+_IMMUTABLE: frozenset[type] = frozenset({int, float, str, bytes, bool, type(None)})
+
+
 class _HashMapTable:
     def __init__(self, name: str, ctx: KeyContext, serializer: Serializer[Any], check: bool):
         self.name = name
@@ -49,6 +53,15 @@ class _HashMapTable:
             self._check = _no_check
             self._ok = {tuple}
         self._data: dict[bytes, Any] = {}
+        #: types of values loaded from snapshots (never passed through the write check)
+        self._loaded_types: set[type] = set()
+
+    def _values_immutable(self) -> bool:
+        return self._check is not _no_check and (self._ok | self._loaded_types) <= _IMMUTABLE
+
+    def freeze(self) -> Iterable[tuple[bytes, bytes]]:
+        """Entries as of now, unaffected by later writes (see ``frozen_sources``)."""
+        raise NotImplementedError
 
     def keys_snapshot(self) -> list[bytes]:
         return list(self._data)
@@ -135,9 +148,17 @@ class _ValueTable(_HashMapTable, ValueTable, ValueState[Any]):
         for key, value in self._data.items():
             yield key, encode(value)
 
+    def freeze(self) -> Iterable[tuple[bytes, bytes]]:
+        if not self._values_immutable():
+            return list(self.snapshot_entries())
+        copy, encode = self._data.copy(), self._encode
+        return ((key, encode(value)) for key, value in copy.items())
+
     def load(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
-        for key, data in entries:
-            self._data[key] = self._decode(data)
+        data, decode = self._data, self._decode
+        for key, raw in entries:
+            data[key] = decode(raw)
+        self._loaded_types.update(map(type, data.values()))
 
 
 class _ListTable(_HashMapTable, ListTable, ListState[Any]):
@@ -201,6 +222,13 @@ class _ListTable(_HashMapTable, ListTable, ListState[Any]):
         for key, values in self._data.items():
             yield key, frame([encode(v) for v in values], self._inline)
 
+    def freeze(self) -> Iterable[tuple[bytes, bytes]]:
+        if not self._values_immutable():
+            return list(self.snapshot_entries())
+        copy = {key: values[:] for key, values in self._data.items()}
+        encode, inline = self._encode, self._inline
+        return ((key, frame([encode(v) for v in values], inline)) for key, values in copy.items())
+
     def load(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
         for key, data in entries:
             if self._inline:
@@ -208,6 +236,7 @@ class _ListTable(_HashMapTable, ListTable, ListState[Any]):
             else:
                 values = [self._decode(e) for e in unframe(data)]
             self._data.setdefault(key, []).extend(values)
+            self._loaded_types.update(map(type, values))
 
 
 class _MapTable(_HashMapTable, MapTable, MapState[Any, Any]):
@@ -308,11 +337,24 @@ class _MapTable(_HashMapTable, MapTable, MapState[Any, Any]):
             for user_key, value in entries.values():
                 yield key + encode_checked(name, kser, user_key), encode(value)
 
+    def freeze(self) -> Iterable[tuple[bytes, bytes]]:
+        if not self._values_immutable():
+            return list(self.snapshot_entries())
+        copy = {key: entries.copy() for key, entries in self._data.items()}
+        encode, name, kser = self._encode, self.name, self._key_serializer
+        return (
+            (key + encode_checked(name, kser, user_key), encode(value))
+            for key, entries in copy.items()
+            for user_key, value in entries.values()
+        )
+
     def load(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
         name, kser = self.name, self._key_serializer
         for composite, data in entries:
             key, user_key_bytes = split_map_key(composite)
-            self.put_at(key, decode_checked(name, kser, user_key_bytes), self._decode(data))
+            value = self._decode(data)
+            self._loaded_types.add(type(value))
+            self.put_at(key, decode_checked(name, kser, user_key_bytes), value)
 
 
 _AnyTable = _ValueTable | _ListTable | _MapTable
@@ -363,6 +405,18 @@ class HashMapStateBackend(KeyedStateBackend):
     def snapshot_sources(self) -> Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]]:
         yield from ((name, table.snapshot_entries()) for name, table in self._tables.items())
         yield from self._restored.items()
+
+    def frozen_sources(self) -> Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]]:
+        """Copy-on-snapshot: top-level dicts (and per-key lists and maps) are copied
+        now and encoded later; values of types that can change in place (anything but
+        int, float, str, bytes, bool, None — and every TTL state, whose stored tuples
+        hold the user's value) are encoded now, since user code may mutate such an
+        object and ``update`` it again while the snapshot is being written."""
+        out: list[tuple[str, Iterable[tuple[bytes, bytes]]]] = [
+            (name, table.freeze()) for name, table in self._tables.items()
+        ]
+        out.extend((name, list(entries)) for name, entries in self._restored.items())
+        return out
 
     def close(self) -> None:
         self._tables.clear()

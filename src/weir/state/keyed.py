@@ -205,15 +205,38 @@ class KeyedStateStore:
         self, timer_entries: dict[str, list[tuple[bytes, bytes]]], key_group_range: Any
     ) -> KeyedStateSnapshot:
         """Canonical snapshot of every state (registered or only restored) and timers."""
+        return self._build(timer_entries, key_group_range, None)
+
+    def prepare_snapshot(
+        self, timer_entries: dict[str, list[tuple[bytes, bytes]]], key_group_range: Any
+    ) -> Callable[[], KeyedStateSnapshot]:
+        """The synchronous part of an asynchronous snapshot: freezes the state now;
+        the returned function encodes it (off the processing path) when called."""
+        sources = self.backend.frozen_sources()
         filters = {name: make() for name, make in self._snapshot_filters.items()}
-        groups = self.backend.snapshot(filters)
+        return lambda: self._build(timer_entries, key_group_range, sources, filters)
+
+    @property
+    def metas(self) -> dict[str, StateMeta]:
+        """What every state (registered, or restored and not registered) was registered as."""
+        return {**self._restored_metas, **self._metas}
+
+    def _build(
+        self,
+        timer_entries: dict[str, list[tuple[bytes, bytes]]],
+        key_group_range: Any,
+        sources: Any,
+        filters: dict[str, EntryFilter] | None = None,
+    ) -> KeyedStateSnapshot:
+        if filters is None:
+            filters = {name: make() for name, make in self._snapshot_filters.items()}
+        groups = self.backend.snapshot(filters, sources)
         for name, entries in timer_entries.items():
             add_to_groups(groups, name, entries)
-        metas = {**self._restored_metas, **self._metas}
         frozen = {g: {n: tuple(e) for n, e in per.items()} for g, per in groups.items()}
         ctx = self.backend.key_context
         return KeyedStateSnapshot(
-            ctx.max_parallelism, key_group_range, metas, tuple(timer_entries), frozen
+            ctx.max_parallelism, key_group_range, self.metas, tuple(timer_entries), frozen
         )
 
     def restore(
@@ -234,6 +257,8 @@ class KeyedStateStore:
                 for name, entries in per.items():
                     target = timers if name in timers else per_state
                     target.setdefault(name, []).extend(entries)
+        natives = [snap.native for snap in snapshots if snap.native is not None]
+        self.backend.restore_native(natives)
         for name, state_entries in per_state.items():
             self.backend.restore_entries(name, state_entries)
         return timers

@@ -14,9 +14,10 @@ the TTL layer calls it for ``cleanup_in_rocksdb_compact_filter``.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +40,54 @@ from weir.state.backend import (
     unframe,
 )
 from weir.state.keycontext import NO_KEY, KeyContext
+from weir.state.keygroups import KeyGroupRange
 from weir.state.serializers import Serializer
+from weir.state.snapshot import NativeRocksDBState
 
-__all__ = ["RocksDBStateBackend"]
+__all__ = ["RocksDBStateBackend", "list_column_families", "scan_native"]
 
 _CF_PREFIX = "s:"
+#: greater than every stored key (key groups are below 2**15, so prefixes below 0x80)
+_END = b"\xff\xff\xff"
+
+
+def _range_bounds(key_groups: KeyGroupRange) -> tuple[bytes, bytes]:
+    """``[low, high)`` byte bounds of the keys of a key-group range."""
+    return key_groups.start.to_bytes(2, "big"), (key_groups.end + 1).to_bytes(2, "big")
+
+
+def list_column_families(path: str | Path) -> list[str]:
+    """State names that have a column family in the database at ``path``."""
+    try:
+        names = rocksdict.Rdict.list_cf(str(path))
+    except Exception:
+        return []
+    return [n[len(_CF_PREFIX) :] for n in names if n.startswith(_CF_PREFIX)]
+
+
+def scan_native(native: NativeRocksDBState) -> Iterator[tuple[str, list[tuple[bytes, bytes]]]]:
+    """``(state name, entries)`` of a native checkpoint within its key-group range."""
+    if not len(native.key_group_range):
+        return
+    low, high = _range_bounds(native.key_group_range)
+    db = rocksdict.Rdict(native.path, _options(), access_type=rocksdict.AccessType.read_only())
+    try:
+        for name in list_column_families(native.path):
+            cf = db.get_column_family(_CF_PREFIX + name)
+            entries = []
+            it = cf.iter()
+            it.seek(low)
+            while it.valid():
+                key = it.key()
+                if key >= high:
+                    break
+                entries.append((key, it.value()))
+                it.next()
+            del it
+            cf.close()
+            yield name, entries
+    finally:
+        db.close()
 
 
 def _successor(prefix: bytes) -> bytes | None:
@@ -372,6 +416,65 @@ class RocksDBStateBackend(KeyedStateBackend):
     def snapshot_sources(self) -> Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]]:
         # Every column family is opened through _family (tables and restores).
         return [(name, cf.items()) for name, cf in self._families.items()]
+
+    def frozen_sources(self) -> Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]]:
+        """A RocksDB snapshot per column family: reads later see the state as of now."""
+        return [(name, cf.snapshot().items()) for name, cf in self._families.items()]
+
+    def native_checkpoint(self, target: str | Path) -> list[str]:
+        """Write a native RocksDB checkpoint (memtables flushed, SST files hard-linked)
+        into the new directory ``target``; returns the names of its files."""
+        for name in list_column_families(self.path):
+            self._family(name)
+        try:
+            rocksdict.Checkpoint(self._db).create_checkpoint(str(target))
+        except Exception as exc:
+            raise StateBackendError(
+                f"RocksDB at {self.path}: native checkpoint into {target} failed: {exc}; "
+                f"check free disk space"
+            ) from exc
+        return sorted(os.listdir(target))
+
+    def _is_empty(self) -> bool:
+        return all(next(iter(cf.keys()), None) is None for cf in self._families.values())
+
+    def restore_native(self, natives: Sequence[NativeRocksDBState]) -> None:
+        """Adopt the native checkpoint with the largest overlap as this backend's
+        database and delete the key groups outside its range (range deletes, no
+        per-key rewrite); copy the in-range keys of the others in write batches."""
+        natives = [n for n in natives if len(n.key_group_range)]
+        if not natives:
+            return
+        natives.sort(key=lambda n: len(n.key_group_range), reverse=True)
+        rest = natives
+        if not self._families or self._is_empty():
+            base, rest = natives[0], natives[1:]
+            self._adopt(base)
+        for native in rest:
+            for name, entries in scan_native(native):
+                self.restore_entries(name, entries)
+            shutil.rmtree(native.path, ignore_errors=True)
+
+    def _adopt(self, native: NativeRocksDBState) -> None:
+        for cf in self._families.values():
+            cf.close()
+        self._families.clear()
+        self._db.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+        shutil.move(native.path, self.path)
+        try:
+            self._db = rocksdict.Rdict(str(self.path), _options())
+        except Exception as exc:
+            raise StateBackendError(
+                f"cannot open the restored RocksDB checkpoint at {self.path}: {exc}"
+            ) from exc
+        self._db.set_write_options(self._write_options)
+        low, high = _range_bounds(native.key_group_range)
+        for name in list_column_families(self.path):
+            cf = self._family(name)
+            if low:
+                cf.delete_range(b"", low)
+            cf.delete_range(high, _END)
 
     def compact(self, filters: Mapping[str, EntryFilter]) -> int:
         dropped = 0

@@ -30,6 +30,7 @@ from weir.state.keygroups import KeyGroupRange
 __all__ = [
     "BroadcastStateSnapshot",
     "KeyedStateSnapshot",
+    "NativeRocksDBState",
     "OperatorListStateSnapshot",
     "OperatorSubtaskSnapshot",
     "RedistributionMode",
@@ -60,15 +61,28 @@ class StateMeta:
     ttl: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class NativeRocksDBState:
+    """A RocksDB database directory restored from an incremental checkpoint (local,
+    verified), of which only ``key_group_range`` is to be used. Its keys and values
+    are in the canonical layout, one column family ``s:<state name>`` per state."""
+
+    path: str
+    key_group_range: KeyGroupRange
+
+
 @dataclass(frozen=True)
 class KeyedStateSnapshot:
-    """Keyed state of one subtask: key group -> state name -> canonical entries."""
+    """Keyed state of one subtask: key group -> state name -> canonical entries, plus
+    (from an incremental RocksDB checkpoint) a native database holding the states
+    while ``groups`` holds only the timers."""
 
     max_parallelism: int
     key_group_range: KeyGroupRange
     metas: Mapping[str, StateMeta]
     timer_states: tuple[str, ...]
     groups: Mapping[int, Mapping[str, Entries]]
+    native: NativeRocksDBState | None = None
 
     def entry_count(self) -> int:
         """Number of stored entries (for statistics and tests)."""
@@ -147,9 +161,12 @@ def assign_keyed_state(
             continue
         overlap = keyed.key_group_range.intersection(key_group_range)
         groups = {g: e for g, e in keyed.groups.items() if g in overlap}
+        native = keyed.native
+        if native is not None:
+            native = NativeRocksDBState(native.path, overlap)
         out.append(
             KeyedStateSnapshot(
-                keyed.max_parallelism, overlap, keyed.metas, keyed.timer_states, groups
+                keyed.max_parallelism, overlap, keyed.metas, keyed.timer_states, groups, native
             )
         )
     return out

@@ -13,6 +13,14 @@ from weir.api.functions import (
     KeyedProcessFunction,
     ProcessFunction,
 )
+from weir.checkpoint.coordinator import (
+    CheckpointCoordinator,
+    CompletedCheckpoint,
+    take_checkpoint,
+    take_savepoint,
+)
+from weir.checkpoint.snapshotter import SnapshotMode, SubtaskCheckpointer
+from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import ConfigurationError
 from weir.runtime.operator import (
     KeyedOperator,
@@ -76,6 +84,8 @@ class _HarnessBase:
 
     def close(self) -> None:
         """Close the function and release its state backend."""
+        for checkpointer in self.__dict__.get("_checkpointers", {}).values():
+            checkpointer.close()
         self._op.close()
 
     def snapshot(self, checkpoint_id: int | None = None) -> OperatorSubtaskSnapshot:
@@ -83,6 +93,31 @@ class _HarnessBase:
         cid = self._next_checkpoint_id if checkpoint_id is None else checkpoint_id
         self._next_checkpoint_id = cid + 1
         return self._op.snapshot(cid)
+
+    def checkpointer(
+        self, storage: CheckpointStorage, mode: SnapshotMode | str = SnapshotMode.FULL
+    ) -> SubtaskCheckpointer:
+        """The checkpointer writing this subtask into ``storage`` (one per storage and
+        mode, kept across checkpoints so incremental snapshots share files)."""
+        key = (id(storage), SnapshotMode(mode))
+        cache: dict[Any, SubtaskCheckpointer] = self.__dict__.setdefault("_checkpointers", {})
+        if key not in cache:
+            cache[key] = SubtaskCheckpointer(self._op, storage, mode=mode)
+        return cache[key]
+
+    def checkpoint(
+        self, coordinator: CheckpointCoordinator, *, mode: SnapshotMode | str = "full"
+    ) -> CompletedCheckpoint:
+        """Take a durable checkpoint of this (single) subtask through ``coordinator``.
+        For several subtasks use ``weir.take_checkpoint`` with each harness's
+        :meth:`checkpointer`."""
+        return take_checkpoint(coordinator, [self.checkpointer(coordinator.storage, mode)])
+
+    def savepoint(
+        self, coordinator: CheckpointCoordinator, target: str | Path | CheckpointStorage
+    ) -> CompletedCheckpoint:
+        """Write a savepoint of this (single) subtask into the directory ``target``."""
+        return take_savepoint(coordinator, [self.checkpointer(coordinator.storage)], target)
 
     def operator_state_of(self, name: str) -> list[Any]:
         """The elements of an operator list state the function registered."""
@@ -142,7 +177,7 @@ class KeyedOperatorHarness(_HarnessBase):
         cls,
         function: Any,
         key_selector: Callable[[Any], Any],
-        snapshots: Sequence[OperatorSubtaskSnapshot],
+        snapshots: Sequence[OperatorSubtaskSnapshot] | CompletedCheckpoint,
         *,
         parallelism: int,
         subtask_index: int,
@@ -151,8 +186,13 @@ class KeyedOperatorHarness(_HarnessBase):
         **kwargs: Any,
     ) -> Self:
         """A harness for subtask ``subtask_index`` of ``parallelism``, restored from
-        the snapshots of every subtask of an earlier run (at any parallelism), and
-        opened unless ``open=False``."""
+        the snapshots of every subtask of an earlier run (at any parallelism) or from
+        a durable checkpoint or savepoint (``weir.load_checkpoint``,
+        ``CheckpointCoordinator.latest``), and opened unless ``open=False``."""
+        snapshots = _snapshots_of(
+            snapshots, kwargs.get("uid", "operator"), parallelism, subtask_index,
+            allow_non_restored_state,
+        )
         kwargs.setdefault("max_parallelism", _max_parallelism_of(snapshots))
         harness = cls(
             function, key_selector, parallelism=parallelism, subtask_index=subtask_index,
@@ -283,7 +323,7 @@ class CheckpointedFunctionHarness(_HarnessBase):
     def restore(
         cls,
         function: ProcessFunction[Any, Any],
-        snapshots: Sequence[OperatorSubtaskSnapshot],
+        snapshots: Sequence[OperatorSubtaskSnapshot] | CompletedCheckpoint,
         *,
         parallelism: int,
         subtask_index: int,
@@ -292,7 +332,11 @@ class CheckpointedFunctionHarness(_HarnessBase):
         **kwargs: Any,
     ) -> Self:
         """A harness for subtask ``subtask_index`` of ``parallelism`` restored from the
-        snapshots of every subtask of an earlier run."""
+        snapshots of every subtask of an earlier run, or from a durable checkpoint."""
+        snapshots = _snapshots_of(
+            snapshots, kwargs.get("uid", "operator"), parallelism, subtask_index,
+            allow_non_restored_state,
+        )
         kwargs.setdefault("max_parallelism", _max_parallelism_of(snapshots))
         harness = cls(function, parallelism=parallelism, subtask_index=subtask_index, **kwargs)
         harness._op.restore(snapshots, allow_non_restored_state=allow_non_restored_state)
@@ -305,6 +349,19 @@ class CheckpointedFunctionHarness(_HarnessBase):
         """Feed one element; returns what the function emitted."""
         self._op._require_open()
         return self._op.process_element(value, timestamp)
+
+
+def _snapshots_of(
+    source: Sequence[OperatorSubtaskSnapshot] | CompletedCheckpoint,
+    uid: str,
+    parallelism: int,
+    subtask_index: int,
+    allow_non_restored_state: bool,
+) -> Sequence[OperatorSubtaskSnapshot]:
+    if not isinstance(source, CompletedCheckpoint):
+        return source
+    source.check_operators([uid], allow_non_restored_state)
+    return source.load(uid, parallelism, subtask_index)
 
 
 def _max_parallelism_of(snapshots: Sequence[OperatorSubtaskSnapshot]) -> int:

@@ -1,0 +1,503 @@
+"""The on-disk format of checkpoints and savepoints (format version 1).
+
+This module defines, encodes and decodes every file weir writes into checkpoint
+storage; nothing else writes there. Layout under a checkpoint storage root::
+
+    chk-<id>/_metadata                      published last: the checkpoint is complete
+    chk-<id>/<uid-dir>/<subtask>-<attempt>.keyed     full keyed state of one subtask
+    chk-<id>/<uid-dir>/<subtask>-<attempt>.timers    timers (incremental RocksDB only)
+    chk-<id>/<uid-dir>/<subtask>-<attempt>.op        operator + broadcast state
+    chk-<id>/<uid-dir>/<subtask>-<attempt>/<name>    private RocksDB files (MANIFEST,
+                                                     CURRENT, OPTIONS, ...)
+    shared/<uid-dir>/<uuid>.sst             RocksDB SST files shared by incremental
+                                            checkpoints, reference counted
+
+A savepoint directory has the same layout without ``shared/`` (it is
+self-contained, always in the canonical full format, and relocatable: every path in
+its metadata is relative to the directory holding ``_metadata``). ``<uid-dir>`` is the
+operator uid with unsafe characters replaced, plus 8 hex digits of its SHA-256.
+``<attempt>`` is unique per snapshot attempt, so a retried or zombie attempt never
+overwrites a published file.
+
+**Data files** (``.keyed``, ``.timers``, ``.op``) start with the 8-byte magic
+``WEIRDATA`` and a ``uint16_be`` format version, followed by the body:
+
+* ``.keyed`` / ``.timers`` — one msgpack map per key group, concatenated in key-group
+  order: ``{state name: [key0, value0, key1, value1, ...]}`` where keys and values are
+  the canonical snapshot entries of ``weir.state.backend`` (prefixed key + optional
+  map user key; value bytes of the state's serializer). The metadata holds each key
+  group's ``[group, offset, length]`` within the body, so a subtask restoring at
+  another parallelism decodes only its own key groups.
+* ``.op`` — one msgpack map ``{"operator": {name: [element bytes...]},
+  "broadcast": {name: [key0, value0, ...]}}``.
+
+**Metadata** (``_metadata``) is the 8-byte magic ``WEIRMETA``, a ``uint16_be`` format
+version, the 32-byte SHA-256 of the body, and the body: UTF-8 JSON (never pickle)::
+
+    {"format": "weir", "format_version": 1,
+     "kind": "checkpoint" | "savepoint", "checkpoint_id": 7,
+     "trigger_timestamp_ms": ..., "completion_timestamp_ms": ...,
+     "source_positions": {...},               # opaque JSON from the runtime
+     "stats": {"bytes": ..., "duration_ms": ..., "subtasks": n},
+     "operators": {uid: {"parallelism": p, "max_parallelism": M, "subtasks": [
+        {"subtask_index": i, "key_group_range": [start, end],
+         "states": [{"name", "kind", "serializers", "ttl"}], "timer_states": [...],
+         "keyed": null
+                | {"kind": "full", "file": REF, "key_groups": [[g, off, len], ...]}
+                | {"kind": "rocksdb-incremental", "shared": {local: REF},
+                   "private": {local: REF}, "timers": null | FULL},
+         "operator_states": [{"name", "mode", "serializer"}],
+         "broadcast_states": [{"name", "serializers"}],
+         "operator_file": null | REF,
+         "stats": {"bytes", "sync_ms", "async_ms", "entries", "new_bytes"}}]}}}
+
+where ``REF`` is ``{"path", "size", "sha256"}`` relative to the storage root. Every
+file a checkpoint needs is in its metadata with size and checksum; a reader verifies
+both and raises ``CorruptCheckpointError`` otherwise, and ``CheckpointFormatError``
+for a wrong magic or an unknown format version.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import re
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from weir.api.descriptors import StateKind
+from weir.checkpoint.storage import FileRef
+from weir.errors import CheckpointFormatError, CorruptCheckpointError
+from weir.state.keygroups import KeyGroupRange
+from weir.state.snapshot import RedistributionMode, StateMeta
+
+__all__ = [
+    "FORMAT_VERSION",
+    "METADATA_FILE",
+    "CheckpointKind",
+    "CheckpointMetadata",
+    "KeyedFullHandle",
+    "KeyedIncrementalHandle",
+    "OperatorHandle",
+    "SubtaskStateHandle",
+    "SubtaskStats",
+    "decode_keyed",
+    "decode_metadata",
+    "decode_operator_file",
+    "encode_keyed",
+    "encode_metadata",
+    "encode_operator_file",
+    "uid_dir",
+]
+
+FORMAT_VERSION = 1
+METADATA_FILE = "_metadata"
+_DATA_MAGIC = b"WEIRDATA"
+_META_MAGIC = b"WEIRMETA"
+_VERSION = struct.Struct(">H")
+_DATA_HEADER = len(_DATA_MAGIC) + _VERSION.size
+_META_HEADER = len(_META_MAGIC) + _VERSION.size + 32
+
+Entries = tuple[tuple[bytes, bytes], ...]
+
+
+class CheckpointKind(enum.Enum):
+    """A checkpoint (owned by weir, retained and subsumed) or a savepoint (owned by
+    the user, self-contained, canonical)."""
+
+    CHECKPOINT = "checkpoint"
+    SAVEPOINT = "savepoint"
+
+
+def uid_dir(uid: str) -> str:
+    """A directory name for an operator uid: safe characters plus a short hash."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", uid)[:48]
+    return f"{safe}-{hashlib.sha256(uid.encode()).hexdigest()[:8]}"
+
+
+# ---------------------------------------------------------------- handles (metadata)
+
+
+@dataclass(frozen=True, slots=True)
+class SubtaskStats:
+    """What one subtask's snapshot cost."""
+
+    bytes: int = 0
+    new_bytes: int = 0
+    sync_ms: float = 0.0
+    async_ms: float = 0.0
+    entries: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedFullHandle:
+    """Keyed state in one canonical data file with a key-group index."""
+
+    file: FileRef
+    key_groups: Mapping[int, tuple[int, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedIncrementalHandle:
+    """A native RocksDB checkpoint: shared SST files plus private files, and the
+    subtask's timers as a canonical file."""
+
+    shared: Mapping[str, FileRef]
+    private: Mapping[str, FileRef]
+    timers: KeyedFullHandle | None = None
+
+
+@dataclass(frozen=True)
+class SubtaskStateHandle:
+    """Where the state of one operator subtask lives, and what it is."""
+
+    subtask_index: int
+    key_group_range: KeyGroupRange
+    metas: Mapping[str, StateMeta]
+    timer_states: tuple[str, ...]
+    keyed: KeyedFullHandle | KeyedIncrementalHandle | None
+    operator_states: Mapping[str, tuple[RedistributionMode, str]] = field(default_factory=dict)
+    broadcast_states: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    operator_file: FileRef | None = None
+    stats: SubtaskStats = SubtaskStats()
+
+    def files(self) -> list[FileRef]:
+        """Every file this subtask's state needs."""
+        out: list[FileRef] = []
+        if isinstance(self.keyed, KeyedFullHandle):
+            out.append(self.keyed.file)
+        elif isinstance(self.keyed, KeyedIncrementalHandle):
+            out.extend(self.keyed.shared.values())
+            out.extend(self.keyed.private.values())
+            if self.keyed.timers is not None:
+                out.append(self.keyed.timers.file)
+        if self.operator_file is not None:
+            out.append(self.operator_file)
+        return out
+
+
+@dataclass(frozen=True)
+class OperatorHandle:
+    """The state of every subtask of one operator."""
+
+    uid: str
+    parallelism: int
+    max_parallelism: int
+    subtasks: tuple[SubtaskStateHandle, ...]
+
+
+@dataclass(frozen=True)
+class CheckpointMetadata:
+    """The content of a ``_metadata`` file."""
+
+    checkpoint_id: int
+    kind: CheckpointKind
+    trigger_timestamp_ms: int
+    completion_timestamp_ms: int
+    operators: Mapping[str, OperatorHandle]
+    source_positions: Mapping[str, Any] = field(default_factory=dict)
+    duration_ms: float = 0.0
+    format_version: int = FORMAT_VERSION
+
+    def files(self) -> list[FileRef]:
+        """Every file this checkpoint references."""
+        return [f for op in self.operators.values() for s in op.subtasks for f in s.files()]
+
+    def shared_files(self) -> set[str]:
+        """Paths of the shared (reference-counted) files it references."""
+        return {
+            ref.path
+            for op in self.operators.values()
+            for s in op.subtasks
+            if isinstance(s.keyed, KeyedIncrementalHandle)
+            for ref in s.keyed.shared.values()
+        }
+
+    @property
+    def total_bytes(self) -> int:
+        """Size of all referenced files."""
+        return sum(f.size for f in self.files())
+
+
+# ---------------------------------------------------------------- data files
+
+
+def _header() -> bytes:
+    return _DATA_MAGIC + _VERSION.pack(FORMAT_VERSION)
+
+
+def _check_header(data: bytes, magic: bytes, where: str) -> None:
+    if len(data) < len(magic) + _VERSION.size or data[: len(magic)] != magic:
+        raise CheckpointFormatError(
+            f"{where}: not a weir checkpoint file (bad magic); it was not written by weir "
+            f"or is corrupt"
+        )
+    (version,) = _VERSION.unpack_from(data, len(magic))
+    if version != FORMAT_VERSION:
+        raise CheckpointFormatError(
+            f"{where}: checkpoint format version {version}, this weir reads version "
+            f"{FORMAT_VERSION}; restore it with a weir that writes version {version}"
+        )
+
+
+_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+def encode_keyed(
+    groups: Mapping[int, Mapping[str, Iterable[tuple[bytes, bytes]]]],
+) -> tuple[bytes, dict[int, tuple[int, int]], int]:
+    """A ``.keyed`` file: header + one msgpack map per key group. Returns the bytes,
+    the key-group index and the number of entries."""
+    parts = [_header()]
+    index: dict[int, tuple[int, int]] = {}
+    offset = 0
+    entries = 0
+    for group in sorted(groups):
+        per_state: dict[str, list[bytes]] = {}
+        for name, pairs in groups[group].items():
+            flat = [x for pair in pairs for x in pair]
+            if flat:
+                per_state[name] = flat
+                entries += len(flat) // 2
+        if not per_state:
+            continue
+        blob = _packb(per_state)
+        index[group] = (offset, len(blob))
+        offset += len(blob)
+        parts.append(blob)
+    return b"".join(parts), index, entries
+
+
+def decode_keyed(
+    data: bytes,
+    index: Mapping[int, tuple[int, int]],
+    key_groups: KeyGroupRange | None,
+    where: str,
+) -> dict[int, dict[str, Entries]]:
+    """The key groups of a ``.keyed`` file that fall in ``key_groups`` (all if None)."""
+    _check_header(data, _DATA_MAGIC, where)
+    body = memoryview(data)[_DATA_HEADER:]
+    out: dict[int, dict[str, Entries]] = {}
+    for group, (offset, length) in index.items():
+        if key_groups is not None and group not in key_groups:
+            continue
+        if offset < 0 or offset + length > len(body):
+            raise CorruptCheckpointError(f"{where}: key group {group} lies outside the file")
+        try:
+            per_state = msgpack.unpackb(body[offset : offset + length], raw=False)
+            decoded = {}
+            for name, flat in per_state.items():
+                it = iter(flat)
+                decoded[name] = tuple(zip(it, it, strict=True))
+        except (ValueError, TypeError, AttributeError, msgpack.UnpackException) as exc:
+            raise CorruptCheckpointError(
+                f"{where}: key group {group} cannot be decoded ({exc})"
+            ) from exc
+        out[group] = decoded
+    return out
+
+
+def encode_operator_file(
+    operator: Mapping[str, Iterable[bytes]], broadcast: Mapping[str, Entries]
+) -> bytes:
+    """A ``.op`` file: operator list states and broadcast states of one subtask."""
+    body = {
+        "operator": {name: list(elements) for name, elements in operator.items()},
+        "broadcast": {name: [x for pair in e for x in pair] for name, e in broadcast.items()},
+    }
+    packed: bytes = _packb(body)
+    return _header() + packed
+
+
+def decode_operator_file(
+    data: bytes, where: str
+) -> tuple[dict[str, tuple[bytes, ...]], dict[str, Entries]]:
+    """Inverse of :func:`encode_operator_file`."""
+    _check_header(data, _DATA_MAGIC, where)
+    try:
+        body = msgpack.unpackb(memoryview(data)[_DATA_HEADER:], raw=False)
+        operator = {name: tuple(elements) for name, elements in body["operator"].items()}
+        broadcast = {}
+        for name, flat in body["broadcast"].items():
+            it = iter(flat)
+            broadcast[name] = tuple(zip(it, it, strict=True))
+    except (ValueError, TypeError, KeyError, AttributeError, msgpack.UnpackException) as exc:
+        raise CorruptCheckpointError(f"{where}: operator state cannot be decoded ({exc})") from exc
+    return operator, broadcast
+
+
+# ---------------------------------------------------------------- metadata
+
+
+def _ref(ref: FileRef | None) -> Any:
+    return None if ref is None else ref.to_json()
+
+
+def _full_json(handle: KeyedFullHandle) -> dict[str, Any]:
+    return {
+        "kind": "full",
+        "file": handle.file.to_json(),
+        "key_groups": [[g, off, n] for g, (off, n) in sorted(handle.key_groups.items())],
+    }
+
+
+def _subtask_json(s: SubtaskStateHandle) -> dict[str, Any]:
+    keyed: Any = None
+    if isinstance(s.keyed, KeyedFullHandle):
+        keyed = _full_json(s.keyed)
+    elif isinstance(s.keyed, KeyedIncrementalHandle):
+        keyed = {
+            "kind": "rocksdb-incremental",
+            "shared": {k: r.to_json() for k, r in sorted(s.keyed.shared.items())},
+            "private": {k: r.to_json() for k, r in sorted(s.keyed.private.items())},
+            "timers": None if s.keyed.timers is None else _full_json(s.keyed.timers),
+        }
+    return {
+        "subtask_index": s.subtask_index,
+        "key_group_range": [s.key_group_range.start, s.key_group_range.end],
+        "states": [
+            {"name": m.name, "kind": m.kind.value, "serializers": list(m.serializers),
+             "ttl": m.ttl}
+            for m in s.metas.values()
+        ],
+        "timer_states": list(s.timer_states),
+        "keyed": keyed,
+        "operator_states": [
+            {"name": n, "mode": mode.value, "serializer": ser}
+            for n, (mode, ser) in sorted(s.operator_states.items())
+        ],
+        "broadcast_states": [
+            {"name": n, "serializers": list(sers)} for n, sers in sorted(s.broadcast_states.items())
+        ],
+        "operator_file": _ref(s.operator_file),
+        "stats": {
+            "bytes": s.stats.bytes, "new_bytes": s.stats.new_bytes,
+            "sync_ms": round(s.stats.sync_ms, 3), "async_ms": round(s.stats.async_ms, 3),
+            "entries": s.stats.entries,
+        },
+    }
+
+
+def encode_metadata(meta: CheckpointMetadata) -> bytes:
+    """The bytes of a ``_metadata`` file."""
+    doc = {
+        "format": "weir",
+        "format_version": FORMAT_VERSION,
+        "kind": meta.kind.value,
+        "checkpoint_id": meta.checkpoint_id,
+        "trigger_timestamp_ms": meta.trigger_timestamp_ms,
+        "completion_timestamp_ms": meta.completion_timestamp_ms,
+        "source_positions": dict(meta.source_positions),
+        "stats": {
+            "bytes": meta.total_bytes,
+            "duration_ms": round(meta.duration_ms, 3),
+            "subtasks": sum(len(op.subtasks) for op in meta.operators.values()),
+        },
+        "operators": {
+            uid: {
+                "parallelism": op.parallelism,
+                "max_parallelism": op.max_parallelism,
+                "subtasks": [_subtask_json(s) for s in op.subtasks],
+            }
+            for uid, op in sorted(meta.operators.items())
+        },
+    }
+    body = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    return _META_MAGIC + _VERSION.pack(FORMAT_VERSION) + hashlib.sha256(body).digest() + body
+
+
+def _full_from(doc: Any, where: str) -> KeyedFullHandle:
+    return KeyedFullHandle(
+        FileRef.from_json(doc["file"], where),
+        {int(g): (int(off), int(n)) for g, off, n in doc["key_groups"]},
+    )
+
+
+def _subtask_from(doc: Any, where: str) -> SubtaskStateHandle:
+    keyed_doc = doc["keyed"]
+    keyed: KeyedFullHandle | KeyedIncrementalHandle | None = None
+    if keyed_doc is not None:
+        if keyed_doc["kind"] == "full":
+            keyed = _full_from(keyed_doc, where)
+        elif keyed_doc["kind"] == "rocksdb-incremental":
+            timers = keyed_doc["timers"]
+            keyed = KeyedIncrementalHandle(
+                {k: FileRef.from_json(r, where) for k, r in keyed_doc["shared"].items()},
+                {k: FileRef.from_json(r, where) for k, r in keyed_doc["private"].items()},
+                None if timers is None else _full_from(timers, where),
+            )
+        else:
+            raise CheckpointFormatError(f"{where}: unknown keyed state kind {keyed_doc['kind']!r}")
+    start, end = doc["key_group_range"]
+    metas = {}
+    for m in doc["states"]:
+        metas[m["name"]] = StateMeta(
+            m["name"], StateKind(m["kind"]), tuple(m["serializers"]), bool(m["ttl"])
+        )
+    stats = doc.get("stats") or {}
+    op_file = doc["operator_file"]
+    return SubtaskStateHandle(
+        subtask_index=int(doc["subtask_index"]),
+        key_group_range=KeyGroupRange(int(start), int(end)),
+        metas=metas,
+        timer_states=tuple(doc["timer_states"]),
+        keyed=keyed,
+        operator_states={
+            o["name"]: (RedistributionMode(o["mode"]), o["serializer"])
+            for o in doc["operator_states"]
+        },
+        broadcast_states={
+            b["name"]: (b["serializers"][0], b["serializers"][1]) for b in doc["broadcast_states"]
+        },
+        operator_file=None if op_file is None else FileRef.from_json(op_file, where),
+        stats=SubtaskStats(
+            int(stats.get("bytes", 0)), int(stats.get("new_bytes", 0)),
+            float(stats.get("sync_ms", 0.0)), float(stats.get("async_ms", 0.0)),
+            int(stats.get("entries", 0)),
+        ),
+    )
+
+
+def decode_metadata(data: bytes, where: str) -> CheckpointMetadata:
+    """Parse and verify a ``_metadata`` file (``where`` names it in errors)."""
+    _check_header(data, _META_MAGIC, where)
+    if len(data) < _META_HEADER:
+        raise CorruptCheckpointError(f"{where}: metadata is truncated")
+    digest = data[_META_HEADER - 32 : _META_HEADER]
+    body = data[_META_HEADER:]
+    if hashlib.sha256(body).digest() != digest:
+        raise CorruptCheckpointError(
+            f"{where}: metadata fails its SHA-256 checksum (corrupt or truncated)"
+        )
+    try:
+        doc = json.loads(body)
+        if doc.get("format") != "weir" or doc.get("format_version") != FORMAT_VERSION:
+            raise CheckpointFormatError(
+                f"{where}: metadata of format {doc.get('format')!r} version "
+                f"{doc.get('format_version')!r}; this weir reads weir version {FORMAT_VERSION}"
+            )
+        operators = {}
+        for uid, op in doc["operators"].items():
+            subtasks = tuple(_subtask_from(s, where) for s in op["subtasks"])
+            operators[uid] = OperatorHandle(
+                uid, int(op["parallelism"]), int(op["max_parallelism"]), subtasks
+            )
+        stats = doc.get("stats") or {}
+        return CheckpointMetadata(
+            checkpoint_id=int(doc["checkpoint_id"]),
+            kind=CheckpointKind(doc["kind"]),
+            trigger_timestamp_ms=int(doc["trigger_timestamp_ms"]),
+            completion_timestamp_ms=int(doc["completion_timestamp_ms"]),
+            operators=operators,
+            source_positions=doc.get("source_positions") or {},
+            duration_ms=float(stats.get("duration_ms", 0.0)),
+        )
+    except CorruptCheckpointError:
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise CorruptCheckpointError(f"{where}: malformed metadata ({exc!r})") from exc

@@ -1,0 +1,235 @@
+"""Checkpoint storage: files under a filesystem URL, written atomically, checksummed.
+
+``CheckpointStorage(url)`` takes anything fsspec understands: a local path or
+``file://`` URL (the default), ``memory://`` (tests), ``s3://bucket/prefix`` (with
+the ``s3`` extra; ``storage_options`` go to ``s3fs``, e.g. ``endpoint_url``).
+
+Every file is written under an attempt-unique temporary name
+(``<name>.tmp-<uuid>``), flushed (and fsynced on a local disk), then published by
+a rename — atomic on a local filesystem; on an object store the server-side copy
+publishes the whole object at once. A reader therefore sees a file completely or
+not at all. Each write returns a :class:`FileRef` (path relative to the storage
+root, size, SHA-256); every read verifies size and checksum and raises
+:class:`~weir.errors.CorruptCheckpointError` naming the file when they differ.
+
+All filesystem calls go through ``self.fs``, so a test can wrap it
+(``weir.testing.faults.FaultInjectingFileSystem``) to crash at any write step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from weir.errors import CheckpointError, CorruptCheckpointError
+
+__all__ = ["CheckpointStorage", "FileRef"]
+
+TMP_MARKER = ".tmp-"
+_CHUNK = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class FileRef:
+    """A published file: path relative to its storage root, size and SHA-256."""
+
+    path: str
+    size: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        """As stored in checkpoint metadata."""
+        return {"path": self.path, "size": self.size, "sha256": self.sha256}
+
+    @staticmethod
+    def from_json(data: Any, where: str) -> FileRef:
+        """Parse a file reference from metadata (``where`` names the metadata file)."""
+        try:
+            path, size, digest = data["path"], data["size"], data["sha256"]
+        except (TypeError, KeyError) as exc:
+            raise CorruptCheckpointError(f"{where}: malformed file reference {data!r}") from exc
+        if (
+            not isinstance(path, str)
+            or not isinstance(size, int)
+            or not isinstance(digest, str)
+            or path.startswith("/")
+            or ".." in path.split("/")
+        ):
+            raise CorruptCheckpointError(f"{where}: malformed file reference {data!r}")
+        return FileRef(path, size, digest)
+
+
+class CheckpointStorage:
+    """Files of checkpoints and savepoints under one root URL."""
+
+    def __init__(
+        self,
+        url: str | Path,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        fs: Any = None,
+    ) -> None:
+        url = str(url)
+        if fs is None:
+            fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        else:
+            root = fs._strip_protocol(url)
+        self.url = url
+        self.fs: Any = fs
+        self.root: str = root.rstrip("/") or "/"
+        # fsync only on a plain local filesystem (wrappers do their own flushing)
+        self._local = isinstance(fs, LocalFileSystem)
+
+    def __repr__(self) -> str:
+        return f"CheckpointStorage({self.url!r})"
+
+    def child(self, relative: str) -> CheckpointStorage:
+        """A storage rooted at ``relative`` under this one (same filesystem)."""
+        sub = CheckpointStorage.__new__(CheckpointStorage)
+        sub.url = self.url.rstrip("/") + "/" + relative
+        sub.fs = self.fs
+        sub.root = self.full_path(relative)
+        sub._local = self._local
+        return sub
+
+    def full_path(self, relative: str) -> str:
+        """The filesystem path of ``relative``."""
+        return posixpath.join(self.root, relative) if relative else self.root
+
+    # writing ------------------------------------------------------------------------
+
+    def write(self, relative: str, data: bytes) -> FileRef:
+        """Publish ``data`` at ``relative`` atomically; returns its reference."""
+        return self._publish(relative, [data], hashlib.sha256(data).hexdigest(), len(data))
+
+    def upload(self, relative: str, local_path: str | Path) -> FileRef:
+        """Publish a local file at ``relative`` atomically (streamed, hashed on the way)."""
+        digest = hashlib.sha256()
+        size = 0
+        chunks = []
+        with open(local_path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+                chunks.append(chunk)
+        return self._publish(relative, chunks, digest.hexdigest(), size)
+
+    def _publish(self, relative: str, chunks: list[bytes], digest: str, size: int) -> FileRef:
+        final = self.full_path(relative)
+        tmp = f"{final}{TMP_MARKER}{uuid.uuid4().hex}"
+        try:
+            self.fs.makedirs(posixpath.dirname(final), exist_ok=True)
+            with self.fs.open(tmp, "wb") as f:
+                for chunk in chunks:
+                    f.write(chunk)
+                if self._local:
+                    f.flush()
+                    os.fsync(f.fileno())
+            self.fs.mv(tmp, final)
+        except OSError as exc:
+            self._forget(tmp)
+            raise CheckpointError(
+                f"cannot write {self.url}/{relative}: {exc}; the previous checkpoint is "
+                f"untouched. Check free space and permissions of the checkpoint storage"
+            ) from exc
+        return FileRef(relative, size, digest)
+
+    def _forget(self, path: str) -> None:
+        try:
+            if self.fs.exists(path):
+                self.fs.rm(path)
+        except OSError:
+            pass
+
+    def delete(self, relative: str, recursive: bool = False) -> None:
+        """Remove a file (or a directory tree); missing is fine."""
+        path = self.full_path(relative)
+        try:
+            if self.fs.exists(path):
+                self.fs.rm(path, recursive=recursive)
+        except FileNotFoundError:
+            pass
+
+    # reading ------------------------------------------------------------------------
+
+    def read(self, ref: FileRef, where: str = "") -> bytes:
+        """The bytes of ``ref``, verified against its size and checksum."""
+        data = self.read_bytes(ref.path, where)
+        if len(data) != ref.size:
+            raise CorruptCheckpointError(
+                f"{self._describe(ref.path, where)} is {len(data)} bytes, expected {ref.size}: "
+                f"truncated or overwritten"
+            )
+        if hashlib.sha256(data).hexdigest() != ref.sha256:
+            raise CorruptCheckpointError(
+                f"{self._describe(ref.path, where)} fails its SHA-256 checksum: the file is "
+                f"corrupt"
+            )
+        return data
+
+    def read_bytes(self, relative: str, where: str = "") -> bytes:
+        """The bytes of a file, unverified (metadata verifies its own checksum)."""
+        try:
+            return bytes(self.fs.cat_file(self.full_path(relative)))
+        except FileNotFoundError as exc:
+            raise CorruptCheckpointError(
+                f"{self._describe(relative, where)} is missing"
+            ) from exc
+
+    def verify(self, ref: FileRef, where: str = "") -> None:
+        """Raise CorruptCheckpointError unless ``ref`` is present and intact."""
+        self.read(ref, where)
+
+    def download(self, ref: FileRef, local_path: str | Path, where: str = "") -> None:
+        """Copy ``ref`` to a local file, verified."""
+        data = self.read(ref, where)
+        with open(local_path, "wb") as f:
+            f.write(data)
+
+    def exists(self, relative: str) -> bool:
+        """Whether a file or directory exists."""
+        return bool(self.fs.exists(self.full_path(relative)))
+
+    def list_dir(self, relative: str = "") -> list[str]:
+        """Names directly under ``relative`` (empty if it does not exist)."""
+        path = self.full_path(relative)
+        try:
+            entries = self.fs.ls(path, detail=False)
+        except FileNotFoundError:
+            return []
+        names = []
+        for entry in entries:
+            name = posixpath.basename(str(entry).rstrip("/"))
+            if name:
+                names.append(name)
+        return sorted(set(names))
+
+    def walk_files(self, relative: str = "") -> list[str]:
+        """Every file under ``relative``, as paths relative to the root."""
+        base = self.full_path(relative)
+        try:
+            found = self.fs.find(base)
+        except FileNotFoundError:
+            return []
+        root = self.root.rstrip("/") + "/"
+        out = []
+        for path in found:
+            path = str(path)
+            stripped = self.fs._strip_protocol(path) if "://" in path else path
+            if not stripped.startswith("/") and root.startswith("/"):
+                stripped = "/" + stripped
+            if stripped.startswith(root):
+                out.append(stripped[len(root) :])
+        return sorted(out)
+
+    def _describe(self, relative: str, where: str) -> str:
+        prefix = f"{where}: " if where else ""
+        return f"{prefix}file {self.url.rstrip('/')}/{relative}"
