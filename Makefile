@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup java demo test lint bench-state-ops clean
+.PHONY: setup java demo test lint bench-state-ops bench-checkpoint clean
 
 setup: java $(STAMP)
 
@@ -34,6 +34,9 @@ lint: setup
 
 bench-state-ops: setup
 	$(PY) -m bench.state_ops
+
+bench-checkpoint: setup
+	$(PY) -m bench.checkpoint
 
 
 clean:

@@ -86,7 +86,9 @@ class RestoreError(WeirError):
 
 class StateMigrationError(RestoreError):
     """A restored state's kind, serializer or TTL setting is incompatible with its new
-    descriptor. Raised before any record is processed."""
+    descriptor. Raised when the function registers the state — for states registered
+    in ``open`` (the usual place), before any record is processed; nothing restored
+    is overwritten either way."""
 
 
 class NoCheckpointError(RestoreError):

@@ -188,7 +188,8 @@ class CompletedCheckpoint:
             full = handle.keyed.timers
             if len(overlap):
                 native = NativeRocksDBState(
-                    self._download_native(handle.keyed, where), handle.key_group_range
+                    self._download_native(handle.keyed, where), handle.key_group_range,
+                    (self.storage.location, dict(handle.keyed.shared)),
                 )
         if full is not None and len(overlap):
             data = self.storage.read(full.file, where)

@@ -499,5 +499,5 @@ def decode_metadata(data: bytes, where: str) -> CheckpointMetadata:
         )
     except CorruptCheckpointError:
         raise
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
         raise CorruptCheckpointError(f"{where}: malformed metadata ({exc!r})") from exc

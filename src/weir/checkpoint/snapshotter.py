@@ -11,7 +11,9 @@
   upload to ``shared/`` (once; later checkpoints reference it), and the small private
   files (MANIFEST, CURRENT, OPTIONS) to the checkpoint's own directory. Which files
   are shared is learnt only from completed checkpoints (``notify_checkpoint_complete``),
-  so a file of an aborted or subsumed checkpoint is never referenced again.
+  so a file of an aborted or subsumed checkpoint is never referenced again; after a
+  restore, the SST files of the adopted checkpoint are referenced, not re-uploaded,
+  when the new checkpoints go to the same storage.
 
 Run one checkpoint at a time per subtask (Flink's default of one concurrent
 checkpoint): a snapshot's files are referenced by the coordinator only once it
@@ -92,8 +94,13 @@ class SubtaskCheckpointer:
             ) from None
         self._asynchronous = asynchronous
         self._pool: ThreadPoolExecutor | None = None
-        #: local SST file name -> shared file, as of the last completed checkpoint
+        #: local SST file name -> shared file, as of the last completed checkpoint (or
+        #: of the checkpoint restored from, when it lives in the same storage)
         self._uploaded: dict[str, FileRef] = {}
+        backend = getattr(operator, "backend", None)
+        adopted = getattr(backend, "adopted_shared", None)
+        if adopted is not None and adopted[0] == storage.location:
+            self._uploaded = dict(adopted[1])
         self._pending: dict[int, dict[str, FileRef]] = {}
 
     @property

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
+import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from weir.errors import CheckpointError, CorruptCheckpointError
 __all__ = ["CheckpointStorage", "FileRef"]
 
 TMP_MARKER = ".tmp-"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 4 << 20
 
 
@@ -59,9 +61,16 @@ class FileRef:
         if (
             not isinstance(path, str)
             or not isinstance(size, int)
+            or isinstance(size, bool)
+            or size < 0
             or not isinstance(digest, str)
+            or not _SHA256.fullmatch(digest)
+            or not path
+            or "\x00" in path
             or path.startswith("/")
-            or ".." in path.split("/")
+            or path.endswith("/")
+            or TMP_MARKER in path
+            or any(part in ("", ".", "..") for part in path.split("/"))
         ):
             raise CorruptCheckpointError(f"{where}: malformed file reference {data!r}")
         return FileRef(path, size, digest)
@@ -90,6 +99,15 @@ class CheckpointStorage:
 
     def __repr__(self) -> str:
         return f"CheckpointStorage({self.url!r})"
+
+    @property
+    def location(self) -> str:
+        """``protocol:root``: equal for two storages over the same place however the URL
+        was spelt (trailing slash, ``file://`` or a plain path)."""
+        protocol = getattr(self.fs, "protocol", "file")
+        if isinstance(protocol, tuple | list):
+            protocol = protocol[0]
+        return f"{protocol}:{self.root}"
 
     def child(self, relative: str) -> CheckpointStorage:
         """A storage rooted at ``relative`` under this one (same filesystem)."""
@@ -182,6 +200,10 @@ class CheckpointStorage:
         except FileNotFoundError as exc:
             raise CorruptCheckpointError(
                 f"{self._describe(relative, where)} is missing"
+            ) from exc
+        except (OSError, ValueError) as exc:
+            raise CorruptCheckpointError(
+                f"{self._describe(relative, where)} cannot be read: {exc}"
             ) from exc
 
     def verify(self, ref: FileRef, where: str = "") -> None:

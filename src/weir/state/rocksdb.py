@@ -363,6 +363,8 @@ class RocksDBStateBackend(KeyedStateBackend):
         self._db.set_write_options(self._write_options)
         self._families: dict[str, Any] = {}
         self._closed = False
+        #: shared-file references of the SST files of an adopted native checkpoint
+        self.adopted_shared: tuple[str, Mapping[str, Any]] | None = None
 
     def _family(self, name: str) -> Any:
         cf = self._families.get(name)
@@ -469,6 +471,7 @@ class RocksDBStateBackend(KeyedStateBackend):
                 f"cannot open the restored RocksDB checkpoint at {self.path}: {exc}"
             ) from exc
         self._db.set_write_options(self._write_options)
+        self.adopted_shared = native.shared
         low, high = _range_bounds(native.key_group_range)
         for name in list_column_families(self.path):
             cf = self._family(name)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from weir.api.descriptors import StateKind
 from weir.errors import RestoreError
@@ -69,6 +70,10 @@ class NativeRocksDBState:
 
     path: str
     key_group_range: KeyGroupRange
+    #: where its SST files live in checkpoint storage: (storage URL, local file name
+    #: -> file reference), so the next incremental checkpoint to the same storage
+    #: references them instead of uploading them again
+    shared: tuple[str, Mapping[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -163,7 +168,7 @@ def assign_keyed_state(
         groups = {g: e for g, e in keyed.groups.items() if g in overlap}
         native = keyed.native
         if native is not None:
-            native = NativeRocksDBState(native.path, overlap)
+            native = NativeRocksDBState(native.path, overlap, native.shared)
         out.append(
             KeyedStateSnapshot(
                 keyed.max_parallelism, overlap, keyed.metas, keyed.timer_states, groups, native
