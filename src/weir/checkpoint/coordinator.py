@@ -30,6 +30,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,12 +43,13 @@ from weir.checkpoint.format import (
     KeyedIncrementalHandle,
     OperatorHandle,
     SubtaskStateHandle,
+    check_data_header,
     decode_keyed,
     decode_metadata,
     decode_operator_file,
     encode_metadata,
 )
-from weir.checkpoint.storage import TMP_MARKER, CheckpointStorage
+from weir.checkpoint.storage import TMP_MARKER, CheckpointStorage, FileRef
 from weir.errors import (
     CheckpointError,
     ConfigurationError,
@@ -65,7 +67,7 @@ from weir.state.snapshot import (
 )
 
 if TYPE_CHECKING:
-    from weir.checkpoint.snapshotter import SubtaskCheckpointer
+    from weir.checkpoint.snapshotter import PendingSnapshot, SubtaskCheckpointer
 
 __all__ = [
     "CheckpointCoordinator",
@@ -127,9 +129,18 @@ class CompletedCheckpoint:
         return f"{self.kind.value} {self.checkpoint_id} at {self.url}"
 
     def verify(self) -> None:
-        """Raise CorruptCheckpointError unless every file is present and intact."""
+        """Raise CorruptCheckpointError unless every file is present and intact (and
+        every weir data file has a readable format version)."""
+        data_files = {
+            ref.path
+            for op in self.metadata.operators.values()
+            for sub in op.subtasks
+            for ref in _data_files(sub)
+        }
         for ref in self.metadata.files():
-            self.storage.verify(ref, self._where())
+            data = self.storage.read(ref, self._where())
+            if ref.path in data_files:
+                check_data_header(data, f"{self._where()}: {ref.path}")
 
     def check_operators(self, uids: Iterable[str], allow_non_restored_state: bool) -> None:
         """Raise RestoreError if it holds state of an operator not in ``uids``
@@ -229,6 +240,15 @@ class CompletedCheckpoint:
             shutil.rmtree(target, ignore_errors=True)
             raise
         return str(target)
+
+
+def _data_files(sub: SubtaskStateHandle) -> list[FileRef]:
+    out = [] if sub.operator_file is None else [sub.operator_file]
+    if isinstance(sub.keyed, KeyedFullHandle):
+        out.append(sub.keyed.file)
+    elif isinstance(sub.keyed, KeyedIncrementalHandle) and sub.keyed.timers is not None:
+        out.append(sub.keyed.timers.file)
+    return out
 
 
 def load_checkpoint(
@@ -503,19 +523,21 @@ def _run(
     source_positions: Mapping[str, Any] | None,
 ) -> CompletedCheckpoint:
     savepoint = pending.kind is CheckpointKind.SAVEPOINT
+    snapshots: list[PendingSnapshot] = []
     try:
-        snapshots = [
-            c.snapshot(
+        for c in checkpointers:
+            snapshots.append(c.snapshot(
                 pending.checkpoint_id, pending.timestamp_ms,
                 target=pending.storage if savepoint else None, savepoint=savepoint,
-            )
-            for c in checkpointers
-        ]
+            ))
         for c, snap in zip(checkpointers, snapshots, strict=True):
             cfg = c.operator.config
             pending.acknowledge(c.uid, cfg.parallelism, cfg.max_parallelism, snap.result())
         completed = coordinator.complete(pending, source_positions)
     except Exception:
+        # let every upload still running finish (or fail) first, so none of them
+        # publishes a file after the abort has deleted the checkpoint's files
+        wait([snap.future for snap in snapshots])
         for c in checkpointers:
             c.notify_checkpoint_aborted(pending.checkpoint_id)
         coordinator.abort(pending)

@@ -81,6 +81,7 @@ __all__ = [
     "METADATA_FILE",
     "CheckpointKind",
     "CheckpointMetadata",
+    "check_data_header",
     "KeyedFullHandle",
     "KeyedIncrementalHandle",
     "OperatorHandle",
@@ -243,6 +244,12 @@ def _check_header(data: bytes, magic: bytes, where: str) -> None:
             f"{where}: checkpoint format version {version}, this weir reads version "
             f"{FORMAT_VERSION}; restore it with a weir that writes version {version}"
         )
+
+
+def check_data_header(data: bytes, where: str) -> None:
+    """Raise CheckpointFormatError unless ``data`` starts a weir data file of this
+    format version."""
+    _check_header(data, _DATA_MAGIC, where)
 
 
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
