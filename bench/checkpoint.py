@@ -16,7 +16,9 @@ Workloads (all on the local filesystem, one process = one core):
    bare ``rocksdict`` write-batch load of the same entries, measured side by side.
    Target: ≥ 100 MB/s per core.
 4. **rescale** — a checkpoint taken at parallelism 2, restored at 2 (plain restore)
-   and at 4 (rescale), total seconds over all subtasks. Target: rescale ≤ 1.2 x plain.
+   and at 4 (rescale): total seconds over all subtasks (the work, on one core) and
+   the slowest subtask (the wall time when every subtask restores on its own core).
+   Target: rescale ≤ 1.2 x plain.
 
 Run: ``.venv/bin/python -m bench.checkpoint [--quick] [--keys N] [--repeat R]``.
 Results: ``bench/results/checkpoint.json``; a markdown table is printed.
@@ -181,8 +183,11 @@ def bench_sync_pause(keys: int, repeat: int, progress: Any, tmp: Path) -> dict[s
     return out
 
 
-def _restore_time(completed: Any, backend: str, parallelism: int) -> float:
-    total = 0.0
+def _restore_time(completed: Any, backend: str, parallelism: int) -> tuple[float, float]:
+    """Seconds to restore every subtask one after the other: (sum, slowest subtask).
+    The sum is the work on one core; the slowest subtask is the wall time when each
+    subtask restores on its own core, as it does in any runtime."""
+    times = []
     for i in range(parallelism):
         gc.collect()
         start = time.perf_counter()
@@ -190,9 +195,9 @@ def _restore_time(completed: Any, backend: str, parallelism: int) -> float:
             Store(), _key, completed, parallelism=parallelism, subtask_index=i,
             state_backend=backend, max_parallelism=MAX_PARALLELISM,
         )
-        total += time.perf_counter() - start
+        times.append(time.perf_counter() - start)
         h.close()
-    return total
+    return sum(times), max(times)
 
 
 def _raw_rocksdb_load(completed: Any, tmp: Path) -> float:
@@ -243,9 +248,9 @@ def bench_restore(keys: int, progress: Any, tmp: Path) -> dict[str, Any]:
         ("full -> hashmap", full_ckpt, "hashmap", mb_full),
         ("incremental -> rocksdb", inc_ckpt, "rocksdb", mb_inc),
     ):
-        plain = _restore_time(completed, backend, 2)
+        plain, plain_wall = _restore_time(completed, backend, 2)
         progress.advance(task)
-        rescale = _restore_time(completed, backend, 4)
+        rescale, rescale_wall = _restore_time(completed, backend, 4)
         progress.advance(task)
         rows[label] = {
             "state_mb": mb,
@@ -254,6 +259,9 @@ def bench_restore(keys: int, progress: Any, tmp: Path) -> dict[str, Any]:
             "restore_mb_per_s_per_core": mb / plain,
             "rescale_2_to_4_s": rescale,
             "rescale_vs_restore": rescale / plain,
+            "restore_p2_slowest_subtask_s": plain_wall,
+            "rescale_2_to_4_slowest_subtask_s": rescale_wall,
+            "rescale_vs_restore_wall": rescale_wall / plain_wall,
         }
     raw = _raw_rocksdb_load(full_ckpt, tmp)
     progress.advance(task)
@@ -283,14 +291,13 @@ def print_results(doc: dict[str, Any]) -> None:
     params = doc["params"]
     t = Table(title=f"restore and rescale (p=2 checkpoint, {params['keys']:,} keys, "
               f"{params['value_bytes']}-byte values)")
-    for col in ("restore", "state MB", "files MB", "restore s", "state MB/s/core",
-                "rescale 2→4 s", "rescale/restore"):
+    for col in ("restore", "state MB", "restore s", "state MB/s/core",
+                "rescale 2→4 s", "rescale/restore (work)", "rescale/restore (wall)"):
         t.add_column(col)
     for label, r in doc["restore"].items():
-        t.add_row(label, f"{r['state_mb']:.1f}", f"{r['checkpoint_mb']:.1f}",
-                  f"{r['restore_p2_s']:.2f}",
+        t.add_row(label, f"{r['state_mb']:.1f}", f"{r['restore_p2_s']:.2f}",
                   f"{r['restore_mb_per_s_per_core']:.0f}", f"{r['rescale_2_to_4_s']:.2f}",
-                  f"{r['rescale_vs_restore']:.2f}")
+                  f"{r['rescale_vs_restore']:.2f}", f"{r['rescale_vs_restore_wall']:.2f}")
     console.print(t)
 
 

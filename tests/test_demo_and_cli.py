@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+from typing import Any
+
 from typer.testing import CliRunner
 
+from weir import StateTtlConfig, ValueStateDescriptor
 from weir.cli import app
 from weir.examples.fraud import oracle_alerts
 from weir.examples.fraud_demo import main as demo_main
@@ -38,3 +43,19 @@ def test_cli_default_max_parallelism_follows_flink() -> None:
     result = CliRunner().invoke(app, ["default-max-parallelism", "100"])
     assert result.exit_code == 0
     assert result.output.strip() == "256"
+
+
+def test_readme_quick_start_runs_as_written(tmp_path: Path) -> None:
+    """The README's code blocks run top to bottom (paths moved under tmp_path) and
+    the restored harness holds the checkpointed count."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    assert len(blocks) >= 2
+    namespace: dict[str, Any] = {}
+    for block in blocks:
+        exec(block.replace("/tmp/", f"{tmp_path}/"), namespace)
+    restored = namespace["h"]
+    assert restored.state_of("ann", ValueStateDescriptor("count", ttl=StateTtlConfig(
+        ttl_ms=3_600_000))) == 1
+    restored.close()
+    assert (tmp_path / "savepoints" / "sp-1" / "_metadata").exists()
