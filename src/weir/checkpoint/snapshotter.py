@@ -22,6 +22,7 @@ completes.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 import shutil
@@ -214,15 +215,11 @@ class SubtaskCheckpointer:
                 broadcast_states={n: b.serializers for n, b in snap.broadcast_states.items()},
                 operator_file=operator_file,
             )
-            total = sum(f.size for f in handle.files())
             stats = SubtaskStats(
-                total, new_bytes, sync_ms, (time.perf_counter() - started) * 1000, entries
+                sum(f.size for f in handle.files()), new_bytes, sync_ms,
+                (time.perf_counter() - started) * 1000, entries,
             )
-            return SubtaskStateHandle(
-                handle.subtask_index, handle.key_group_range, handle.metas,
-                handle.timer_states, handle.keyed, handle.operator_states,
-                handle.broadcast_states, handle.operator_file, stats,
-            )
+            return dataclasses.replace(handle, stats=stats)
         finally:
             if native_dir is not None:
                 shutil.rmtree(os.path.dirname(native_dir), ignore_errors=True)

@@ -23,6 +23,7 @@ import os
 import posixpath
 import re
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,27 +127,24 @@ class CheckpointStorage:
 
     def write(self, relative: str, data: bytes) -> FileRef:
         """Publish ``data`` at ``relative`` atomically; returns its reference."""
-        return self._publish(relative, [data], hashlib.sha256(data).hexdigest(), len(data))
+        return self._publish(relative, (data,))
 
     def upload(self, relative: str, local_path: str | Path) -> FileRef:
-        """Publish a local file at ``relative`` atomically (streamed, hashed on the way)."""
-        digest = hashlib.sha256()
-        size = 0
-        chunks = []
+        """Publish a local file at ``relative`` atomically, streamed in 4 MiB chunks."""
         with open(local_path, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-                chunks.append(chunk)
-        return self._publish(relative, chunks, digest.hexdigest(), size)
+            return self._publish(relative, iter(lambda: f.read(_CHUNK), b""))
 
-    def _publish(self, relative: str, chunks: list[bytes], digest: str, size: int) -> FileRef:
+    def _publish(self, relative: str, chunks: Iterable[bytes]) -> FileRef:
         final = self.full_path(relative)
         tmp = f"{final}{TMP_MARKER}{uuid.uuid4().hex}"
+        digest = hashlib.sha256()
+        size = 0
         try:
             self.fs.makedirs(posixpath.dirname(final), exist_ok=True)
             with self.fs.open(tmp, "wb") as f:
                 for chunk in chunks:
+                    digest.update(chunk)
+                    size += len(chunk)
                     f.write(chunk)
                 if self._local:
                     f.flush()
@@ -158,7 +156,7 @@ class CheckpointStorage:
                 f"cannot write {self.url}/{relative}: {exc}; the previous checkpoint is "
                 f"untouched. Check free space and permissions of the checkpoint storage"
             ) from exc
-        return FileRef(relative, size, digest)
+        return FileRef(relative, size, digest.hexdigest())
 
     def _forget(self, path: str) -> None:
         try:
