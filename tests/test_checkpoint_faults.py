@@ -370,10 +370,11 @@ def _published(steps: list[tuple[str, str]], crash_at: int, when: str, metadata:
 
 
 def _setup(
-    root: Path, backend: str, mode: str, asynchronous: bool
+    root: Path, backend: str, mode: str, asynchronous: bool, wrapper: Any = None
 ) -> tuple[Job, CheckpointCoordinator, Any, Any]:
-    """Checkpoint 1 at offset N1 (no fault), then the records up to N2."""
-    fs = DyingFileSystem(_local_fs())
+    """Checkpoint 1 at offset N1 (no fault), then the records up to N2, over a
+    filesystem wrapped by ``wrapper`` (DyingFileSystem by default)."""
+    fs = (wrapper or DyingFileSystem)(_local_fs())
     storage = CheckpointStorage(str(root), fs=fs)
     coordinator = CheckpointCoordinator(storage, retained=1)
     job = Job(backend)
@@ -892,15 +893,7 @@ def test_a_full_disk_fails_the_checkpoint_cleanly_and_the_previous_one_still_res
     # failed checkpoint has happened when it is aborted (see the asynchronous case
     # below for what happens otherwise).
     def setup(root: Path) -> tuple[Job, CheckpointCoordinator, CheckpointStorage, Any]:
-        fs = DiskFullFileSystem(_local_fs())
-        storage = CheckpointStorage(str(root), fs=fs)
-        coordinator = CheckpointCoordinator(storage, retained=1)
-        job = Job(backend)
-        job.run(0, N1)
-        chk1 = job.checkpoint(coordinator, storage, mode, N1, asynchronous=False)
-        assert chk1.checkpoint_id == 1
-        job.run(N1, N2)
-        return job, coordinator, storage, fs
+        return _setup(root, backend, mode, False, DiskFullFileSystem)
 
     job, coordinator, storage, fs = setup(tmp_path / "dry")
     fs.arm(None)

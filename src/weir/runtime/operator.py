@@ -46,7 +46,7 @@ from weir.errors import (
     StateError,
     StateRegistrationError,
 )
-from weir.state.backend import KeyedStateBackend, add_to_groups
+from weir.state.backend import KeyedStateBackend
 from weir.state.hashmap import HashMapStateBackend
 from weir.state.keycontext import NO_KEY, KeyContext
 from weir.state.keyed import KeyedStateStore
@@ -59,7 +59,6 @@ from weir.state.operator_state import BroadcastStateStore, OperatorStateStoreImp
 from weir.state.rocksdb import RocksDBStateBackend
 from weir.state.snapshot import (
     KeyedStateSnapshot,
-    NativeRocksDBState,
     OperatorSubtaskSnapshot,
     assign_broadcast_state,
     assign_keyed_state,
@@ -393,15 +392,10 @@ class KeyedOperator(_OperatorBase, KeyedContext, TimerService):
         *,
         native_dir: str | Path | None = None,
     ) -> Callable[[], OperatorSubtaskSnapshot]:
-        """The synchronous part of a snapshot: the function's ``snapshot_state``,
-        operator, broadcast and timer state are captured and keyed state frozen now;
-        calling the result encodes keyed state (off the processing path, e.g. in a
-        thread) into the canonical snapshot.
-
-        With ``native_dir`` (RocksDB backend only) keyed state is instead a native
-        RocksDB checkpoint written into that new directory, and the snapshot's keyed
-        part holds only the timers plus a reference to the directory.
-        """
+        """The synchronous part of a snapshot (``snapshot_state``, operator, broadcast
+        and timer state captured, keyed state frozen); calling the result encodes keyed
+        state off the processing path. With ``native_dir`` (RocksDB only) keyed state is
+        a native RocksDB checkpoint written there; the snapshot then holds the timers."""
         self._require_open()
         ts = self.clock() if timestamp is None else timestamp
         common = self._snapshot_common(checkpoint_id, ts)
@@ -416,21 +410,10 @@ class KeyedOperator(_OperatorBase, KeyedContext, TimerService):
                     f"{cfg.describe()}: incremental (native) snapshots need the RocksDB backend"
                 )
             self.backend.native_checkpoint(native_dir)
-            groups: dict[int, dict[str, Any]] = {}
-            for name, entries in timers.items():
-                add_to_groups(groups, name, entries)
-            keyed = KeyedStateSnapshot(
-                cfg.max_parallelism, cfg.key_group_range, self.keyed_state.metas,
-                tuple(timers), {g: {n: tuple(e) for n, e in per.items()} for g, per in
-                                groups.items()},
-                NativeRocksDBState(str(native_dir), cfg.key_group_range),
-            )
-            done = OperatorSubtaskSnapshot(
-                cfg.uid, checkpoint_id, ts, cfg.parallelism, cfg.subtask_index,
-                cfg.max_parallelism, keyed, **common,
-            )
-            return lambda: done
-        encode = self.keyed_state.prepare_snapshot(timers, cfg.key_group_range)
+            native = self.keyed_state.native_snapshot(timers, cfg.key_group_range, native_dir)
+            encode: Callable[[], KeyedStateSnapshot] = lambda: native  # noqa: E731
+        else:
+            encode = self.keyed_state.prepare_snapshot(timers, cfg.key_group_range)
 
         def finish() -> OperatorSubtaskSnapshot:
             return OperatorSubtaskSnapshot(

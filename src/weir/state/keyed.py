@@ -8,8 +8,10 @@ a restored snapshot says), and produces and restores :class:`KeyedStateSnapshot`
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from weir.api.descriptors import (
@@ -23,7 +25,8 @@ from weir.api.descriptors import (
 from weir.api.state import AggregatingState, ReducingState, State
 from weir.errors import StateMigrationError, StateRegistrationError
 from weir.state.backend import EntryFilter, KeyedStateBackend, add_to_groups
-from weir.state.snapshot import KeyedStateSnapshot, StateMeta
+from weir.state.keygroups import KeyGroupRange
+from weir.state.snapshot import KeyedStateSnapshot, NativeRocksDBState, StateMeta
 from weir.state.ttl import (
     IncrementalCleaner,
     TtlListState,
@@ -215,6 +218,17 @@ class KeyedStateStore:
         sources = self.backend.frozen_sources()
         filters = {name: make() for name, make in self._snapshot_filters.items()}
         return lambda: self._build(timer_entries, key_group_range, sources, filters)
+
+    def native_snapshot(
+        self,
+        timer_entries: dict[str, list[tuple[bytes, bytes]]],
+        key_group_range: KeyGroupRange,
+        path: str | Path,
+    ) -> KeyedStateSnapshot:
+        """Timers in canonical form plus the native RocksDB checkpoint written at
+        ``path`` (which holds every state)."""
+        snap = self._build(timer_entries, key_group_range, (), {})
+        return dataclasses.replace(snap, native=NativeRocksDBState(str(path), key_group_range))
 
     @property
     def metas(self) -> dict[str, StateMeta]:
