@@ -297,6 +297,21 @@ def _compare(tally: Tally, got: KeyStates, want: KeyStates) -> None:
             tally.mismatched += 1
 
 
+def _restores_to(
+    tally: Tally, backend: str, checkpoint: CompletedCheckpoint, upto: int
+) -> Job:
+    """Restore a job from ``checkpoint`` and count its differences from the oracle at
+    offset ``upto``; the caller closes the job."""
+    restored = Job(backend, restore_from=checkpoint)
+    try:
+        _compare(tally, restored.state(), oracle(upto))
+        tally.mismatched += restored.processed() != oracle_processed(upto)
+    except BaseException:
+        restored.close()
+        raise
+    return restored
+
+
 def _chk_ids(root: Path) -> set[int]:
     return {int(p.name[4:]) for p in root.glob("chk-*")}
 
@@ -928,12 +943,7 @@ def test_a_full_disk_fails_the_checkpoint_cleanly_and_the_previous_one_still_res
             # and a restarted job (no clean-up needed) restores checkpoint 1
             fallback = CheckpointCoordinator(str(root), retained=1, clean_up=False).latest()
             assert fallback is not None and fallback.checkpoint_id == 1, label
-            restored = Job(backend, restore_from=fallback)
-            try:
-                _compare(tally, restored.state(), oracle(N1))
-                tally.mismatched += restored.processed() != oracle_processed(N1)
-            finally:
-                restored.close()
+            _restores_to(tally, backend, fallback, N1).close()
             # space is freed: the job goes on and its next checkpoint completes
             fs.arm(None)
             job.run(N2, N)
@@ -945,12 +955,7 @@ def test_a_full_disk_fails_the_checkpoint_cleanly_and_the_previous_one_still_res
         if fail_at == 0:
             latest = CheckpointCoordinator(str(root), retained=1, clean_up=False).latest()
             assert latest is not None and latest.checkpoint_id == 3, label
-            restored = Job(backend, restore_from=latest)
-            try:
-                _compare(tally, restored.state(), oracle(N))
-                tally.mismatched += restored.processed() != oracle_processed(N)
-            finally:
-                restored.close()
+            _restores_to(tally, backend, latest, N).close()
     tally.report(f"disk full [{backend}/{mode}] writes per checkpoint={writes}")
     assert tally.injected == tally.runs == len(runs)
     tally.assert_clean()
@@ -1098,10 +1103,8 @@ def test_a_zombie_attempt_publishing_after_the_retry_completed_changes_nothing(
     assert latest is not None and latest.checkpoint_id == completed.checkpoint_id == 2
     assert set(restarted.storage.walk_files()) == restarted.referenced_files()  # zombie gone
     tally = Tally(injected=1, runs=1)
-    restored = Job(backend, restore_from=latest)
+    restored = _restores_to(tally, backend, latest, N2)
     try:
-        _compare(tally, restored.state(), oracle(N2))
-        tally.mismatched += restored.processed() != oracle_processed(N2)
         restored.run(N2, N)
         _compare(tally, restored.state(), oracle(N))
     finally:

@@ -388,8 +388,7 @@ class CheckpointCoordinator:
         """Delete files no complete checkpoint references: temporary files,
         directories of checkpoints that never completed, unreferenced shared files.
         Run only when no checkpoint is in flight. Returns the deleted paths."""
-        keep = {f"{c.directory}/{METADATA_FILE}" for c in self._completed}
-        keep.update(ref.path for c in self._completed for ref in c.metadata.files())
+        keep = self.referenced_files()
         deleted = []
         for name in self.storage.list_dir():
             if not (_CHK.match(name) or name == "shared") or name in self._corrupt:
