@@ -11,3 +11,28 @@ BACKENDS = ("hashmap", "rocksdb")
 def backend(request: pytest.FixtureRequest) -> str:
     """The name of a state backend; tests using it run once per backend."""
     return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def spark():  # type: ignore[no-untyped-def]
+    """The one SparkSession of the test run (``local[2]``); tests using it are marked
+    ``spark``. Python workers run this interpreter, so they see the project's venv."""
+    import os
+    import sys
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("weir-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "2g")
+        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

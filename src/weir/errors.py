@@ -107,3 +107,15 @@ class CheckpointFormatError(CorruptCheckpointError):
 
 class CheckpointError(WeirError):
     """Writing a checkpoint or savepoint failed; the previous checkpoint is untouched."""
+
+
+class OutputSchemaError(WeirError, TypeError):
+    """A function emitted an output that does not match the declared output schema."""
+
+
+class SinkError(WeirError):
+    """A sink could not stage, commit or abort a batch."""
+
+
+class TaskPlacementError(WeirError):
+    """A Spark task received records of key groups that its subtask does not own."""

@@ -90,9 +90,11 @@ __all__ = [
     "decode_keyed",
     "decode_metadata",
     "decode_operator_file",
+    "decode_part",
     "encode_keyed",
     "encode_metadata",
     "encode_operator_file",
+    "encode_part",
     "uid_dir",
 ]
 
@@ -100,6 +102,7 @@ FORMAT_VERSION = 1
 METADATA_FILE = "_metadata"
 _DATA_MAGIC = b"WEIRDATA"
 _META_MAGIC = b"WEIRMETA"
+_PART_MAGIC = b"WEIRPART"
 _VERSION = struct.Struct(">H")
 _DATA_HEADER = len(_DATA_MAGIC) + _VERSION.size
 _META_HEADER = len(_META_MAGIC) + _VERSION.size + 32
@@ -414,8 +417,63 @@ def encode_metadata(meta: CheckpointMetadata) -> bytes:
             for uid, op in sorted(meta.operators.items())
         },
     }
+    return _envelope(_META_MAGIC, doc)
+
+
+def _envelope(magic: bytes, doc: Any) -> bytes:
     body = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-    return _META_MAGIC + _VERSION.pack(FORMAT_VERSION) + hashlib.sha256(body).digest() + body
+    return magic + _VERSION.pack(FORMAT_VERSION) + hashlib.sha256(body).digest() + body
+
+
+def _open_envelope(magic: bytes, data: bytes, where: str) -> Any:
+    _check_header(data, magic, where)
+    if len(data) < _META_HEADER:
+        raise CorruptCheckpointError(f"{where}: file is truncated")
+    body = data[_META_HEADER:]
+    if hashlib.sha256(body).digest() != data[_META_HEADER - 32 : _META_HEADER]:
+        raise CorruptCheckpointError(
+            f"{where}: fails its SHA-256 checksum (corrupt or truncated)"
+        )
+    try:
+        doc = json.loads(body)
+    except ValueError as exc:
+        raise CorruptCheckpointError(f"{where}: malformed JSON ({exc})") from exc
+    if not isinstance(doc, dict) or doc.get("format") != "weir" or (
+        doc.get("format_version") != FORMAT_VERSION
+    ):
+        raise CheckpointFormatError(
+            f"{where}: not a weir version {FORMAT_VERSION} file; it was written by another "
+            f"weir version or is foreign"
+        )
+    return doc
+
+
+def encode_part(
+    uid: str, parallelism: int, max_parallelism: int, handle: SubtaskStateHandle,
+    epoch: Mapping[str, Any],
+) -> bytes:
+    """A *part* file: one subtask's acknowledgement of one Spark epoch (its state
+    handle and the runtime's epoch facts, e.g. attempt id and event-time progress).
+    Same envelope as ``_metadata`` with the magic ``WEIRPART``."""
+    return _envelope(_PART_MAGIC, {
+        "format": "weir", "format_version": FORMAT_VERSION, "uid": uid,
+        "parallelism": parallelism, "max_parallelism": max_parallelism,
+        "subtask": _subtask_json(handle), "epoch": dict(epoch),
+    })
+
+
+def decode_part(
+    data: bytes, where: str
+) -> tuple[str, int, int, SubtaskStateHandle, dict[str, Any]]:
+    """``(uid, parallelism, max_parallelism, handle, epoch)`` of a part file."""
+    doc = _open_envelope(_PART_MAGIC, data, where)
+    try:
+        return (
+            str(doc["uid"]), int(doc["parallelism"]), int(doc["max_parallelism"]),
+            _subtask_from(doc["subtask"], where), dict(doc["epoch"]),
+        )
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
+        raise CorruptCheckpointError(f"{where}: malformed part file ({exc!r})") from exc
 
 
 def _full_from(doc: Any, where: str) -> KeyedFullHandle:

@@ -50,7 +50,7 @@ from weir.state.keygroups import KeyGroupRange
 from weir.state.rocksdb import RocksDBStateBackend
 from weir.state.snapshot import OperatorSubtaskSnapshot
 
-__all__ = ["PendingSnapshot", "SnapshotMode", "SubtaskCheckpointer"]
+__all__ = ["PendingSnapshot", "SnapshotMode", "SubtaskCheckpointer", "write_snapshot"]
 
 
 class SnapshotMode(enum.Enum):
@@ -172,54 +172,15 @@ class SubtaskCheckpointer:
         sync_ms: float,
         native_dir: str | None,
     ) -> SubtaskStateHandle:
-        started = time.perf_counter()
         try:
             snap = finish()
-            keyed: KeyedFullHandle | KeyedIncrementalHandle | None = None
-            new_bytes = 0
-            entries = 0
-            metas = snap.keyed.metas if snap.keyed is not None else {}
-            timer_states = snap.keyed.timer_states if snap.keyed is not None else ()
-            if snap.keyed is not None:
-                data, index, entries = encode_keyed(snap.keyed.groups)
-                full: KeyedFullHandle | None = None
-                if index or native_dir is None:
-                    suffix = ".timers" if native_dir is not None else ".keyed"
-                    ref = storage.write(prefix + suffix, data)
-                    new_bytes += ref.size
-                    full = KeyedFullHandle(ref, index)
-                if native_dir is not None:
+            native = None
+            if native_dir is not None:
+                def native(prefix: str) -> tuple[dict[str, FileRef], dict[str, FileRef], int]:
                     shared, private, uploaded = self._upload_native(storage, prefix, native_dir)
-                    new_bytes += uploaded
-                    keyed = KeyedIncrementalHandle(shared, private, full)
                     self._pending[snap.checkpoint_id] = dict(shared)
-                else:
-                    keyed = full
-            operator_file = None
-            if snap.operator_states or snap.broadcast_states:
-                data = encode_operator_file(
-                    {n: s.elements for n, s in snap.operator_states.items()},
-                    {n: b.entries for n, b in snap.broadcast_states.items()},
-                )
-                operator_file = storage.write(prefix + ".op", data)
-                new_bytes += operator_file.size
-            handle = SubtaskStateHandle(
-                subtask_index=snap.subtask_index,
-                key_group_range=self._range(),
-                metas=metas,
-                timer_states=timer_states,
-                keyed=keyed,
-                operator_states={
-                    n: (s.mode, s.serializer) for n, s in snap.operator_states.items()
-                },
-                broadcast_states={n: b.serializers for n, b in snap.broadcast_states.items()},
-                operator_file=operator_file,
-            )
-            stats = SubtaskStats(
-                sum(f.size for f in handle.files()), new_bytes, sync_ms,
-                (time.perf_counter() - started) * 1000, entries,
-            )
-            return dataclasses.replace(handle, stats=stats)
+                    return shared, private, uploaded
+            return write_snapshot(snap, storage, prefix, self._range(), sync_ms, native)
         finally:
             if native_dir is not None:
                 shutil.rmtree(os.path.dirname(native_dir), ignore_errors=True)
@@ -267,3 +228,62 @@ class SubtaskCheckpointer:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+
+NativeUpload = Callable[[str], tuple[dict[str, FileRef], dict[str, FileRef], int]]
+
+
+def write_snapshot(
+    snap: OperatorSubtaskSnapshot,
+    storage: CheckpointStorage,
+    prefix: str,
+    key_group_range: KeyGroupRange,
+    sync_ms: float = 0.0,
+    native: NativeUpload | None = None,
+) -> SubtaskStateHandle:
+    """Write the files of one subtask snapshot under ``prefix`` (``native`` uploads a
+    native RocksDB checkpoint and returns its shared and private files); the handle
+    to acknowledge."""
+    started = time.perf_counter()
+    keyed: KeyedFullHandle | KeyedIncrementalHandle | None = None
+    new_bytes = 0
+    entries = 0
+    metas = snap.keyed.metas if snap.keyed is not None else {}
+    timer_states = snap.keyed.timer_states if snap.keyed is not None else ()
+    if snap.keyed is not None:
+        data, index, entries = encode_keyed(snap.keyed.groups)
+        full: KeyedFullHandle | None = None
+        if index or native is None:
+            suffix = ".timers" if native is not None else ".keyed"
+            ref = storage.write(prefix + suffix, data)
+            new_bytes += ref.size
+            full = KeyedFullHandle(ref, index)
+        if native is not None:
+            shared, private, uploaded = native(prefix)
+            new_bytes += uploaded
+            keyed = KeyedIncrementalHandle(shared, private, full)
+        else:
+            keyed = full
+    operator_file = None
+    if snap.operator_states or snap.broadcast_states:
+        data = encode_operator_file(
+            {n: s.elements for n, s in snap.operator_states.items()},
+            {n: b.entries for n, b in snap.broadcast_states.items()},
+        )
+        operator_file = storage.write(prefix + ".op", data)
+        new_bytes += operator_file.size
+    handle = SubtaskStateHandle(
+        subtask_index=snap.subtask_index,
+        key_group_range=key_group_range,
+        metas=metas,
+        timer_states=timer_states,
+        keyed=keyed,
+        operator_states={n: (s.mode, s.serializer) for n, s in snap.operator_states.items()},
+        broadcast_states={n: b.serializers for n, b in snap.broadcast_states.items()},
+        operator_file=operator_file,
+    )
+    stats = SubtaskStats(
+        sum(f.size for f in handle.files()), new_bytes, sync_ms,
+        (time.perf_counter() - started) * 1000, entries,
+    )
+    return dataclasses.replace(handle, stats=stats)

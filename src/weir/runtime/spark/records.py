@@ -1,0 +1,141 @@
+"""How records cross between Arrow batches and user functions.
+
+**In:** a record reaches the function as a ``dict`` of its columns (``record_format=
+"dict"``, the default) or a ``tuple`` in column order (``"tuple"``), built from
+whole Arrow columns at once (``to_pylist``) — no per-row Spark ``Row`` objects.
+Values are plain Python: ``str``, ``int``, ``float``, ``bool``, ``bytes``,
+``datetime`` (timestamps, UTC), ``Decimal``, lists and dicts for nested types.
+
+**Out:** a function emits tuples (in ``output_schema`` order) or dicts (by field
+name); :func:`to_record_batch` builds the Arrow batch and raises
+:class:`~weir.errors.OutputSchemaError` naming the operator, the field and the value
+when an output does not fit.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterable, Sequence
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from weir.errors import ConfigurationError, OutputSchemaError
+
+__all__ = ["columns_to_records", "event_times_ms", "json_safe", "to_record_batch"]
+
+
+def columns_to_records(
+    table: pa.Table | pa.RecordBatch, names: Sequence[str], record_format: str
+) -> list[Any]:
+    """The rows of ``names`` in ``table`` as dicts or tuples."""
+    columns = [table.column(n).to_pylist() for n in names]
+    if not columns:
+        return [{} if record_format == "dict" else () for _ in range(table.num_rows)]
+    rows = zip(*columns, strict=True)
+    if record_format == "tuple":
+        return list(rows)
+    if record_format == "dict":
+        keys = tuple(names)
+        return [dict(zip(keys, r, strict=True)) for r in rows]
+    raise ConfigurationError(f"record_format must be 'dict' or 'tuple', got {record_format!r}")
+
+
+def event_times_ms(column: pa.ChunkedArray | pa.Array) -> list[int | None]:
+    """Event times in epoch milliseconds from a timestamp, date or integer column
+    (integers are taken as epoch milliseconds)."""
+    kind = column.type
+    if pa.types.is_timestamp(kind):
+        column = pc.cast(column, pa.timestamp("ms", tz=kind.tz)).cast(pa.int64())
+    elif pa.types.is_date(kind):
+        column = pc.multiply(pc.cast(pc.cast(column, pa.date32()), pa.int64()), 86_400_000)
+    elif not pa.types.is_integer(kind):
+        raise ConfigurationError(
+            f"event_time column must be a timestamp, date or integer (epoch ms), got {kind}"
+        )
+    return column.to_pylist()  # type: ignore[no-any-return]
+
+
+def to_record_batch(rows: Sequence[Any], schema: pa.Schema, uid: str) -> pa.RecordBatch:
+    """Arrow batch of ``rows`` (tuples or dicts) in ``schema``."""
+    names = schema.names
+    width = len(names)
+    columns: list[list[Any]] = [[] for _ in range(width)]
+    for row in rows:
+        if isinstance(row, dict):
+            if len(row) != width or any(n not in row for n in names):
+                missing = [n for n in names if n not in row]
+                extra = [k for k in row if k not in names]
+                raise OutputSchemaError(
+                    f"operator {uid!r} emitted {row!r}, which does not match output_schema "
+                    f"{_ddl(schema)}: missing fields {missing}, unknown fields {extra}"
+                )
+            for j, name in enumerate(names):
+                columns[j].append(row[name])
+        elif isinstance(row, tuple | list):
+            if len(row) != width:
+                raise OutputSchemaError(
+                    f"operator {uid!r} emitted {len(row)} values {row!r}; output_schema "
+                    f"{_ddl(schema)} has {width} fields"
+                )
+            for j in range(width):
+                columns[j].append(row[j])
+        else:
+            raise OutputSchemaError(
+                f"operator {uid!r} emitted {row!r} ({type(row).__name__}); emit tuples or "
+                f"dicts matching output_schema {_ddl(schema)}"
+            )
+    arrays = []
+    for field, values in zip(schema, columns, strict=True):
+        try:
+            arrays.append(pa.array(values, type=field.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+            bad = _first_bad(values, field.type)
+            raise OutputSchemaError(
+                f"operator {uid!r}: output field {field.name!r} is {field.type} but the "
+                f"function emitted {bad!r} ({type(bad).__name__}) for it"
+            ) from None
+        if not field.nullable and arrays[-1].null_count:
+            raise OutputSchemaError(
+                f"operator {uid!r}: output field {field.name!r} is NOT NULL but the function "
+                f"emitted None for it"
+            )
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _first_bad(values: Iterable[Any], kind: pa.DataType) -> Any:
+    for value in values:
+        try:
+            pa.array([value], type=kind)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+            return value
+    return None  # pragma: no cover - only called when some value failed
+
+
+def _ddl(schema: pa.Schema) -> str:
+    return "(" + ", ".join(f"{f.name} {f.type}" for f in schema) + ")"
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with datetimes, decimals and bytes made JSON-serializable."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, float | int | str | bool) or value is None:
+        return value
+    return repr(value)
+
+
+def dumps_line(doc: Any) -> bytes:
+    """One JSON line."""
+    return (json.dumps(json_safe(doc), sort_keys=True) + "\n").encode()

@@ -1,0 +1,181 @@
+"""Routing records so that Spark partition ``i`` holds exactly subtask ``i``'s key groups.
+
+``repartition(p, col)`` places a row in partition ``pmod(murmur3_32(col, seed=42), p)``
+(Spark's ``HashPartitioning``), which is not ``col`` itself. So each record carries a
+*route value*: for subtask ``i`` the smallest non-negative int ``v`` with
+``pmod(murmur3_32(v), p) == i`` (:func:`route_table`, computed with ``mmh3`` exactly
+as Spark hashes an ``int``: the 4 little-endian bytes, seed 42). Hash partitioning of
+that column is then the identity on subtasks, on every executor layout, for every
+batch; the process pass checks it for every row (``TaskPlacementError``).
+
+The route pass (a ``mapInArrow`` on each input) adds the internal columns:
+
+* ``_weir_route`` (int) — the route value of the owning subtask;
+* ``_weir_kind`` (tinyint) — what the row is (:class:`RowKind`);
+* ``_weir_order`` (bigint) — input partition id << 40 | row index: the process pass
+  handles rows in this order, so a replayed batch sees its records in the same order
+  (Spark's shuffle does not preserve it).
+
+Keyed records go to the owner of their key group (weir's key groups: murmur3 of the
+canonical key bytes, the same function on every runtime). A record whose key cannot
+be computed goes to some subtask as ``BAD_KEY`` to be dead-lettered there. Broadcast
+and heartbeat rows are copied to every subtask.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import mmh3
+import pyarrow as pa
+
+from weir.state.keygroups import canonical_key_bytes
+
+__all__ = [
+    "INTERNAL_FIELDS",
+    "RowKind",
+    "fan_out_pass",
+    "keyed_route_pass",
+    "round_robin_pass",
+    "route_table",
+    "subtask_of_route",
+]
+
+ROUTE, KIND, ORDER, NOW, KEY = "_weir_route", "_weir_kind", "_weir_order", "_weir_now", "_weir_key"
+BROADCAST_PREFIX = "_weir_b_"
+INTERNAL_FIELDS = (
+    pa.field(ROUTE, pa.int32()), pa.field(KIND, pa.int8()), pa.field(ORDER, pa.int64()),
+)
+
+
+class RowKind(enum.IntEnum):
+    """What a routed row is (the process pass handles kinds in this order)."""
+
+    BROADCAST = 0
+    RECORD = 1
+    BAD_KEY = 2
+    HEARTBEAT = 3
+
+
+def _spark_hash_int(value: int) -> int:
+    """Spark's ``Murmur3Hash`` of an ``IntegerType`` value (seed 42)."""
+    return int(mmh3.hash(struct.pack("<i", value), 42))
+
+
+@functools.lru_cache(maxsize=64)
+def route_table(parallelism: int) -> tuple[int, ...]:
+    """``table[i]``: an int that Spark's hash partitioning into ``parallelism``
+    partitions sends to partition ``i``."""
+    found: dict[int, int] = {}
+    value = 0
+    while len(found) < parallelism:
+        found.setdefault(_spark_hash_int(value) % parallelism, value)
+        value += 1
+    return tuple(found[i] for i in range(parallelism))
+
+
+@functools.lru_cache(maxsize=64)
+def subtask_of_route(parallelism: int) -> dict[int, int]:
+    """The inverse of :func:`route_table`."""
+    return {v: i for i, v in enumerate(route_table(parallelism))}
+
+
+def _partition_id() -> int:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return ctx.partitionId() if ctx is not None else 0
+
+
+def _with_internal(
+    batch: pa.RecordBatch, routes: Sequence[int], kinds: Sequence[int], orders: Sequence[int]
+) -> pa.RecordBatch:
+    arrays = [*batch.columns, pa.array(routes, pa.int32()), pa.array(kinds, pa.int8()),
+              pa.array(orders, pa.int64())]
+    names = [*batch.schema.names, ROUTE, KIND, ORDER]
+    return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def keyed_route_pass(
+    key_columns: Sequence[str], max_parallelism: int, parallelism: int
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The route pass of a keyed input."""
+    table = route_table(parallelism)
+    single = key_columns[0] if len(key_columns) == 1 else None
+
+    def route(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        base = _partition_id() << 40
+        row = 0
+        hash_ = mmh3.hash
+        for batch in batches:
+            n = batch.num_rows
+            if single is not None:
+                keys: list[Any] = batch.column(single).to_pylist()
+            else:
+                keys = list(zip(*(batch.column(c).to_pylist() for c in key_columns), strict=True))
+            routes = [0] * n
+            kinds = [int(RowKind.RECORD)] * n
+            for j, key in enumerate(keys):
+                try:
+                    if key is None:
+                        raise ValueError("null key")
+                    group = hash_(canonical_key_bytes(key), 0, False) % max_parallelism
+                    routes[j] = table[group * parallelism // max_parallelism]
+                except Exception:
+                    routes[j] = table[(row + j) % parallelism]
+                    kinds[j] = int(RowKind.BAD_KEY)
+            yield _with_internal(batch, routes, kinds, range(base + row, base + row + n))
+            row += n
+
+    return route
+
+
+def round_robin_pass(
+    parallelism: int,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The route pass of a non-keyed input: rows spread evenly (deterministically)."""
+    table = route_table(parallelism)
+
+    def route(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        pid = _partition_id()
+        base = pid << 40
+        row = 0
+        for batch in batches:
+            n = batch.num_rows
+            routes = [table[(pid + row + j) % parallelism] for j in range(n)]
+            yield _with_internal(
+                batch, routes, [int(RowKind.RECORD)] * n, range(base + row, base + row + n)
+            )
+            row += n
+
+    return route
+
+
+def fan_out_pass(
+    kind: RowKind, parallelism: int
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The route pass of broadcast rows (every row to every subtask) and heartbeat
+    rows (one row per subtask per input partition that had any)."""
+    table = route_table(parallelism)
+
+    def route(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        base = _partition_id() << 40
+        row = 0
+        for batch in batches:
+            if kind is RowKind.HEARTBEAT:
+                if row or not batch.num_rows:
+                    continue
+                batch = batch.slice(0, 1)
+            n = batch.num_rows
+            for i, value in enumerate(table):
+                del i
+                yield _with_internal(
+                    batch, [value] * n, [int(kind)] * n, range(base + row, base + row + n)
+                )
+            row += n
+
+    return route
