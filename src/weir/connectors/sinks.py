@@ -12,8 +12,8 @@ session with :func:`register_sinks`, then::
         .start()
     )
 
-How PySpark drives a stream writer (observed on PySpark 4.1-4.3, local mode)
----------------------------------------------------------------------------
+How PySpark drives a stream writer (observed on PySpark 4.3, local mode)
+-----------------------------------------------------------------------
 * For every micro-batch the driver calls ``DataSource.streamWriter(schema, overwrite)``
   in a Python planner process, pickles the writer and ships it to the tasks; each
   task calls ``write(rows)`` once per partition and returns a pickled commit message.
@@ -60,15 +60,16 @@ checkpoint. Like Spark's own file sink, a sink path (``weir-files``) or a table
 checkpoint must write to a new path or table, or its first batches would be
 mistaken for replays and silently dropped. Both sinks store the Spark query id with
 every committed batch and refuse (:class:`~weir.errors.SinkError`) a commit whose
-query id differs from the one of the latest committed batch. Rows written outside
+query id differs from the newest one recorded for the location. Rows written outside
 Spark (no ``TaskContext``, no query id) are not checked. Two queries running at the
 same time against one location are not supported.
 
 ``weir-files``: :class:`TransactionalFileSink`
 ----------------------------------------------
-Option ``path``: a local directory (or a ``file://`` URL). The publish step relies on
-an atomic directory rename, which object stores (``s3://`` ...) do not have; other
-fsspec URLs are refused. Append output mode only. Layout::
+Option ``path``: a local directory (or a ``file://`` URL); on a cluster, a POSIX
+filesystem mounted at the same path on the driver and all executors. The publish step
+relies on an atomic directory rename, which object stores (``s3://`` ...) do not have;
+other fsspec URLs are refused. Append output mode only. Layout::
 
     <path>/
       batch=0/                      one directory per committed batch, published by rename
@@ -94,9 +95,10 @@ column. ``commit`` moves the staged files into ``.batch=<N>.tmp-<uuid>/``, write
 ------------------------------------
 Options ``path`` (the database file; created if missing, its directory must exist),
 ``table`` (the target table; created from the stream's schema if missing) and
-``busyTimeout`` (seconds to wait for a lock, default 60). Works in append and
-complete output mode (complete: the commit transaction replaces the table's rows).
-The database is switched to WAL journal mode. Tables::
+``busyTimeout`` (seconds to wait for a lock, default 60). Every task and the driver
+open the database file, so this is a sink for local mode (or one machine). Works in
+append and complete output mode (complete: the commit transaction replaces the
+table's rows). The database is switched to WAL journal mode. Tables::
 
     <table>(<one column per field>)      target: INTEGER for booleans and integers,
                                          REAL for floats, BLOB for binary, TEXT for
@@ -484,10 +486,11 @@ class FileSinkWriter(DataSourceStreamWriter):
     def _check_lineage(self, batch_id: int, query_id: str | None) -> None:
         if query_id is None:
             return
-        batches = _batch_dirs(self.root)
-        if not batches:
-            return
-        stored = _read_manifest(batches[-1][1]).get("query_id")
+        stored = None
+        for _, batch_dir in reversed(_batch_dirs(self.root)):  # newest batch with a query id
+            stored = _read_manifest(batch_dir).get("query_id")
+            if stored is not None:
+                break
         if stored is not None and stored != query_id:
             raise _lineage_error(
                 f"{FILE_SINK_NAME} sink path {self.root}",
