@@ -521,3 +521,31 @@ def test_the_readme_spark_quick_start_runs(spark: Any, tmp_path: Path) -> None:
         rows = db.execute("SELECT card_id, MAX(n) FROM counts GROUP BY card_id").fetchall()
     assert sorted(rows) == [("c0", 4), ("c1", 3), ("c2", 3)]
     assert (tmp_path / "demo" / "savepoints" / "sp-1" / "_metadata").exists()
+
+
+@pytest.mark.spark
+def test_sparks_own_file_sink_gets_each_output_once_across_a_restart(
+    spark: Any, tmp_path: Path
+) -> None:
+    records = keyed_records(0, 1200, 30)
+    write_file(tmp_path / "in", records[:600], KEYED)
+
+    def start() -> None:
+        events = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+                  .parquet(str(tmp_path / "in")))
+        out = weir.spark.process(events, key_by="key", function=Count(),
+                                 output_schema=COUNT_OUT, uid="count", heartbeat=False,
+                                 checkpoint_location=str(tmp_path / "weir"), parallelism=2,
+                                 state_backend="rocksdb")
+        query = (out.writeStream.format("parquet").option("path", str(tmp_path / "out"))
+                 .option("checkpointLocation", str(tmp_path / "spark"))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination()
+        weir.spark.finish(query)
+
+    start()
+    write_file(tmp_path / "in", records[600:], KEYED)
+    start()
+    rows = [tuple(r) for r in spark.read.parquet(str(tmp_path / "out")).collect()]
+    assert sorted(r[1] for r in rows) == list(range(1200))
+    assert last_counts(rows) == _oracle(records)
