@@ -163,6 +163,17 @@ def test_a_failed_batch_is_replayed_from_the_previous_batch(
     rows = sink.rows()
     assert sorted(r[1] for r in rows) == list(range(2000))
     assert last_counts(rows) == _oracle(records)
+    assert _unreferenced(tmp_path / "weir") == []  # the failed attempt left no orphans
+
+
+def _unreferenced(location: Path) -> list[str]:
+    out = []
+    for query in (location / "queries").iterdir():
+        coordinator = weir.CheckpointCoordinator(query, clean_up=False)
+        keep = coordinator.referenced_files()
+        out += [f for f in coordinator.storage.walk_files()
+                if f not in keep and "/_parts/" not in f]
+    return out
 
 
 @pytest.mark.spark

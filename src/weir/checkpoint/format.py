@@ -9,8 +9,9 @@ storage; nothing else writes there. Layout under a checkpoint storage root::
     chk-<id>/<uid-dir>/<subtask>-<attempt>.op        operator + broadcast state
     chk-<id>/<uid-dir>/<subtask>-<attempt>/<name>    private RocksDB files (MANIFEST,
                                                      CURRENT, OPTIONS, ...)
-    shared/<uid-dir>/<uuid>.sst             RocksDB SST files shared by incremental
-                                            checkpoints, reference counted
+    shared/<uid-dir>/<id>-<uuid>.sst        RocksDB SST files shared by incremental
+                                            checkpoints, reference counted; <id> is
+                                            the checkpoint that uploaded the file
 
 A savepoint directory has the same layout without ``shared/`` (it is
 self-contained, always in the canonical full format, and relocatable: every path in

@@ -177,7 +177,8 @@ class SubtaskCheckpointer:
             native = None
             if native_dir is not None:
                 def native(prefix: str) -> tuple[dict[str, FileRef], dict[str, FileRef], int]:
-                    shared, private, uploaded = self._upload_native(storage, prefix, native_dir)
+                    shared, private, uploaded = self._upload_native(
+                        storage, prefix, native_dir, snap.checkpoint_id)
                     self._pending[snap.checkpoint_id] = dict(shared)
                     return shared, private, uploaded
             return write_snapshot(snap, storage, prefix, self._range(), sync_ms, native)
@@ -189,7 +190,7 @@ class SubtaskCheckpointer:
         return self.operator.config.key_group_range
 
     def _upload_native(
-        self, storage: CheckpointStorage, prefix: str, native_dir: str
+        self, storage: CheckpointStorage, prefix: str, native_dir: str, checkpoint_id: int
     ) -> tuple[dict[str, FileRef], dict[str, FileRef], int]:
         shared: dict[str, FileRef] = {}
         private: dict[str, FileRef] = {}
@@ -200,7 +201,7 @@ class SubtaskCheckpointer:
                 ref = self._uploaded.get(name)
                 if ref is None:
                     ref = storage.upload(
-                        f"shared/{uid_dir(self.uid)}/{uuid.uuid4().hex}.sst", path
+                        f"shared/{uid_dir(self.uid)}/{checkpoint_id}-{uuid.uuid4().hex}.sst", path
                     )
                     uploaded += ref.size
                 shared[name] = ref

@@ -166,7 +166,28 @@ class EpochStore:
         completed = coordinator.complete(pending, epoch_positions(batch, parts))
         self._set_latest(query)
         self._prune(storage, coordinator)
+        self._sweep(storage, coordinator, batch)
         return completed
+
+    def _sweep(
+        self, storage: CheckpointStorage, coordinator: CheckpointCoordinator, batch: int
+    ) -> None:
+        """Delete the files of failed or replaced attempts: in the completed batch's
+        directory, and shared files uploaded by a batch up to ``batch`` that no
+        retained checkpoint references. Files of later (running) batches carry a
+        larger id in their name and are left alone."""
+        keep = coordinator.referenced_files()
+        for path in storage.walk_files(f"chk-{batch}"):
+            if path not in keep and "/_parts/" not in path:
+                storage.delete(path)
+        directory = f"shared/{uid_dir(self.uid)}"
+        if not storage.exists(directory):
+            return
+        for name in storage.list_dir(directory):
+            head = name.split("-", 1)[0]
+            path = f"{directory}/{name}"
+            if head.isdigit() and int(head) <= batch and path not in keep:
+                storage.delete(path)
 
     def _prune(self, storage: CheckpointStorage, coordinator: CheckpointCoordinator) -> None:
         """Delete directories of batches older than the oldest retained checkpoint that
