@@ -246,19 +246,29 @@ def test_a_savepoint_from_the_test_harness_starts_a_spark_query(
 # ------------------------------------------------------------------ time
 
 
+SHORT_LIVED = weir.ValueStateDescriptor[int]("short", ttl=weir.StateTtlConfig(ttl_ms=1000))
+
+
 class Timers(weir.KeyedProcessFunction[dict[str, Any], tuple[Any, ...]]):
-    """Registers an event-time timer at ts + 5 and a processing-time timer 1.5 s on."""
+    """Registers an event-time timer at ts + 5 and a processing-time timer 1.5 s on;
+    the latter reports whether a value written with a 1 s TTL is still visible."""
+
+    def open(self, ctx: Any) -> None:
+        self.short = ctx.get_state(SHORT_LIVED)
 
     def process_element(self, value: dict[str, Any], ctx: Any) -> Any:
         ctx.timer_service.register_event_time_timer(value["ts"] + 5)
         if value.get("proc"):
+            self.short.update(1)
             ctx.timer_service.register_processing_time_timer(
                 ctx.timer_service.current_processing_time() + 1500)
         return ()
 
     def on_timer(self, timestamp: int, ctx: Any) -> Any:
-        yield (ctx.current_key, timestamp, ctx.time_domain.name,
-               ctx.timer_service.current_watermark())
+        domain = ctx.time_domain.name
+        if domain == "PROCESSING_TIME":
+            domain += ":expired" if self.short.value() is None else ":visible"
+        yield (ctx.current_key, timestamp, domain, ctx.timer_service.current_watermark())
 
 
 TIMED = pa.schema([("key", pa.string()), ("ts", pa.int64()), ("proc", pa.bool_())])
@@ -298,17 +308,17 @@ def test_processing_time_timers_fire_without_new_input(spark: Any, tmp_path: Pat
     try:
         deadline = time.time() + 120
         while time.time() < deadline and not any(
-            r[2] == "PROCESSING_TIME" for r in sink.rows()
+            r[2].startswith("PROCESSING_TIME") for r in sink.rows()
         ):
             time.sleep(0.5)
     finally:
         query.stop()
-    fired = [r for r in sink.rows() if r[2] == "PROCESSING_TIME"]
-    assert [r[0] for r in fired] == ["a"]
+    fired = [r for r in sink.rows() if r[2].startswith("PROCESSING_TIME")]
+    assert [(r[0], r[2]) for r in fired] == [("a", "PROCESSING_TIME:expired")]  # TTL too
     # the record was read in batch 0 (one file); the timer fired in a later batch that
     # only the heartbeat started
-    fired_in = [b for b, rows in sink.batches.items() if any(r[2] == "PROCESSING_TIME"
-                                                              for r in rows)]
+    fired_in = [b for b, rows in sink.batches.items()
+                if any(r[2].startswith("PROCESSING_TIME") for r in rows)]
     assert fired_in and fired_in[0] > 0
 
 

@@ -9,6 +9,10 @@ A card is flagged when a small transaction (< 1.00) is followed within one minut
   in the alert;
 * ``merchants`` (map state, TTL 10 min per entry): transactions per merchant;
 * ``total`` (reducing state): lifetime spend.
+
+:class:`CardFraudDetector` is the variant the Spark demo (``make demo``) runs: the
+same pattern defined on event time (independent of arrival order and batching), plus
+per-merchant-category limits from a broadcast stream of versioned rules.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from weir import (
+    BroadcastContext,
+    KeyedBroadcastProcessFunction,
     KeyedContext,
     KeyedProcessFunction,
     ListStateDescriptor,
@@ -105,3 +111,166 @@ def oracle_alerts(transactions: list[Txn]) -> list[tuple[str, int]]:
         if amount < SMALL:
             flags[card] = ts + WINDOW_MS
     return alerts
+
+
+# ------------------------------------------------------------------------------------
+# The Spark demo's detector (``make demo``): the same small-then-large pattern, but
+# defined on event time, so that its alerts do not depend on arrival order, on how
+# the stream is cut into micro-batches or on when timers fire; plus per-merchant-
+# category limits that arrive as a broadcast stream of versioned rules.
+
+SPEND = ReducingStateDescriptor[float]("spend", lambda a, b: round(a + b, 2))
+TXN_COUNT = ValueStateDescriptor[int]("txn-count")
+#: the 5 newest transactions by event time, ``[ts, txn_id, amount]``
+NEWEST = ListStateDescriptor[list[Any]](
+    "newest", ttl=StateTtlConfig(ttl_ms=86_400_000).cleanup_in_full_snapshot()
+)
+#: transactions per merchant (kept for a day after the card's last purchase there)
+PER_MERCHANT = MapStateDescriptor[str, int](
+    "per-merchant",
+    ttl=StateTtlConfig(ttl_ms=86_400_000).cleanup_in_rocksdb_compact_filter()
+    .cleanup_in_full_snapshot(),
+)
+#: small transactions whose one-minute window is still open: txn_id -> ts
+OPEN_SMALL = MapStateDescriptor[str, int]("open-small")
+#: large transactions no small one has matched yet (a small one, earlier in event time,
+#: may still arrive until the watermark passes them): txn_id -> (ts, amount)
+WAITING_LARGE = MapStateDescriptor[str, tuple[int, float]]("waiting-large")
+#: broadcast: merchant category -> [(effective_from_ms, limit or None), ...] ascending
+CATEGORY_LIMITS = MapStateDescriptor[str, list[tuple[int, float | None]]]("category-limits")
+NEWEST_KEPT = 5
+
+
+class InvalidTransaction(ValueError):
+    """A transaction the detector refuses (dead-lettered by the Spark stage)."""
+
+
+def validate(txn: Txn, timestamp: int | None) -> float:
+    """The transaction's amount, or :class:`InvalidTransaction` (checked before any
+    state is touched, so a refused record leaves no trace in state)."""
+    amount = txn.get("amount")
+    if timestamp is None:
+        raise InvalidTransaction(f"transaction {txn.get('txn_id')!r} has no event time")
+    if not isinstance(amount, int | float) or not amount > 0 or amount == float("inf"):
+        raise InvalidTransaction(f"transaction {txn.get('txn_id')!r}: bad amount {amount!r}")
+    if not txn.get("merchant") or not txn.get("category"):
+        raise InvalidTransaction(f"transaction {txn.get('txn_id')!r} has no merchant/category")
+    return float(amount)
+
+
+def limit_at(versions: list[tuple[int, float | None]] | None, ts: int) -> float | None:
+    """The limit in force at event time ``ts`` (None: no limit)."""
+    limit = None
+    for effective_from, value in versions or ():
+        if effective_from > ts:
+            break
+        limit = value
+    return limit
+
+
+def add_version(
+    versions: list[tuple[int, float | None]] | None, effective_from: int, limit: float | None
+) -> list[tuple[int, float | None]]:
+    """``versions`` with ``(effective_from, limit)`` added (replacing one that takes
+    effect at the same time), ascending."""
+    kept = [(int(f), v) for f, v in versions or () if f != effective_from]
+    return sorted([*kept, (int(effective_from), limit)], key=lambda fv: fv[0])
+
+
+def alert(card: str, rule: str, txn_id: str, amount: float, ts: int, detail: str) -> Txn:
+    """One output row of :class:`CardFraudDetector` (the demo's ``output_schema``)."""
+    return {"card_id": card, "rule": rule, "txn_id": txn_id, "amount": amount, "ts_ms": ts,
+            "detail": detail}
+
+
+ALERT_SCHEMA = (
+    "card_id string, rule string, txn_id string, amount double, ts_ms long, detail string"
+)
+
+
+class CardFraudDetector(KeyedBroadcastProcessFunction[Txn, Txn, Txn]):
+    """Two rules per card (records: ``card_id, txn_id, ts, amount, merchant,
+    category``; broadcast rules: ``category, limit, effective_from``):
+
+    * **small-then-large** — a large transaction (> 500.00) alerts if the card made a
+      small one (< 1.00) in the minute before it, in event time: ``ts_large - 60 s <=
+      ts_small < ts_large``. Transactions may arrive out of order (as long as they are
+      not behind the watermark): a large one that no small one matches yet waits in
+      state until the watermark passes it (an event-time timer), a small one until
+      the watermark passes the end of its minute;
+    * **over-category-limit** — the amount exceeds the limit of the merchant category
+      in force at the transaction's event time (broadcast state of versioned limits,
+      so a rule published ahead of time applies from its ``effective_from``).
+
+    It also keeps lifetime spend (reducing state), a transaction count (value state),
+    the five newest transactions (list state with TTL) and per-merchant counts (map
+    state with TTL). Which alerts fire (all but their ``detail`` text) and every state
+    value are independent of arrival order and batching, so the demo can compare
+    them with a plain-Python oracle."""
+
+    def open(self, ctx: KeyedContext) -> None:
+        self.spend = ctx.get_reducing_state(SPEND)
+        self.count = ctx.get_state(TXN_COUNT)
+        self.newest = ctx.get_list_state(NEWEST)
+        self.per_merchant = ctx.get_map_state(PER_MERCHANT)
+        self.open_small = ctx.get_map_state(OPEN_SMALL)
+        self.waiting_large = ctx.get_map_state(WAITING_LARGE)
+
+    def process_element(self, txn: Txn, ctx: KeyedContext) -> Iterator[Txn]:
+        amount = validate(txn, ctx.timestamp)
+        ts: int = ctx.timestamp  # type: ignore[assignment]  # validate() checked it
+        card, txn_id = ctx.current_key, txn["txn_id"]
+        self.count.update((self.count.value() or 0) + 1)
+        self.spend.add(amount)
+        merchant = txn["merchant"]
+        self.per_merchant.put(merchant, self.per_merchant.get(merchant, 0) + 1)
+        self.newest.update(sorted([*self.newest.get(), [ts, txn_id, amount]])[-NEWEST_KEPT:])
+
+        limit = limit_at(ctx.get_broadcast_state(CATEGORY_LIMITS).get(txn["category"]), ts)
+        if limit is not None and amount > limit:
+            yield alert(card, "over-category-limit", txn_id, amount, ts,
+                        f"{txn['category']} limit {limit:.2f}")
+        timers = ctx.timer_service
+        if amount < SMALL:
+            for large_id, (large_ts, large_amount) in list(self.waiting_large.items()):
+                if ts < large_ts <= ts + WINDOW_MS:  # the small one arrived after it
+                    self.waiting_large.remove(large_id)
+                    self._release_timer(large_ts, ctx)
+                    yield alert(card, "small-then-large", large_id, large_amount, large_ts,
+                                f"{(large_ts - ts) / 1000:.1f} s after a small one of "
+                                f"{amount:.2f}, which arrived after it")
+            self.open_small.put(txn_id, ts)
+            timers.register_event_time_timer(ts + WINDOW_MS)
+        elif amount > LARGE:
+            small = max((s for s in self.open_small.values() if ts - WINDOW_MS <= s < ts),
+                        default=None)
+            if small is not None:
+                yield alert(card, "small-then-large", txn_id, amount, ts,
+                            f"{(ts - small) / 1000:.1f} s after a small one")
+            else:
+                self.waiting_large.put(txn_id, (ts, amount))
+                timers.register_event_time_timer(ts)
+
+    def _release_timer(self, timestamp: int, ctx: KeyedContext) -> None:
+        """Delete the timer at ``timestamp`` unless a waiting entry still needs it."""
+        if any(ts == timestamp for ts, _ in self.waiting_large.values()) or any(
+            ts + WINDOW_MS == timestamp for ts in self.open_small.values()
+        ):
+            return
+        ctx.timer_service.delete_event_time_timer(timestamp)
+
+    def on_timer(self, timestamp: int, ctx: KeyedContext) -> None:
+        """The watermark passed ``timestamp``: no transaction that could still match
+        a closed window can arrive any more (it would be late)."""
+        for txn_id, ts in list(self.open_small.items()):
+            if ts + WINDOW_MS <= timestamp:
+                self.open_small.remove(txn_id)
+        for txn_id, (ts, _) in list(self.waiting_large.items()):
+            if ts <= timestamp:
+                self.waiting_large.remove(txn_id)
+
+    def process_broadcast_element(self, rule: Txn, ctx: BroadcastContext) -> None:
+        limits = ctx.get_broadcast_state(CATEGORY_LIMITS)
+        category = rule["category"]
+        limits.put(category, add_version(limits.get(category), int(rule["effective_from"]),
+                                         rule["limit"]))
