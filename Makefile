@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup java demo test lint bench-state-ops bench-checkpoint clean
+.PHONY: setup java demo test soak lint bench-state-ops bench-checkpoint bench-spark clean
 
 setup: java $(STAMP)
 
@@ -28,6 +28,11 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q
 
+# The long fault-injection run: kill -9 of executors and drivers on local-cluster,
+# six seeds (make test runs one).
+soak: setup
+	WEIR_FAULT_SEEDS=0,1,2,3,4,5 $(PY) -m pytest -q -s tests/test_spark_cluster_faults.py
+
 lint: setup
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy
@@ -37,6 +42,10 @@ bench-state-ops: setup
 
 bench-checkpoint: setup
 	$(PY) -m bench.checkpoint
+
+bench-spark: setup
+	$(PY) -m bench.spark_keyed_count
+	$(PY) -m bench.spark_keyed_count --latency
 
 
 clean:

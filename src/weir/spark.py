@@ -28,7 +28,10 @@ it returns; a batch's checkpoint completes once Spark committed the batch.
   timers and TTL fire without input. Event time comes from the ``event_time`` column;
   the watermark of batch N is the largest event time seen in batches before N minus
   ``watermark_delay`` (one global watermark, like Spark's default), and event-time
-  timers fire when it passes them.
+  timers fire when it passes them. (``process`` turns on Spark's
+  ``spark.sql.streaming.triggerAvailableNowWrapper.enabled`` so that
+  ``trigger(availableNow=True)`` still splits the input into batches with the
+  heartbeat source in the query.)
 * **Restarts.** The same Spark checkpoint resumes from the last committed batch. A new
   query (a new Spark checkpoint: batch ids from 0) on the same weir
   ``checkpoint_location`` starts from weir's latest *completed* checkpoint (or from
@@ -363,6 +366,9 @@ def process(
             allowMissingColumns=True,
         )
     if streaming:
+        # Trigger.AvailableNow over several sources (the heartbeat's rate source cannot
+        # bound itself) honours maxFilesPerTrigger & co. only through Spark's wrapper
+        spark.conf.set("spark.sql.streaming.triggerAvailableNowWrapper.enabled", "true")
         completion = _completion(spark)
         with completion.lock:
             completion.stores[(checkpoint_location, uid)] = store

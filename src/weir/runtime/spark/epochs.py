@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,6 +162,8 @@ class EpochStore:
             return None  # a newer batch already completed: this one is subsumed
         ts = int(parts[0].epoch.get("batch_time") or 0)
         pending = PendingCheckpoint(batch, ts, CheckpointKind.CHECKPOINT, storage, f"chk-{batch}")
+        if ts:  # duration = batch start (its timestamp) to completion
+            pending.started = time.perf_counter() - max(0.0, time.time() - ts / 1000)
         for part in parts:
             pending.acknowledge(part.uid, part.parallelism, part.max_parallelism, part.handle)
         completed = coordinator.complete(pending, epoch_positions(batch, parts))
