@@ -308,7 +308,7 @@ def test_file_crash_inside_commit_before_rename_kill_9(tmp_path: Path) -> None:
         import os, signal
         from pyspark.sql import Row
         from pyspark.sql.types import StructType, StructField, LongType, StringType
-        import weir.connectors.sinks as sinks
+        import weir.connectors.files as sinks
         schema = StructType([StructField("id", LongType()), StructField("name", StringType())])
         w = sinks.TransactionalFileSink({{"path": {str(tmp_path)!r}}}).streamWriter(schema, False)
         m = w.write(iter([Row(id=i, name="x") for i in range(5)]))
