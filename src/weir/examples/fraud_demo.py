@@ -29,43 +29,29 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
-import math
-import os
-import queue
-import random
 import shutil
-import signal
-import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from weir.examples.fraud import (
     CATEGORY_LIMITS,
-    LARGE,
     NEWEST,
-    NEWEST_KEPT,
     OPEN_SMALL,
     PER_MERCHANT,
-    SMALL,
     SPEND,
     TXN_COUNT,
     WAITING_LARGE,
-    WINDOW_MS,
     CardFraudDetector,
 )
 from weir.examples.fraud_job import (
@@ -73,497 +59,25 @@ from weir.examples.fraud_job import (
     TABLE,
     UID,
     WATERMARK_DELAY,
-    WATERMARK_DELAY_MS,
     Paths,
 )
-
-Txn = dict[str, Any]
-START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
-MAX_DELAY_MS = 20_000  # how late (event time behind arrival) a transaction may arrive
-assert MAX_DELAY_MS < WATERMARK_DELAY_MS, "out-of-orderness within the watermark delay: none late"
-CATEGORIES = {  # category: (initial limit, typical amount scale)
-    "grocery": (600.0, 40.0), "fuel": (300.0, 50.0), "restaurant": (800.0, 35.0),
-    "pharmacy": (700.0, 25.0), "electronics": (4_000.0, 150.0), "travel": (4_500.0, 200.0),
-    "jewelry": (3_500.0, 120.0), "online-gaming": (400.0, 20.0),
-}
-
-
-# ---------------------------------------------------------------------------- data
-
-
-@dataclass
-class Stream:
-    """The generated input, in arrival order, and the rules."""
-
-    events: list[Txn]
-    rules: list[list[Txn]]  # one list per rules file
-    merchants: dict[str, str]  # merchant -> category
-
-
-def generate(events: int, cards: int, seed: int = 7) -> Stream:
-    """``events`` transactions over ``cards`` cards, deterministic for ``seed``.
-
-    Each transaction arrives at a time ``a`` (increasing) and carries an event time
-    ``ts`` in ``[a - 20 s, a]``: the stream is out of order, but never by more than
-    the stage's watermark delay (30 s), so no transaction is late. About 0.3% start a
-    planted fraud pattern (a small "probe", then a large purchase within the minute; a
-    quarter of them arrive large-first); 0.1% are invalid (no card, no amount, a
-    negative amount, no event time)."""
-    rng = random.Random(seed)
-    names = sorted(CATEGORIES)
-    merchants = {f"m{i:03d}": names[i % len(names)] for i in range(240)}
-    merchant_ids = sorted(merchants)
-    arrivals: list[tuple[int, int, Txn]] = []  # (arrival, sequence, txn)
-
-    def add(arrival: int, t: Txn) -> None:
-        arrivals.append((arrival, len(arrivals), t))
-
-    def txn(card: str | None, ts: int | None, amount: float | None) -> Txn:
-        merchant = rng.choice(merchant_ids)
-        return {"card_id": card, "ts": ts, "amount": amount, "merchant": merchant,
-                "category": merchants[merchant]}
-
-    def small() -> float:
-        return round(rng.uniform(0.01, 0.99), 2)
-
-    now = START_MS
-    while len(arrivals) < events:
-        now += rng.randint(1, 100)
-        card = f"card-{rng.randrange(cards):05d}"
-        late = rng.randint(0, 1_500) if rng.random() < 0.95 else rng.randint(0, MAX_DELAY_MS)
-        roll = rng.random()
-        if roll < 0.001:  # invalid
-            kind = rng.randrange(4)
-            add(now, txn(None if kind == 0 else card, None if kind == 3 else now - late,
-                         None if kind == 1 else (-12.5 if kind == 2 else 20.0)))
-        elif roll < 0.004:  # planted: small, then large within the minute
-            if rng.random() < 0.75:
-                ts_small = now - late
-                ts_large = ts_small + rng.randint(3_000, 55_000)
-                add(now, txn(card, ts_small, small()))
-                add(ts_large + rng.randint(0, 2_000),
-                    txn(card, ts_large, round(rng.uniform(600, 5_000), 2)))
-            else:  # the large one arrives first, the small one (earlier in event time) after
-                add(now, txn(card, now, round(rng.uniform(600, 5_000), 2)))
-                add(now + rng.randint(100, 4_000),
-                    txn(card, now - rng.randint(3_000, 15_000), small()))
-        else:
-            t = txn(card, now - late, 0.0)
-            r = rng.random()
-            if r < 0.005:
-                t["amount"] = small()
-            elif r < 0.015:
-                t["amount"] = round(rng.uniform(501, 3_000), 2)
-            else:
-                scale = CATEGORIES[t["category"]][1]
-                t["amount"] = max(1.0, round(rng.lognormvariate(math.log(scale), 1.0), 2))
-            add(now, t)
-    arrivals.sort(key=lambda a: (a[0], a[1]))
-    ordered: list[Txn] = []
-    for arrival, _, t in arrivals[:events]:
-        assert t["ts"] is None or 0 <= arrival - t["ts"] <= MAX_DELAY_MS
-        t["txn_id"] = f"t{len(ordered):08d}"
-        ordered.append(t)
-    span = max(t["ts"] for t in ordered if t["ts"] is not None) - START_MS
-    rules = [
-        [{"category": c, "limit": limit, "effective_from": 0}
-         for c, (limit, _) in sorted(CATEGORIES.items())],
-        # a fraud wave in online gaming: a lower limit from the middle of the stream on
-        [{"category": "online-gaming", "limit": 150.0, "effective_from": START_MS + span // 2}],
-        # later: jewelry gets a higher limit, fuel none at all
-        [{"category": "jewelry", "limit": 5_000.0, "effective_from": START_MS + 3 * span // 4},
-         {"category": "fuel", "limit": None, "effective_from": START_MS + 3 * span // 4}],
-    ]
-    return Stream(ordered, rules, merchants)
-
-
-def write_stream(stream: Stream, paths: Paths, files: int) -> None:
-    """Drop the events into ``events/`` as ``files`` parquet files (arrival order;
-    increasing modification times, which is the order Spark's file source takes them
-    in) and the rules into ``rules/`` as JSON lines. Each file is written under a
-    hidden name and renamed, so the file source never sees half a file."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    schema = pa.schema([
-        ("card_id", pa.string()), ("txn_id", pa.string()), ("ts", pa.timestamp("ms", tz="UTC")),
-        ("amount", pa.float64()), ("merchant", pa.string()), ("category", pa.string()),
-    ])
-    paths.events.mkdir(parents=True)
-    paths.rules.mkdir(parents=True)
-    base = time.time() - 3_600
-    per = -(-len(stream.events) // files)
-    for i in range(files):
-        chunk = stream.events[i * per : (i + 1) * per]
-        table = pa.Table.from_pylist(chunk, schema=schema)
-        final = paths.events / f"part-{i:05d}.parquet"
-        hidden = paths.events / f".part-{i:05d}.parquet.tmp"
-        pq.write_table(table, hidden)
-        os.replace(hidden, final)
-        os.utime(final, (base + i, base + i))
-    for i, rules in enumerate(stream.rules):
-        final = paths.rules / f"rules-{i:03d}.json"
-        hidden = paths.rules / f".rules-{i:03d}.json.tmp"
-        hidden.write_text("".join(json.dumps(r) + "\n" for r in rules))
-        os.replace(hidden, final)
-        os.utime(final, (base + i, base + i))
-
-
-# ---------------------------------------------------------------------------- oracle
-
-
-@dataclass
-class CardState:
-    """What the detector should hold for one card at the end."""
-
-    count: int = 0
-    spend_cents: int = 0
-    per_merchant: Counter[str] = field(default_factory=Counter)
-    newest: list[list[Any]] = field(default_factory=list)  # [ts, txn_id, amount]
-    smalls: list[tuple[int, str]] = field(default_factory=list)
-    larges: list[tuple[int, str, float]] = field(default_factory=list)
-
-
-@dataclass
-class Expected:
-    """The oracle's answer, computed from the generated stream alone."""
-
-    alerts: dict[tuple[str, str], tuple[Any, ...]]  # (txn_id, rule) -> alert fields
-    dead: set[str]
-    cards: dict[str, CardState]
-    limits: dict[str, list[tuple[int, float | None]]]
-    unmatched: set[str]  # large transactions no small one precedes within the minute
-
-    def open_small(self, card: str, watermark: int) -> dict[str, int]:
-        """Small transactions whose window the watermark has not closed yet."""
-        return {i: ts for ts, i in self.cards[card].smalls if ts + WINDOW_MS > watermark}
-
-    def waiting_large(self, card: str, watermark: int) -> dict[str, tuple[int, float]]:
-        """Unmatched large transactions the watermark has not passed yet."""
-        return {i: (ts, a) for ts, i, a in self.cards[card].larges
-                if i in self.unmatched and ts > watermark}
-
-    def timers(self, watermark: int) -> set[tuple[int, str]]:
-        """Event-time timers still pending at ``watermark``."""
-        out: set[tuple[int, str]] = set()
-        for card in self.cards:
-            out |= {(ts + WINDOW_MS, card) for ts in self.open_small(card, watermark).values()}
-            out |= {(ts, card) for ts, _ in self.waiting_large(card, watermark).values()}
-        return out
-
-
-def oracle(stream: Stream) -> Expected:
-    """The detector's rules in plain Python over the whole stream (no weir, no Spark,
-    no notion of batches, arrival order or timers)."""
-    versions: dict[str, dict[int, float | None]] = defaultdict(dict)
-    for rules in stream.rules:
-        for r in rules:
-            versions[r["category"]][int(r["effective_from"])] = r["limit"]
-    limits = {c: sorted(v.items()) for c, v in versions.items()}
-
-    def limit_in_force(category: str, ts: int) -> float | None:
-        found = None
-        for effective_from, limit in limits.get(category, []):
-            if effective_from <= ts:
-                found = limit
-        return found
-
-    alerts: dict[tuple[str, str], tuple[Any, ...]] = {}
-    dead: set[str] = set()
-    cards: dict[str, CardState] = defaultdict(CardState)
-    for t in stream.events:
-        card, ts, amount = t["card_id"], t["ts"], t["amount"]
-        if card is None or ts is None or amount is None or amount <= 0:
-            dead.add(t["txn_id"])
-            continue
-        state = cards[card]
-        state.count += 1
-        state.spend_cents += round(amount * 100)
-        state.per_merchant[t["merchant"]] += 1
-        state.newest = sorted([*state.newest, [ts, t["txn_id"], amount]])[-NEWEST_KEPT:]
-        limit = limit_in_force(t["category"], ts)
-        if limit is not None and amount > limit:
-            alerts[(t["txn_id"], "over-category-limit")] = (card, amount, ts)
-        if amount < SMALL:
-            state.smalls.append((ts, t["txn_id"]))
-        elif amount > LARGE:
-            state.larges.append((ts, t["txn_id"], amount))
-    unmatched: set[str] = set()
-    for card, state in cards.items():
-        for ts, txn_id, amount in state.larges:
-            if any(ts - WINDOW_MS <= s < ts for s, _ in state.smalls):
-                alerts[(txn_id, "small-then-large")] = (card, amount, ts)
-            else:
-                unmatched.add(txn_id)
-    return Expected(alerts, dead, dict(cards), limits, unmatched)
-
-
-# ---------------------------------------------------------------------------- watching
-
-
-def sink_status(db: Path) -> tuple[list[int], int]:
-    """Batch ids the sink committed and the rows they hold (its commit table)."""
-    if not db.exists():
-        return [], 0
-    try:
-        conn = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=5)
-        try:
-            rows = conn.execute(
-                "SELECT batch_id, row_count FROM _weir_commits WHERE table_name = ?", (TABLE,)
-            ).fetchall()
-        finally:
-            conn.close()
-    except sqlite3.Error:  # not created yet
-        return [], 0
-    return sorted(int(b) for b, _ in rows), sum(int(n) for _, n in rows)
-
-
-def staged_rows(db: Path, batch: int) -> int:
-    """Rows the sink's tasks staged for ``batch`` (invisible until its commit)."""
-    try:
-        conn = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=5)
-        try:
-            row = conn.execute(
-                "SELECT count(*) FROM _weir_staging WHERE table_name = ? AND batch_id = ?",
-                (TABLE, batch),
-            ).fetchone()
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return 0
-    return int(row[0])
-
-
-class Checkpoints:
-    """Statistics of every completed weir checkpoint, read from the checkpoint
-    location while the job runs (only the newest 3 are retained on disk)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.seen: dict[int, dict[str, Any]] = {}
-
-    def parts(self, batch: int) -> int:
-        """Subtasks that have written their state of ``batch``."""
-        return len(list(self.root.glob(f"queries/*/chk-{batch}/_parts/*/*.part")))
-
-    def poll(self) -> None:
-        from weir import load_checkpoint
-
-        for meta in self.root.glob("queries/*/chk-*/_metadata"):
-            cid = int(meta.parent.name.removeprefix("chk-"))
-            if cid in self.seen:
-                continue
-            try:
-                m = load_checkpoint(meta.parent.as_uri(), verify=False).metadata
-            except Exception:  # pruned while we looked
-                continue
-            subs = [s for op in m.operators.values() for s in op.subtasks]
-            self.seen[cid] = {
-                "bytes": m.total_bytes, "files": len(m.files()),
-                "new_bytes": sum(s.stats.new_bytes for s in subs),
-                "sync_ms": max(s.stats.sync_ms for s in subs),
-                "async_ms": max(s.stats.async_ms for s in subs),
-                "latency_ms": m.completion_timestamp_ms - m.trigger_timestamp_ms,
-            }
-
-
-@dataclass
-class Crash:
-    """When to kill the job: during ``batch``, once some subtask has written its weir
-    state of it and the sink has not committed it (``"state-written"``), or once the
-    sink has committed it and Spark has not yet logged the batch as done
-    (``"sink-committed"``: Spark replays it, the sink must not write it twice)."""
-
-    batch: int
-    point: str = "state-written"
-
-
-@dataclass
-class JobRun:
-    """One start of the Spark job (a child process)."""
-
-    number: int
-    log: Path
-    spawned: float = 0.0
-    startup_s: float | None = None
-    batches: dict[int, dict[str, Any]] = field(default_factory=dict)
-    finished: dict[str, Any] | None = None
-    failed: str | None = None
-    killed_in: int | None = None
-    wall_s: float = 0.0
-    returncode: int | None = None
-
-
-class View:
-    """The progress bar and status line."""
-
-    def __init__(self, progress: Progress, total: int) -> None:
-        self.progress = progress
-        self.task: TaskID = progress.add_task("", total=total, status="")
-        self.events: dict[int, int] = {}  # batch -> events (a replayed batch counts once)
-
-    def update(self, run: JobRun, checkpoints: Checkpoints, sink: tuple[list[int], int]) -> None:
-        for batch, line in run.batches.items():
-            self.events[batch] = line["events"]
-        last = max(run.batches, default=None)
-        state = ("finished" if run.finished else "starting Spark" if run.startup_s is None
-                 else f"batch {last + 1}" if last is not None else "batch 0")
-        self.progress.update(
-            self.task, completed=sum(self.events.values()),
-            description=f"run {run.number}: events",
-            status=f"{state} · {len(checkpoints.seen)} checkpoints · {sink[1]:,} alerts "
-                   f"committed",
-        )
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (the JVM, its Python daemons and workers)."""
-    children: dict[int, list[int]] = defaultdict(list)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children[ppid].append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def kill_tree(proc: subprocess.Popen[str]) -> int:
-    """SIGKILL the job and everything it started, at once; how many processes."""
-    victims = [proc.pid, *_descendants(proc.pid)]
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)  # the job's own process group (a new session)
-    for pid in victims:  # and the Python daemons, which make process groups of their own
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    proc.wait()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in victims[1:]):
-        time.sleep(0.05)
-    return len(victims)
-
-
-def run_job(
-    paths: Paths, number: int, files_per_trigger: int, view: View, checkpoints: Checkpoints,
-    crash: Crash | None, timeout_s: float,
-) -> JobRun:
-    """Start the job and watch it; with ``crash``, kill it at its point (if that
-    batch goes by too quickly to catch, in the next one)."""
-    run = JobRun(number, paths.work / f"job-run-{number}.log")
-    paths.spark_local.mkdir(exist_ok=True)
-    env = dict(os.environ, SPARK_LOCAL_DIRS=str(paths.spark_local), PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "weir.examples.fraud_job", "--work", str(paths.work),
-           "--files-per-trigger", str(files_per_trigger)]
-    lines: queue.Queue[str | None] = queue.Queue()
-    with run.log.open("w") as log:
-        run.spawned = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
-                                cwd=paths.work, env=env, start_new_session=True)
-
-        def read() -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                lines.put(line)
-            lines.put(None)
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        try:
-            _watch(run, proc, lines, paths, view, checkpoints, crash, timeout_s)
-        finally:
-            if proc.poll() is None:  # interrupted: leave nothing running
-                kill_tree(proc)
-        run.returncode = proc.wait()
-        reader.join(timeout=5)
-        while not lines.empty():
-            line = lines.get_nowait()
-            if line is not None:
-                _absorb(run, line)
-    run.wall_s = time.perf_counter() - run.spawned
-    checkpoints.poll()
-    view.update(run, checkpoints, sink_status(paths.sink))
-    if run.killed_in is None and run.finished is None and run.failed is None:
-        run.failed = f"the job exited with status {run.returncode}"
-    return run
-
-
-def _watch(
-    run: JobRun, proc: subprocess.Popen[str], lines: queue.Queue[str | None], paths: Paths,
-    view: View, checkpoints: Checkpoints, crash: Crash | None, timeout_s: float,
-) -> None:
-    sink = sink_status(paths.sink)
-    last_sink_poll = 0.0
-    eof = False
-    while True:
-        while True:
-            try:
-                line = lines.get_nowait()
-            except queue.Empty:
-                break
-            if line is None:
-                eof = True
-                break
-            _absorb(run, line)
-        now = time.perf_counter()
-        if now - last_sink_poll > 0.3:
-            checkpoints.poll()
-            sink = sink_status(paths.sink)
-            last_sink_poll = now
-        view.update(run, checkpoints, sink)
-        pause = 0.04
-        if crash is not None and checkpoints.parts(crash.batch):
-            sink = sink_status(paths.sink)
-            spark_done = (paths.spark_checkpoint / "commits" / str(crash.batch)).exists()
-            if (crash.point == "state-written" and crash.batch not in sink[0]) or (
-                crash.point == "sink-committed" and crash.batch in sink[0] and not spark_done
-            ):
-                kill_tree(proc)
-                run.killed_in = crash.batch
-                break
-            if spark_done or (crash.point == "state-written" and crash.batch in sink[0]):
-                crash.batch += 1  # that batch went by too quickly: the next one
-            pause = 0.005 if crash.point == "sink-committed" else pause
-        if eof and proc.poll() is not None:
-            break
-        if now - run.spawned > timeout_s:
-            kill_tree(proc)
-            run.failed = run.failed or f"timed out after {timeout_s:.0f} s"
-            break
-        time.sleep(pause)
-
-
-def _absorb(run: JobRun, line: str) -> None:
-    with run.log.with_suffix(".progress.jsonl").open("a") as out:
-        out.write(line)
-    try:
-        doc = json.loads(line)
-    except json.JSONDecodeError:
-        return  # not one of ours
-    kind = doc.get("event")
-    if kind == "started":
-        run.startup_s = float(doc["startup_s"])
-    elif kind == "batch":
-        run.batches[int(doc["batch"])] = doc
-    elif kind == "finished":
-        run.finished = doc
-    elif kind == "failed":
-        run.failed = str(doc.get("error"))
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
+from weir.examples.fraud_stream import (
+    MAX_DELAY_MS,
+    Expected,
+    generate,
+    oracle,
+    write_stream,
+)
+from weir.examples.fraud_watch import (
+    Checkpoints,
+    Crash,
+    JobRun,
+    View,
+    log_tail,
+    run_job,
+    sink_status,
+    staged_rows,
+)
 
 # ---------------------------------------------------------------------------- verification
 
@@ -937,7 +451,7 @@ def _ranges(ids: list[int]) -> str:
 
 def _job_failed(console: Console, run: JobRun, why: str) -> int:
     console.print(f"[bold red]job run {run.number} failed: {why}[/]")
-    console.print(_tail(run.log))
+    console.print(log_tail(run.log))
     return 1
 
 
