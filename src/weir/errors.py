@@ -17,7 +17,10 @@
     │   └── CorruptCheckpointError  a checkpoint/savepoint file fails its checksum, is missing
     │       │                       or truncated
     │       └── CheckpointFormatError  a file of another format or format version
-    └── CheckpointError             writing a checkpoint or savepoint failed (storage, disk full)
+    ├── CheckpointError             writing a checkpoint or savepoint failed (storage, disk full)
+    ├── OutputSchemaError           a function's output does not fit output_schema (Spark)
+    ├── SinkError                   a sink could not stage, commit or abort a batch
+    └── TaskPlacementError          a Spark task got rows of key groups it does not own
 
 Messages say what happened, where (state name, operator uid, subtask, key group) and
 what to do about it. Lower-level errors are chained with ``raise ... from exc``.
@@ -33,13 +36,16 @@ __all__ = [
     "KeyGroupError",
     "NoCheckpointError",
     "NoKeyContextError",
+    "OutputSchemaError",
     "ReadOnlyStateError",
     "RestoreError",
+    "SinkError",
     "StateBackendError",
     "StateError",
     "StateMigrationError",
     "StateRegistrationError",
     "StateSerializationError",
+    "TaskPlacementError",
     "WeirError",
 ]
 
