@@ -570,3 +570,20 @@ def test_sparks_own_file_sink_gets_each_output_once_across_a_restart(
     rows = [tuple(r) for r in spark.read.parquet(str(tmp_path / "out")).collect()]
     assert sorted(r[1] for r in rows) == list(range(1200))
     assert last_counts(rows) == _oracle(records)
+
+
+def test_parts_of_a_batch_come_back_in_subtask_order_at_any_parallelism(tmp_path: Path) -> None:
+    from weir.checkpoint.format import SubtaskStateHandle
+    from weir.runtime.spark.epochs import EpochStore
+    from weir.state.keygroups import key_group_range_for_operator
+
+    store = EpochStore(weir.CheckpointStorage(str(tmp_path)), "op")
+    for i in reversed(range(12)):
+        handle = SubtaskStateHandle(i, key_group_range_for_operator(128, 12, i), {}, (), None,
+                                    {}, {}, None)
+        store.write_part("q", 5, 12, 128, handle, {"attempt": f"a{i}"})
+    parts = store.read_parts("q", 5)
+    assert parts is not None
+    assert [p.handle.subtask_index for p in parts] == list(range(12))
+    assert [p.epoch["attempt"] for p in parts] == [f"a{i}" for i in range(12)]
+    assert store.read_parts("q", 4) is None

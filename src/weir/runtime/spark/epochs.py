@@ -109,7 +109,7 @@ class EpochStore:
         if not storage.exists(directory):
             return None
         parts = []
-        for name in sorted(storage.list_dir(directory)):
+        for name in storage.list_dir(directory):
             if not name.endswith(".part"):
                 continue
             path = f"{directory}/{name}"
@@ -118,6 +118,7 @@ class EpochStore:
             parts.append(EpochPart(uid, p, maxp, handle, epoch))
         if not parts:
             return None
+        parts.sort(key=lambda part: part.handle.subtask_index)
         parallelism = parts[0].parallelism
         indexes = sorted(p.handle.subtask_index for p in parts)
         if indexes != list(range(parallelism)):

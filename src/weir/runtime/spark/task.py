@@ -151,6 +151,11 @@ class _Live:
 _LIVE: dict[tuple[str, str, int], _Live] = {}
 
 
+def _attempt_of(parts: list[EpochPart], subtask: int) -> Any:
+    """The attempt id that published ``subtask``'s part."""
+    return next(p.epoch.get("attempt") for p in parts if p.handle.subtask_index == subtask)
+
+
 def _local_dir(spec: StageSpec, subtask: int) -> str:
     base = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0] or tempfile.gettempdir()
     tag = hashlib.sha256(f"{spec.location}\0{spec.uid}".encode()).hexdigest()[:12]
@@ -233,7 +238,7 @@ class _Task:
             live is not None and prev is not None and live.query == self.query
             and live.batch == self.batch - 1  # type: ignore[operator]
             and live.parallelism == spec.parallelism == prev[0].parallelism
-            and prev[self.subtask].epoch.get("attempt") == live.attempt
+            and _attempt_of(prev, self.subtask) == live.attempt
         ):
             return live, epoch_positions(live.batch, prev)["spark"]
         if live is not None:
