@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -52,8 +53,15 @@ def write_file(directory: Path, records: Iterable[dict[str, Any]], schema: pa.Sc
     name = f"{len(list(directory.glob('*.parquet'))):04d}-{uuid.uuid4().hex[:6]}.parquet"
     tmp = directory.parent / f".{name}.tmp"
     pq.write_table(table, tmp)
+    # Spark's file source takes new files in modification-time order: make it strict
+    global _last_mtime_ns
+    _last_mtime_ns = max(time.time_ns(), _last_mtime_ns + 10_000_000)
+    os.utime(tmp, ns=(_last_mtime_ns, _last_mtime_ns))
     os.rename(tmp, directory / name)
     return directory / name
+
+
+_last_mtime_ns = 0
 
 
 KEYED = pa.schema([("key", pa.string()), ("seq", pa.int64())])
