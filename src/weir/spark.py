@@ -72,7 +72,10 @@ from weir.runtime.spark.epochs import EpochStore
 from weir.runtime.spark.routing import (
     BROADCAST_PREFIX,
     KEY,
+    KIND,
     NOW,
+    ORDER,
+    ROUTE,
     RowKind,
     fan_out_pass,
     keyed_route_pass,
@@ -138,8 +141,8 @@ def _with_internal(struct: StructType) -> StructType:
     from pyspark.sql.types import ByteType, IntegerType, LongType, StructField, StructType
 
     return StructType([
-        *struct.fields, StructField("_weir_route", IntegerType()),
-        StructField("_weir_kind", ByteType()), StructField("_weir_order", LongType()),
+        *struct.fields, StructField(ROUTE, IntegerType()),
+        StructField(KIND, ByteType()), StructField(ORDER, LongType()),
     ])
 
 
@@ -372,7 +375,7 @@ def process(
         completion = _completion(spark)
         with completion.lock:
             completion.stores[(checkpoint_location, uid)] = store
-    return routed.repartition(p, "_weir_route").mapInArrow(process_pass(spec), out_struct)
+    return routed.repartition(p, ROUTE).mapInArrow(process_pass(spec), out_struct)
 
 
 # ---------------------------------------------------------------- after the fact

@@ -5,20 +5,21 @@
 on-disk layout and the exactly-once argument.
 """
 
-from weir.connectors.sinks import (
-    FILE_SINK_NAME,
-    SQLITE_SINK_NAME,
+from weir.connectors.common import FILE_SINK_NAME, SQLITE_SINK_NAME
+from weir.connectors.files import (
     FileCommitMessage,
     FileSinkWriter,
+    TransactionalFileSink,
+    committed_file_batches,
+    read_file_sink,
+)
+from weir.connectors.sinks import register_sinks
+from weir.connectors.sqlite import (
     SQLiteCommitMessage,
     SQLiteSink,
     SQLiteSinkWriter,
-    TransactionalFileSink,
-    committed_file_batches,
     committed_sqlite_batches,
-    read_file_sink,
     read_sqlite_sink,
-    register_sinks,
 )
 
 __all__ = [

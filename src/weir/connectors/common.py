@@ -3,14 +3,12 @@ commit-message checks (see :mod:`weir.connectors.sinks` for the protocol)."""
 
 from __future__ import annotations
 
-import base64
 import datetime as _dt
 import json
 import re
 import uuid
 from collections.abc import Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import WriterCommitMessage
@@ -19,6 +17,7 @@ from pyspark.sql.types import (
 )
 
 from weir.errors import SinkError
+from weir.runtime.spark.records import json_safe
 
 if TYPE_CHECKING:
     pass
@@ -86,35 +85,9 @@ def _task_info() -> _TaskInfo:
     )
 
 
-def _json_key(key: Any) -> str:
-    safe = _json_safe(key)
-    return safe if isinstance(safe, str) else json.dumps(safe, sort_keys=True)
-
-
-def _json_safe(value: Any) -> Any:
-    """``value`` (a field of a PySpark row) as plain JSON types."""
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    if isinstance(value, Row):
-        return {k: _json_safe(v) for k, v in value.asDict(recursive=True).items()}
-    if isinstance(value, dict):
-        return {_json_key(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, _dt.datetime | _dt.date | _dt.time):
-        return value.isoformat()
-    if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, bytes | bytearray | memoryview):
-        return base64.b64encode(bytes(value)).decode("ascii")
-    if isinstance(value, _dt.timedelta):
-        return value.total_seconds()
-    return str(value)
-
-
 def _row_json(row: Row) -> str:
     """One row as a compact JSON object."""
-    record = {k: _json_safe(v) for k, v in row.asDict(recursive=True).items()}
+    record = {k: json_safe(v) for k, v in row.asDict(recursive=True).items()}
     return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
 
 

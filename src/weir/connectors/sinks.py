@@ -123,40 +123,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from weir.connectors.common import FILE_SINK_NAME, SQLITE_SINK_NAME
-from weir.connectors.files import (
-    FileCommitMessage,
-    FileSinkWriter,
-    TransactionalFileSink,
-    committed_file_batches,
-    read_file_sink,
-)
-from weir.connectors.sqlite import (
-    SQLiteCommitMessage,
-    SQLiteSink,
-    SQLiteSinkWriter,
-    committed_sqlite_batches,
-    read_sqlite_sink,
-)
+from weir.connectors.files import TransactionalFileSink
+from weir.connectors.sqlite import SQLiteSink
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = [
-    "FILE_SINK_NAME",
-    "SQLITE_SINK_NAME",
-    "FileCommitMessage",
-    "FileSinkWriter",
-    "SQLiteCommitMessage",
-    "SQLiteSink",
-    "SQLiteSinkWriter",
-    "TransactionalFileSink",
-    "committed_file_batches",
-    "committed_sqlite_batches",
-    "read_file_sink",
-    "read_sqlite_sink",
-    "register_sinks",
-]
+__all__ = ["register_sinks"]
 
 # --------------------------------------------------------------------------- registration
 

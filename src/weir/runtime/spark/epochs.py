@@ -54,6 +54,7 @@ from weir.checkpoint.format import (
 )
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import CorruptCheckpointError, RestoreError
+from weir.runtime.operator import MIN_WATERMARK
 
 __all__ = ["EpochPart", "EpochStore"]
 
@@ -146,16 +147,20 @@ class EpochStore:
         return CompletedCheckpoint(storage, f"chk-{batch}", meta)
 
     # completion ---------------------------------------------------------------------------
-    def complete(self, query: str, batch: int) -> CompletedCheckpoint | None:
+    def complete(
+        self, query: str, batch: int, parts: list[EpochPart] | None = None
+    ) -> CompletedCheckpoint | None:
         """Mark ``batch`` of ``query`` complete (Spark committed it): write its
         ``_metadata`` from the parts, point LATEST at the query, drop checkpoints
         beyond the retained count and the parts of older batches. Idempotent; None if
-        the batch has no parts (the operator did not run in it)."""
+        the batch has no parts (the operator did not run in it). ``parts``: the
+        batch's parts if the caller has read them already."""
         storage = self.query_storage(query)
         if storage.exists(f"chk-{batch}/{METADATA_FILE}"):
             self._set_latest(query)
             return None
-        parts = self.read_parts(query, batch)
+        if parts is None:
+            parts = self.read_parts(query, batch)
         if parts is None:
             return None
         coordinator = CheckpointCoordinator(storage, retained=self.retained, clean_up=False)
@@ -254,10 +259,8 @@ def epoch_positions(batch: int, parts: list[EpochPart]) -> dict[str, Any]:
     return {
         "spark": {
             "batch": batch,
-            "watermark": max(int(p.epoch.get("watermark", _MIN)) for p in parts),
+            "watermark": max(int(p.epoch.get("watermark", MIN_WATERMARK)) for p in parts),
             "max_event_time": max(known) if known else None,
         }
     }
 
-
-_MIN = -(2**63)

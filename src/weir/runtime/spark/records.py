@@ -14,6 +14,7 @@ when an output does not fit.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import functools
 import json
@@ -23,6 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql import Row
 
 from weir.errors import ConfigurationError, OutputSchemaError
 
@@ -153,20 +155,30 @@ def _ddl(schema: pa.Schema) -> str:
 
 
 def json_safe(value: Any) -> Any:
-    """``value`` with datetimes, decimals and bytes made JSON-serializable."""
+    """``value`` (a record field or a PySpark row) as plain JSON types: datetimes in
+    ISO 8601, decimals as strings, bytes in base64, non-string dict keys as JSON."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, Row):
+        return {k: json_safe(v) for k, v in value.asDict(recursive=True).items()}
     if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
+        return {_json_key(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
         return [json_safe(v) for v in value]
-    if isinstance(value, dt.datetime | dt.date):
+    if isinstance(value, dt.datetime | dt.date | dt.time):
         return value.isoformat()
     if isinstance(value, Decimal):
         return str(value)
-    if isinstance(value, bytes):
-        return value.hex()
-    if isinstance(value, float | int | str | bool) or value is None:
-        return value
-    return repr(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    return str(value)
+
+
+def _json_key(key: Any) -> str:
+    safe = json_safe(key)
+    return safe if isinstance(safe, str) else json.dumps(safe, sort_keys=True)
 
 
 def dumps_line(doc: Any) -> bytes:

@@ -36,7 +36,6 @@ import pyarrow as pa
 from weir.state.keygroups import canonical_key_bytes
 
 __all__ = [
-    "INTERNAL_FIELDS",
     "RowKind",
     "fan_out_pass",
     "keyed_route_pass",
@@ -47,9 +46,6 @@ __all__ = [
 
 ROUTE, KIND, ORDER, NOW, KEY = "_weir_route", "_weir_kind", "_weir_order", "_weir_now", "_weir_key"
 BROADCAST_PREFIX = "_weir_b_"
-INTERNAL_FIELDS = (
-    pa.field(ROUTE, pa.int32()), pa.field(KIND, pa.int8()), pa.field(ORDER, pa.int64()),
-)
 
 
 class RowKind(enum.IntEnum):
@@ -171,8 +167,7 @@ def fan_out_pass(
                     continue
                 batch = batch.slice(0, 1)
             n = batch.num_rows
-            for i, value in enumerate(table):
-                del i
+            for value in table:
                 yield _with_internal(
                     batch, [value] * n, [int(kind)] * n, range(base + row, base + row + n)
                 )

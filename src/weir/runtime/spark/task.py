@@ -231,7 +231,7 @@ class _Task:
             prev = self.store.read_parts(self.query, self.batch - 1)
         if prev is not None and self.subtask == 0:
             try:
-                self.store.complete(self.query, self.batch - 1)  # type: ignore[operator]
+                self.store.complete(self.query, self.batch - 1, prev)  # type: ignore[operator]
             except Exception:
                 log.exception("weir: completing batch %s lazily failed", self.batch)
         if (
