@@ -9,7 +9,8 @@ subtask of p' is restored from one of them and compared with a pure-Python oracl
 
 * keyed state and timers equal the oracle, and each key lives only on the subtask
   owning its key group;
-* even-split elements are all present exactly once, in contiguous balanced chunks;
+* even-split elements: at the same parallelism each subtask keeps its own list;
+  otherwise all are present exactly once, in contiguous balanced chunks;
 * union elements are all present on every subtask;
 * broadcast state is equal on every subtask.
 
@@ -359,9 +360,12 @@ def owned_keys(max_parallelism: int, parallelism: int, index: int) -> set[Any]:
             if assign_key_to_parallel_operator(k, max_parallelism, parallelism) == index}
 
 
-def check_state(harnesses: list[Any], oracle: Oracle, union: list[str]) -> None:
+def check_state(
+    harnesses: list[Any], oracle: Oracle, union: list[str], old_chunks: list[list[str]]
+) -> list[list[str]]:
     """The restored subtasks together hold exactly the oracle's state, each key on
-    the subtask owning its key group only."""
+    the subtask owning its key group only; ``old_chunks`` is the even-split list of
+    each old subtask. Returns the restored even-split lists."""
     p_new = len(harnesses)
     m = oracle.max_parallelism
     count: dict[Any, int] = {}
@@ -399,10 +403,17 @@ def check_state(harnesses: list[Any], oracle: Oracle, union: list[str]) -> None:
     assert len(processing_timers) == len(oracle.processing_timers)
     assert set(processing_timers) == oracle.processing_timers
     # even split: every element exactly once, contiguous balanced chunks in old order
+    # (one even-split state: its first chunk goes to subtask 0), or at the same
+    # parallelism each subtask's own list (Flink's RoundRobinOperatorStateRepartitioner)
+    assert [e for c in old_chunks for e in c] == oracle.even_split
     assert Counter(e for c in chunks for e in c) == Counter(oracle.even_split)
-    assert [e for c in chunks for e in c] == oracle.even_split
-    base, extra = divmod(len(oracle.even_split), p_new)
-    assert [len(c) for c in chunks] == [base + (i < extra) for i in range(p_new)]
+    if len(old_chunks) == p_new:
+        assert chunks == old_chunks
+    else:
+        assert [e for c in chunks for e in c] == oracle.even_split
+        base, extra = divmod(len(oracle.even_split), p_new)
+        assert [len(c) for c in chunks] == [base + (i < extra) for i in range(p_new)]
+    return chunks
 
 
 def check_keeps_working(harnesses: list[Any], oracle: Oracle) -> None:
@@ -428,7 +439,7 @@ def restore_and_check(
     oracle = oracle_for(max_parallelism, p_old)
     harnesses = restore_all(artifact, backend, p_new)
     try:
-        check_state(harnesses, oracle, oracle.union)
+        check_state(harnesses, oracle, oracle.union, oracle.buffers)
         check_keeps_working(harnesses, oracle)
     finally:
         close_all(harnesses)
@@ -514,10 +525,11 @@ def test_state_survives_a_chain_of_rescales_across_backends(
     artifact = saved(backend, 30, p).artifact(mode)
     oracle = oracle_for(30, p)
     union = oracle.union
+    chunks = oracle.buffers
     for n, (backend, next_mode, p_new) in enumerate(steps):
         harnesses = restore_all(artifact, backend, p_new)
         try:
-            check_state(harnesses, oracle, union)
+            chunks = check_state(harnesses, oracle, union, chunks)
             if next_mode is None:
                 check_keeps_working(harnesses, oracle)
                 break
@@ -636,6 +648,9 @@ def test_non_keyed_operator_state_rescales_through_durable_checkpoints(
                 assert sorted(h.operator_state_of(SEEN.name)) == union
                 assert sink.buffer == h.operator_state_of(BUFFER.name)
                 chunks.append(sink.buffer)
+        if p_new == p_old:  # each subtask keeps its own list (Flink)
+            assert chunks == per_subtask
+            continue
         assert [e for c in chunks for e in c] == everything
         base, extra = divmod(len(everything), p_new)
         assert [len(c) for c in chunks] == [base + (i < extra) for i in range(p_new)]

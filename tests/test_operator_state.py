@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from weir import (
     CheckpointedFunction,
@@ -20,6 +22,12 @@ from weir import (
     ValueStateDescriptor,
 )
 from weir.state.keygroups import assign_key_to_parallel_operator
+from weir.state.snapshot import (
+    OperatorListStateSnapshot,
+    OperatorSubtaskSnapshot,
+    RedistributionMode,
+    assign_operator_state,
+)
 from weir.testing import CheckpointedFunctionHarness, KeyedOperatorHarness
 
 BUFFER = ListStateDescriptor("buffer")
@@ -161,6 +169,180 @@ def test_rescaled_state_survives_a_second_rescale_unchanged() -> None:
         snaps = new_snaps
     (sink,) = restore_all(snaps, 1)
     assert sink.buffer == list(range(7))
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [[[1, 2, 3], [4], []], [[], [1]], [list(range(7)), [7, 8]], [[1], [2], [3], [4]]],
+    ids=["3-uneven", "2-first-empty", "2-long-first", "4-even"],
+)
+def test_list_state_restored_at_the_same_parallelism_keeps_each_subtasks_list(
+    chunks: list[list[Any]],
+) -> None:
+    """Flink's RoundRobinOperatorStateRepartitioner returns the old lists untouched
+    when the parallelism does not change (union state is still unioned)."""
+    sinks = restore_all(run_sinks(chunks), len(chunks))
+    assert [s.buffer for s in sinks] == chunks
+    expected_seen = [(index, len(chunk)) for index, chunk in enumerate(chunks)]
+    assert [s.restored_seen for s in sinks] == [expected_seen] * len(chunks)
+
+
+class ManyLists(ProcessFunction[Any, Any], CheckpointedFunction):
+    """Even-split list states ``a``, ``b``, ``c``, ``d``: element ``(name, x)`` goes to ``name``."""
+
+    NAMES = ("a", "b", "c", "d")
+
+    def initialize_state(self, ctx: FunctionInitializationContext) -> None:
+        store = ctx.operator_state_store
+        self.states = {n: store.get_list_state(ListStateDescriptor(n)) for n in self.NAMES}
+        self.restored = {n: s.get() for n, s in self.states.items()}
+
+    def snapshot_state(self, ctx: FunctionSnapshotContext) -> None:
+        pass
+
+    def process_element(self, value: Any, ctx: Context) -> None:
+        self.states[value[0]].add(value[1])
+
+
+def test_several_list_states_rotate_the_subtask_that_starts_each_split() -> None:
+    """One element in each of four states, restored from 1 to 4 subtasks: Flink
+    starts each state where the previous one's extra elements ended, so every
+    subtask gets one element (not all four on subtask 0)."""
+    with CheckpointedFunctionHarness(ManyLists()) as h:
+        for name in ManyLists.NAMES:
+            h.process_element((name, name.upper()))
+        snap = h.snapshot()
+    restored = []
+    for index in range(4):
+        fn = ManyLists()
+        CheckpointedFunctionHarness.restore(fn, [snap], parallelism=4, subtask_index=index).close()
+        restored.append({n: v for n, v in fn.restored.items() if v})
+    assert restored == [{"a": ["A"]}, {"b": ["B"]}, {"c": ["C"]}, {"d": ["D"]}]
+
+
+def test_rotation_matches_flinks_start_rule_for_uneven_states() -> None:
+    """Five elements each in ``a`` and ``b``, from 1 to 2 subtasks: ``a`` starts at
+    subtask 0 (3 + 2 elements), so ``b`` starts at subtask 1 (Flink's rule)."""
+    with CheckpointedFunctionHarness(ManyLists()) as h:
+        for name in ("a", "b"):
+            for x in range(5):
+                h.process_element((name, f"{name}{x}"))
+        snap = h.snapshot()
+    restored = []
+    for index in range(2):
+        fn = ManyLists()
+        CheckpointedFunctionHarness.restore(fn, [snap], parallelism=2, subtask_index=index).close()
+        restored.append({n: v for n, v in fn.restored.items() if v})
+    assert restored == [
+        {"a": ["a0", "a1", "a2"], "b": ["b3", "b4"]},
+        {"a": ["a3", "a4"], "b": ["b0", "b1", "b2"]},
+    ]
+
+
+# redistribution properties (weir.state.snapshot.assign_operator_state) -------------
+
+SPLIT = RedistributionMode.SPLIT_DISTRIBUTE
+#: per old subtask, per state name, its elements (a state may be absent on a subtask)
+OldLists = list[dict[str, list[bytes]]]
+
+
+def old_lists(max_parallelism: int = 6) -> st.SearchStrategy[OldLists]:
+    names = st.sampled_from(["a", "b", "c", "d", "e"])
+    per_subtask = st.dictionaries(names, st.integers(0, 9), max_size=5)
+    return st.lists(per_subtask, min_size=1, max_size=max_parallelism).map(
+        lambda subtasks: [
+            {n: [f"{n}/{i}/{j}".encode() for j in range(k)] for n, k in states.items()}
+            for i, states in enumerate(subtasks)
+        ]
+    )
+
+
+def snapshots_of(lists: OldLists) -> list[OperatorSubtaskSnapshot]:
+    return [
+        OperatorSubtaskSnapshot(
+            "op", 1, 0, len(lists), i, 128,
+            operator_states={
+                n: OperatorListStateSnapshot(n, SPLIT, "msgpack/1", tuple(e))
+                for n, e in states.items()
+            },
+        )
+        for i, states in enumerate(lists)
+    ]
+
+
+def redistribute(lists: OldLists, parallelism: int) -> list[dict[str, list[bytes]]]:
+    snaps = snapshots_of(lists)
+    assigned = [assign_operator_state(snaps, parallelism, i) for i in range(parallelism)]
+    return [{n: list(state.elements) for n, state in a.items()} for a in assigned]
+
+
+def flink_round_robin(lists: OldLists, parallelism: int) -> list[dict[str, list[bytes]]]:
+    """``RoundRobinOperatorStateRepartitioner.repartitionState`` for SPLIT_DISTRIBUTE
+    state, transcribed loop for loop (states in name order: Flink iterates a hash map,
+    weir sorts the names)."""
+    names = sorted({n for states in lists for n in states})
+    if parallelism == len(lists):
+        return [{n: list(states.get(n, [])) for n in names} for states in lists]
+    result: list[dict[str, list[bytes]]] = [{n: [] for n in names} for _ in range(parallelism)]
+    start_parallel_op = 0
+    for name in names:
+        current = [e for states in lists for e in states.get(name, [])]
+        total = len(current)
+        base_fraction, remainder = divmod(total, parallelism)
+        new_start_parallel_op = start_parallel_op
+        taken = 0
+        for i in range(parallelism):
+            parallel_op_idx = (i + start_parallel_op) % parallelism
+            number_to_assign = base_fraction
+            if remainder > 0:
+                number_to_assign += 1
+                remainder -= 1
+            elif remainder == 0:
+                new_start_parallel_op = parallel_op_idx
+                remainder -= 1
+            result[parallel_op_idx][name] = current[taken : taken + number_to_assign]
+            taken += number_to_assign
+        start_parallel_op = new_start_parallel_op
+    return result
+
+
+@settings(max_examples=200, deadline=None)
+@given(old_lists())
+def test_same_parallelism_leaves_every_subtasks_lists_identical(lists: OldLists) -> None:
+    got = redistribute(lists, len(lists))
+    names = {n for states in lists for n in states}
+    assert got == [{n: states.get(n, []) for n in names} for states in lists]
+
+
+@settings(max_examples=300, deadline=None)
+@given(old_lists(), st.integers(1, 7))
+def test_redistribution_is_flinks_round_robin(lists: OldLists, parallelism: int) -> None:
+    assert redistribute(lists, parallelism) == flink_round_robin(lists, parallelism)
+
+
+@settings(max_examples=300, deadline=None)
+@given(old_lists(), st.integers(1, 7))
+def test_several_states_together_are_balanced_within_one_element(
+    lists: OldLists, parallelism: int
+) -> None:
+    """On a parallelism change every state is split into contiguous chunks (in old
+    subtask order) that differ by at most one element, and the total per new subtask
+    over all states differs by at most one element too."""
+    if parallelism == len(lists):
+        parallelism += 1
+    got = redistribute(lists, parallelism)
+    for name in {n for states in lists for n in states}:
+        old = [e for states in lists for e in states.get(name, [])]
+        sizes = [len(states[name]) for states in got]
+        assert max(sizes) - min(sizes) <= 1
+        assert sorted(e for states in got for e in states[name]) == sorted(old)
+        rotations = [
+            [e for k in range(parallelism) for e in got[(start + k) % parallelism][name]]
+            for start in range(parallelism)
+        ]
+        assert old in rotations  # contiguous chunks, read from some starting subtask on
+    loads = [sum(len(v) for v in states.values()) for states in got]
+    assert max(loads) - min(loads) <= 1
 
 
 class DoubleRegistration(ProcessFunction[Any, Any], CheckpointedFunction):

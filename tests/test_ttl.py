@@ -1,5 +1,6 @@
 """State TTL with a ManualClock on both backends: expiry boundary, update types,
-visibility, per-element/per-entry expiry and every cleanup strategy."""
+visibility, per-element/per-entry expiry, every cleanup strategy and Flink's default
+background cleanup (incremental on the hash map, compaction filter on RocksDB)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,13 @@ import weir
 from support import Action, Actions, Average, key_of, write_state
 from weir import (
     AggregatingStateDescriptor,
+    CheckpointCoordinator,
+    ConfigurationError,
+    IncrementalCleanup,
     ListStateDescriptor,
     MapStateDescriptor,
     ReducingStateDescriptor,
+    RocksDBCompactFilterCleanup,
     StateTtlConfig,
     StateVisibility,
     UpdateType,
@@ -29,12 +34,14 @@ NEVER = StateVisibility.NEVER_RETURN_EXPIRED
 RETURN = StateVisibility.RETURN_EXPIRED_IF_NOT_CLEANED_UP
 
 
-
-
 def ttl(
     update: UpdateType = UpdateType.ON_CREATE_AND_WRITE, visibility: StateVisibility = NEVER
 ) -> StateTtlConfig:
-    return StateTtlConfig(ttl_ms=T, update_type=update, state_visibility=visibility)
+    """A config without Flink's default background cleanup, so that a test sees
+    exactly what reads and its chosen strategy do; the defaults are tested below."""
+    return StateTtlConfig(
+        ttl_ms=T, update_type=update, state_visibility=visibility
+    ).disable_cleanup_in_background()
 
 
 def descriptor(kind: str, cfg: StateTtlConfig | None) -> Any:
@@ -357,6 +364,181 @@ def test_compaction_leaves_states_without_the_filter_alone(backend):
         h.clock.advance(T)
         assert h.compact_state() == 0
         assert h.keys(desc) == ["a"]
+
+
+# Default background cleanup (Flink's cleanupInBackground) -----------------------------
+
+
+def test_background_cleanup_defaults_are_flinks():
+    cfg = StateTtlConfig(ttl_ms=T)
+    assert cfg.cleanup_in_background is True
+    assert cfg.incremental_cleanup is None and cfg.rocksdb_compact_filter_cleanup is None
+    assert cfg.incremental_cleanup_strategy == IncrementalCleanup(5, False)
+    assert cfg.rocksdb_compact_filter_cleanup_strategy == RocksDBCompactFilterCleanup(1000)
+    off = cfg.disable_cleanup_in_background()
+    assert cfg.cleanup_in_background is True  # a copy: the original is unchanged
+    assert off.cleanup_in_background is False
+    assert off.incremental_cleanup_strategy is None
+    assert off.rocksdb_compact_filter_cleanup_strategy is None
+    # an explicitly chosen strategy is used whether background cleanup is on or off
+    chosen = off.cleanup_incrementally(3, True).cleanup_in_rocksdb_compact_filter(7)
+    assert chosen.incremental_cleanup_strategy == IncrementalCleanup(3, True)
+    assert chosen.rocksdb_compact_filter_cleanup_strategy == RocksDBCompactFilterCleanup(7)
+    assert StateTtlConfig(ttl_ms=T, cleanup_in_background=False) == off
+    with pytest.raises(ConfigurationError, match="cleanup_in_background"):
+        StateTtlConfig(ttl_ms=T, cleanup_in_background="no")  # type: ignore[arg-type]
+
+
+def _probe(r: KeyedOperatorHarness, kind: str, desc: Any, times: int) -> list[int]:
+    """Read ``desc`` of a key without state ``times`` times; keys left after each."""
+    remaining = []
+    for _ in range(times):
+        do(r, "probe", reader(kind, desc))
+        remaining.append(len(r.keys(desc)))
+    return remaining
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_default_config_cleans_up_in_the_background_as_flink_does(backend, kind):
+    """No strategy chosen: the hash map checks 5 keys per state access (not per
+    record); RocksDB runs the compaction filter (every 1000 entries re-reading the
+    clock) when the runtime calls run_background_cleanup, and not on access."""
+    desc = descriptor(kind, StateTtlConfig(ttl_ms=T))
+    register = lambda c: c.get_state(desc)  # noqa: E731
+    with restore(_ten_expired_keys(backend, kind, desc), backend, now=T, on_open=register) as r:
+        do(r, "unrelated", lambda c: None)  # a record that never touches the state
+        assert len(r.keys(desc)) == 10
+        if backend == "hashmap":
+            assert _probe(r, kind, desc, 2) == [5, 0]
+            assert r.operator.run_background_cleanup() == 0
+        else:
+            assert _probe(r, kind, desc, 2) == [10, 10]
+            assert r.operator.run_background_cleanup() == 10
+        assert r.keys(desc) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_disabled_background_cleanup_keeps_expired_values_until_read(backend, kind, tmp_path):
+    desc = descriptor(kind, StateTtlConfig(ttl_ms=T).disable_cleanup_in_background())
+    with restore(_ten_expired_keys(backend, kind, desc), backend, now=T) as r:
+        assert _probe(r, kind, desc, 3) == [10, 10, 10]
+        assert r.operator.run_background_cleanup() == 0
+        assert r.compact_state() == 0
+        r.checkpoint(CheckpointCoordinator(tmp_path))
+        assert len(r.keys(desc)) == 10
+        assert r.state_of(3, desc) == EMPTY[kind]
+        assert len(r.keys(desc)) == 9
+
+
+def test_an_explicit_strategy_takes_precedence_over_the_default(backend):
+    """Explicit incremental cleanup of 3 replaces the default 5 (and runs on RocksDB
+    too, a weir extension); an explicit compaction filter leaves the hash map's
+    default incremental cleanup on, and the default compaction filter still runs on
+    RocksDB next to an explicit incremental cleanup."""
+    three = descriptor("value", StateTtlConfig(ttl_ms=T).cleanup_incrementally(3))
+    with restore(_ten_expired_keys(backend, "value", three), backend, now=T) as r:
+        assert _probe(r, "value", three, 2) == [7, 4]
+        assert r.operator.run_background_cleanup() == (4 if backend == "rocksdb" else 0)
+        assert len(r.keys(three)) == (0 if backend == "rocksdb" else 4)
+    compact = descriptor(
+        "value", StateTtlConfig(ttl_ms=T).cleanup_in_rocksdb_compact_filter(1)
+    )
+    with restore(_ten_expired_keys(backend, "value", compact), backend, now=T) as r:
+        assert _probe(r, "value", compact, 1) == ([5] if backend == "hashmap" else [10])
+
+
+def _expired_and_live(
+    backend: str, names: tuple[str, ...], expired: int, live: int
+) -> KeyedOperatorHarness:
+    """A harness at time T with ``expired`` keys written at 0 and ``live`` keys
+    written at T/2 in each value state of ``names`` (default TTL config)."""
+    descs = [ValueStateDescriptor(n, ttl=StateTtlConfig(ttl_ms=T)) for n in names]
+    h = make(backend)
+    h.open()
+    for d in descs:
+        for k in range(expired):
+            write(h, "value", d, f"old-{k}")
+    h.clock.advance(T // 2)
+    for d in descs:
+        for k in range(live):
+            write(h, "value", d, f"new-{k}")
+    h.clock.advance(T // 2)
+    return h
+
+
+def test_background_cleanup_is_bounded_per_call_and_resumes_where_it_stopped(backend):
+    """Each call looks at no more than max_entries entries, continuing over the TTL
+    states one after another; a call ends early when it has gone round once."""
+    h = _expired_and_live(backend, ("s", "t"), expired=12, live=0)
+    try:
+        calls = [h.operator.run_background_cleanup(10) for _ in range(4)]
+        if backend == "rocksdb":
+            assert calls == [10, 10, 4, 0]
+            states = [ValueStateDescriptor(n, ttl=StateTtlConfig(ttl_ms=T)) for n in "st"]
+            assert [h.keys(d) for d in states] == [[], []]
+        else:
+            assert calls == [0, 0, 0, 0]  # the hash map cleans up on access instead
+    finally:
+        h.close()
+
+
+def test_background_cleanup_keeps_live_entries_and_wraps_around_to_new_ones():
+    h = _expired_and_live("rocksdb", ("s",), expired=15, live=5)
+    desc = ValueStateDescriptor("s", ttl=StateTtlConfig(ttl_ms=T))
+    try:
+        first = [h.operator.run_background_cleanup(7) for _ in range(3)]  # 7 + 7 + 6 entries
+        assert sum(first) == 15 and all(n <= 7 for n in first)
+        assert sorted(h.keys(desc)) == [f"new-{k}" for k in range(5)]
+        h.clock.advance(T // 2)  # the live keys expire now
+        write(h, "value", desc, "newest")
+        dropped = [h.operator.run_background_cleanup(2) for _ in range(3)]  # 6 entries
+        assert sum(dropped) == 5 and all(n <= 2 for n in dropped)
+        assert h.keys(desc) == ["newest"]
+    finally:
+        h.close()
+
+
+def test_background_cleanup_needs_a_positive_entry_count():
+    with make("rocksdb") as h, pytest.raises(ConfigurationError, match="max_entries"):
+        h.operator.run_background_cleanup(0)
+    with pytest.raises(ConfigurationError, match="background_cleanup_entries"):
+        weir.OperatorConfig(background_cleanup_entries=0)
+
+
+@pytest.mark.parametrize("how", ["snapshot", "checkpoint", "savepoint"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_harness_runs_background_cleanup_after_each_snapshot_it_takes(
+    backend, kind, how, tmp_path
+):
+    """As a runtime does once per checkpoint: the snapshot itself still holds the
+    expired values (no full-snapshot cleanup chosen), the live RocksDB state no
+    longer does; the hash map is cleaned on access instead."""
+    desc = descriptor(kind, StateTtlConfig(ttl_ms=T))
+    with make(backend) as h:
+        _old_and_new(h, kind, desc)
+        coordinator = CheckpointCoordinator(tmp_path / "chk")
+        if how == "snapshot":
+            taken = h.snapshot()
+            snapshots: Any = [taken]
+            stored = taken.keyed.entry_count() if taken.keyed else 0
+            assert stored == 3
+        elif how == "checkpoint":
+            snapshots = weir.load_checkpoint(h.checkpoint(coordinator).url)
+        else:
+            snapshots = weir.load_checkpoint(h.savepoint(coordinator, tmp_path / "sp").url)
+        assert sorted(h.keys(desc)) == (["n"] if backend == "rocksdb" else ["n", "o1", "o2"])
+    with KeyedOperatorHarness.restore(
+        Actions(), key_of, snapshots, parallelism=1, subtask_index=0, state_backend=backend,
+        clock=ManualClock(0),
+    ) as r:
+        assert sorted(r.keys(desc)) == ["n", "o1", "o2"]
+
+
+def test_compact_state_uses_the_default_compaction_filter_on_rocksdb(backend):
+    desc = descriptor("value", StateTtlConfig(ttl_ms=T))
+    with make(backend) as h:
+        _old_and_new(h, "value", desc)
+        assert h.compact_state() == (2 if backend == "rocksdb" else 0)
 
 
 # Errors -------------------------------------------------------------------------------

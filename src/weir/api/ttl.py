@@ -14,6 +14,20 @@ Cleanup: expired values are always removed when they are read. In addition:
 * ``cleanup_in_rocksdb_compact_filter(n)`` — the RocksDB backend drops expired
   values when it compacts (refreshing the current time every ``n`` entries); no
   effect on the hash-map backend.
+
+Background cleanup is on by default, as in Flink (``StateTtlConfig.java``:
+``cleanupInBackground`` is true unless ``disableCleanupInBackground()``): a strategy
+not chosen explicitly takes its default, :data:`DEFAULT_INCREMENTAL_CLEANUP` (5
+entries per state access, not for every record) and
+:data:`DEFAULT_ROCKSDB_COMPACT_FILTER_CLEANUP` (clock re-read every 1000 entries).
+Which of them runs depends on the backend, again as in Flink: the hash map runs the
+default incremental cleanup, RocksDB the default compaction filter (Flink's RocksDB
+states have no incremental cleanup; weir's do, but only when chosen explicitly).
+:meth:`StateTtlConfig.disable_cleanup_in_background` switches the defaults off; an
+explicitly chosen strategy always runs.
+
+The cleanup settings are not stored in checkpoints (only whether a state has TTL),
+so changing them never affects restoring.
 """
 
 from __future__ import annotations
@@ -25,6 +39,8 @@ from dataclasses import dataclass
 from weir.errors import ConfigurationError
 
 __all__ = [
+    "DEFAULT_INCREMENTAL_CLEANUP",
+    "DEFAULT_ROCKSDB_COMPACT_FILTER_CLEANUP",
     "IncrementalCleanup",
     "RocksDBCompactFilterCleanup",
     "StateTtlConfig",
@@ -63,12 +79,25 @@ class RocksDBCompactFilterCleanup:
     query_time_after_num_entries: int = 1000
 
 
+#: Flink's ``DEFAULT_INCREMENTAL_CLEANUP_STRATEGY``: 5 entries, not for every record.
+DEFAULT_INCREMENTAL_CLEANUP = IncrementalCleanup(5, False)
+#: Flink's ``DEFAULT_ROCKSDB_COMPACT_FILTER_CLEANUP_STRATEGY``: 1000 entries.
+DEFAULT_ROCKSDB_COMPACT_FILTER_CLEANUP = RocksDBCompactFilterCleanup(1000)
+
+
 @dataclass(frozen=True, slots=True)
 class StateTtlConfig:
     """Time-to-live of a state's values.
 
+    ``incremental_cleanup`` and ``rocksdb_compact_filter_cleanup`` are the strategies
+    chosen explicitly; :attr:`incremental_cleanup_strategy` and
+    :attr:`rocksdb_compact_filter_cleanup_strategy` are the ones in force (the
+    explicit one, else Flink's default while ``cleanup_in_background`` is true).
+
     >>> StateTtlConfig(ttl_ms=60_000).cleanup_incrementally(10)
     StateTtlConfig(ttl_ms=60000, ...)
+    >>> StateTtlConfig(ttl_ms=60_000).disable_cleanup_in_background()
+    StateTtlConfig(ttl_ms=60000, ..., cleanup_in_background=False)
     """
 
     ttl_ms: int
@@ -77,11 +106,18 @@ class StateTtlConfig:
     cleanup_full_snapshot: bool = False
     incremental_cleanup: IncrementalCleanup | None = None
     rocksdb_compact_filter_cleanup: RocksDBCompactFilterCleanup | None = None
+    #: Flink's ``cleanupInBackground``: default strategies for those not chosen.
+    cleanup_in_background: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.ttl_ms, int) or self.ttl_ms <= 0:
             raise ConfigurationError(
                 f"StateTtlConfig.ttl_ms={self.ttl_ms!r} must be a positive int (milliseconds)"
+            )
+        if not isinstance(self.cleanup_in_background, bool):
+            raise ConfigurationError(
+                f"StateTtlConfig.cleanup_in_background={self.cleanup_in_background!r} must be "
+                f"True or False; call disable_cleanup_in_background() to switch it off"
             )
         inc = self.incremental_cleanup
         if inc is not None and inc.cleanup_size <= 0:
@@ -131,6 +167,30 @@ class StateTtlConfig:
                 query_time_after_num_entries
             ),
         )
+
+    def disable_cleanup_in_background(self) -> StateTtlConfig:
+        """A copy without the default background cleanup (Flink's
+        ``disableCleanupInBackground``): expired values stay until they are read, or
+        until a strategy chosen explicitly removes them (those keep running)."""
+        return dataclasses.replace(self, cleanup_in_background=False)
+
+    @property
+    def incremental_cleanup_strategy(self) -> IncrementalCleanup | None:
+        """The incremental cleanup in force: the one chosen, else
+        :data:`DEFAULT_INCREMENTAL_CLEANUP` while ``cleanup_in_background`` (Flink's
+        ``getIncrementalCleanupStrategy``). The default applies to the hash map only."""
+        if self.incremental_cleanup is not None:
+            return self.incremental_cleanup
+        return DEFAULT_INCREMENTAL_CLEANUP if self.cleanup_in_background else None
+
+    @property
+    def rocksdb_compact_filter_cleanup_strategy(self) -> RocksDBCompactFilterCleanup | None:
+        """The compaction-filter cleanup in force: the one chosen, else
+        :data:`DEFAULT_ROCKSDB_COMPACT_FILTER_CLEANUP` while ``cleanup_in_background``
+        (Flink's ``getRocksdbCompactFilterCleanupStrategy``)."""
+        if self.rocksdb_compact_filter_cleanup is not None:
+            return self.rocksdb_compact_filter_cleanup
+        return DEFAULT_ROCKSDB_COMPACT_FILTER_CLEANUP if self.cleanup_in_background else None
 
     @property
     def update_on_read(self) -> bool:

@@ -103,10 +103,19 @@ class OperatorConfig:
     subtask_index: int = 0
     #: Directory of the RocksDB instance (a temporary one if None).
     rocksdb_path: str | Path | None = None
+    #: Most stored entries one :meth:`KeyedOperator.run_background_cleanup` call
+    #: filters (RocksDB TTL compaction-filter cleanup), so its cost per call is bounded.
+    background_cleanup_entries: int = 10_000
 
     def __post_init__(self) -> None:
         if not isinstance(self.uid, str) or not self.uid:
             raise ConfigurationError(f"operator uid must be a non-empty str, got {self.uid!r}")
+        entries = self.background_cleanup_entries
+        if type(entries) is not int or entries < 1:
+            raise ConfigurationError(
+                f"background_cleanup_entries={entries!r} must be a positive int (the most "
+                f"stored entries one background TTL cleanup call filters)"
+            )
         try:
             kind = StateBackendKind(self.state_backend)
         except ValueError:
@@ -263,6 +272,11 @@ class _OperatorBase(Context):
         if not self._opened:
             raise StateError(f"{self.config.describe()} is not open: call open() first")
 
+    def run_background_cleanup(self, max_entries: int | None = None) -> int:
+        """TTL background cleanup that no state access triggers; a runtime calls it
+        once per checkpoint or micro-batch. Without keyed state there is none: 0."""
+        return 0
+
 
 class KeyedOperator(_OperatorBase, KeyedContext, TimerService):
     """One parallel instance of a keyed function (optionally with broadcast input)."""
@@ -332,6 +346,24 @@ class KeyedOperator(_OperatorBase, KeyedContext, TimerService):
         finally:
             self._opened = False
             self.backend.close()
+
+    def run_background_cleanup(self, max_entries: int | None = None) -> int:
+        """One bounded step of the TTL cleanup that no state access triggers: the
+        RocksDB compaction filter (rocksdict has none natively). It filters at most
+        ``max_entries`` stored entries (default ``config.background_cleanup_entries``)
+        of the TTL states' column families, continuing where the previous call
+        stopped and wrapping around, and deletes the expired ones; so its cost per
+        call does not grow with the state. A runtime calls it once per checkpoint or
+        micro-batch. No effect on the hash map, whose incremental cleanup runs on
+        state access. Returns the number of entries deleted."""
+        self._require_open()
+        limit = self.config.background_cleanup_entries if max_entries is None else max_entries
+        if type(limit) is not int or limit < 1:
+            raise ConfigurationError(
+                f"{self.config.describe()}: run_background_cleanup(max_entries={limit!r}) "
+                f"needs a positive int"
+            )
+        return self.keyed_state.run_compaction_filters(limit)
 
     # processing ---------------------------------------------------------------------
     def process_element(self, value: Any, timestamp: int | None = None) -> list[Any]:

@@ -370,6 +370,17 @@ class KeyedStateBackend(ABC):
         entries dropped. Only the RocksDB backend compacts."""
         return 0
 
+    def compact_step(
+        self, name: str, cursor: bytes | None, limit: int, keep: EntryFilter
+    ) -> tuple[int, int, bytes | None]:
+        """Apply the compaction filter ``keep`` to at most ``limit`` stored entries of
+        state ``name``, from the key ``cursor`` on (None: the first): the bounded,
+        resumable form of :meth:`compact` for background TTL cleanup. Returns
+        ``(entries visited, entries deleted, key to continue from or None at the
+        end)``. Only the RocksDB backend has stored entries to filter; the hash map
+        cleans up on access instead."""
+        return 0, 0, None
+
     @abstractmethod
     def close(self) -> None:
         """Release resources (files of a RocksDB instance)."""

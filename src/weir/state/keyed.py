@@ -8,6 +8,7 @@ a restored snapshot says), and produces and restores :class:`KeyedStateSnapshot`
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -114,6 +115,8 @@ class KeyedStateStore:
         self._snapshot_filters: dict[str, Callable[[], EntryFilter]] = {}
         self._compaction_filters: dict[str, Callable[[], EntryFilter]] = {}
         self._record_cleaners: list[IncrementalCleaner] = []
+        #: where run_compaction_filters continues: (state name, first key or None)
+        self._compaction_cursor: tuple[str, bytes | None] = ("", None)
         self._tables: dict[str, Any] = {}
 
     # registration -----------------------------------------------------------------
@@ -161,16 +164,24 @@ class KeyedStateStore:
         cell: Any = table
         if ttl is not None:
             cleaner = None
-            if ttl.incremental_cleanup is not None:
-                cleaner = IncrementalCleaner(storage_kind, table, ttl, self._clock)
+            # Flink's defaults: incremental cleanup where the backend iterates state
+            # (the heap), the compaction filter on RocksDB; chosen ones always run.
+            incremental = (
+                ttl.incremental_cleanup
+                if backend.name == "rocksdb"
+                else ttl.incremental_cleanup_strategy
+            )
+            if incremental is not None:
+                cleaner = IncrementalCleaner(storage_kind, table, ttl, self._clock, incremental)
                 if cleaner.for_every_record:
                     self._record_cleaners.append(cleaner)
             if ttl.cleanup_full_snapshot:
                 self._snapshot_filters[name] = lambda: expired_entry_filter(
                     storage_kind, ttl.ttl_ms, self._clock
                 )
-            if ttl.rocksdb_compact_filter_cleanup is not None:
-                every = ttl.rocksdb_compact_filter_cleanup.query_time_after_num_entries
+            compaction = ttl.rocksdb_compact_filter_cleanup_strategy
+            if compaction is not None:
+                every = compaction.query_time_after_num_entries
                 self._compaction_filters[name] = lambda: expired_entry_filter(
                     storage_kind, ttl.ttl_ms, self._clock, every
                 )
@@ -201,6 +212,36 @@ class KeyedStateStore:
     def compact(self) -> int:
         """Compact the backend with TTL compaction filters; returns entries dropped."""
         return self.backend.compact({n: f() for n, f in self._compaction_filters.items()})
+
+    def run_compaction_filters(self, max_entries: int) -> int:
+        """Run the TTL compaction filters over at most ``max_entries`` stored entries,
+        continuing where the last call stopped: one cursor walks the column families
+        of the TTL states in name order and wraps around after the last one; a call
+        also ends when it has gone round once. Returns the entries deleted. Only the
+        RocksDB backend has entries to filter (see ``KeyedStateBackend.compact_step``)."""
+        names = sorted(self._compaction_filters)
+        if not names:
+            return 0
+        at_name, cursor = self._compaction_cursor
+        i = bisect.bisect_left(names, at_name)
+        if i == len(names) or names[i] != at_name:
+            i, cursor = i % len(names), None  # first call, or that state is gone
+        budget, dropped = max_entries, 0
+        for _ in range(len(names)):
+            name = names[i]
+            seen, gone, cursor = self.backend.compact_step(
+                name, cursor, budget, self._compaction_filters[name]()
+            )
+            budget -= seen
+            dropped += gone
+            if cursor is not None:  # the budget ran out inside this state
+                self._compaction_cursor = (name, cursor)
+                return dropped
+            i = (i + 1) % len(names)
+            if budget <= 0:
+                break
+        self._compaction_cursor = (names[i], None)
+        return dropped
 
     # snapshot / restore -----------------------------------------------------------
 

@@ -8,14 +8,17 @@ form (``weir.state.backend``): a snapshot is a scan, a restore is a batch write.
 The write-ahead log is off: durability comes from checkpoints, not from RocksDB.
 
 rocksdict exposes no native compaction filter, so ``compact(filters)`` runs the
-filters over every entry of the filtered column families and then compacts them;
-the TTL layer calls it for ``cleanup_in_rocksdb_compact_filter``.
+filters over every entry of the filtered column families and then compacts them,
+and ``compact_step`` runs a filter over a bounded slice of one column family from a
+cursor (RocksDB's automatic compactions then drop the deletions); the TTL layer uses
+them for the compaction-filter cleanup.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -482,16 +485,34 @@ class RocksDBStateBackend(KeyedStateBackend):
     def compact(self, filters: Mapping[str, EntryFilter]) -> int:
         dropped = 0
         for name, keep in filters.items():
-            cf = self._family(name)
-            for key, data in list(cf.items()):
-                kept = keep(key, data)
-                if kept is None:
-                    cf.delete(key)
-                    dropped += 1
-                elif kept != data:
-                    cf.put(key, kept)
-            cf.compact_range(None, None)
+            dropped += self.compact_step(name, None, sys.maxsize, keep)[1]
+            self._family(name).compact_range(None, None)
         return dropped
+
+    def compact_step(
+        self, name: str, cursor: bytes | None, limit: int, keep: EntryFilter
+    ) -> tuple[int, int, bytes | None]:
+        cf = self._family(name)
+        it = cf.iter()
+        if cursor is None:
+            it.seek_to_first()
+        else:
+            it.seek(cursor)
+        visited = dropped = 0
+        while it.valid():  # the iterator reads a snapshot: writes below do not move it
+            key = it.key()
+            if visited >= limit:
+                return visited, dropped, key
+            data = it.value()
+            kept = keep(key, data)
+            if kept is None:
+                cf.delete(key)
+                dropped += 1
+            elif kept != data:
+                cf.put(key, kept)
+            visited += 1
+            it.next()
+        return visited, dropped, None
 
     def close(self) -> None:
         if self._closed:

@@ -8,10 +8,21 @@ as encoded entries. Restoring at another parallelism:
 
 * keyed state — each new subtask takes the key groups of its range from every old
   snapshot whose range intersects it;
-* even-split list state — all old elements, in subtask order, cut into contiguous
-  chunks (the first ``n % p`` subtasks get one more), as Flink's round-robin
-  repartitioner does for a single state;
-* union list state — every new subtask gets every old element;
+* even-split list state, as Flink's ``RoundRobinOperatorStateRepartitioner``
+  (``repartitionState`` / ``repartitionSplitState``):
+
+  - at the *same* parallelism every subtask keeps exactly its own old list;
+  - at another parallelism ``p``, each state's old elements, concatenated in old
+    subtask order (``n`` of them), are cut into ``p`` contiguous chunks of
+    ``n // p`` elements, the first ``n % p`` chunks one longer. Chunk ``k`` goes to
+    subtask ``(start + k) % p``. The states are taken in order of name; the first
+    starts at subtask 0 and each next one starts where the previous one's longer
+    chunks ended, ``start = (start + n % p) % p``, so the extra elements of several
+    states land on different subtasks and the totals per subtask differ by at most
+    one element;
+
+* union list state — every new subtask gets every old element (also at the same
+  parallelism);
 * broadcast state — new subtask ``i`` gets old subtask ``i % p_old``'s copy.
 
 Durable storage of these snapshots is ``weir.checkpoint``'s job.
@@ -180,7 +191,10 @@ def assign_keyed_state(
 def assign_operator_state(
     snapshots: Sequence[OperatorSubtaskSnapshot], parallelism: int, subtask_index: int
 ) -> dict[str, OperatorListStateSnapshot]:
-    """Operator list states of new subtask ``subtask_index`` of ``parallelism``."""
+    """Operator list states of new subtask ``subtask_index`` of ``parallelism``, by
+    Flink's round-robin rules (module docstring): at the old parallelism each subtask
+    keeps its own even-split lists; otherwise the even-split states, in name order,
+    are cut into contiguous chunks whose starting subtask rotates from state to state."""
     _check_same_job(snapshots)
     ordered = sorted(snapshots, key=lambda s: s.subtask_index)
     names: dict[str, OperatorListStateSnapshot] = {}
@@ -192,24 +206,44 @@ def assign_operator_state(
                     f"operator {s.operator_uid!r}: operator state {name!r} has different "
                     f"modes or serializers in different subtasks"
                 )
+    same_parallelism = parallelism == len(ordered)
+    own = ordered[subtask_index] if same_parallelism else None
     out = {}
-    for name, first in names.items():
-        elements = [
-            e
-            for s in ordered
-            for e in (s.operator_states[name].elements if name in s.operator_states else ())
-        ]
-        if first.mode is RedistributionMode.UNION:
-            mine = elements
-        elif first.mode is RedistributionMode.SPLIT_DISTRIBUTE:
-            base, extra = divmod(len(elements), parallelism)
-            start = subtask_index * base + min(subtask_index, extra)
-            mine = elements[start : start + base + (1 if subtask_index < extra else 0)]
-        else:
+    start = 0  # the subtask that gets the first chunk of the next even-split state
+    for name in sorted(names):
+        first = names[name]
+        mine: Sequence[bytes]
+        if first.mode is RedistributionMode.SPLIT_DISTRIBUTE and own is not None:
+            kept = own.operator_states.get(name)
+            mine = kept.elements if kept is not None else ()
+        elif first.mode is RedistributionMode.BROADCAST:
             old = [s for s in ordered if name in s.operator_states]
-            mine = list(old[subtask_index % len(old)].operator_states[name].elements)
+            mine = old[subtask_index % len(old)].operator_states[name].elements
+        else:
+            elements = [
+                e
+                for s in ordered
+                for e in (s.operator_states[name].elements if name in s.operator_states else ())
+            ]
+            if first.mode is RedistributionMode.UNION:
+                mine = elements
+            else:
+                mine = _split_chunk(elements, parallelism, start, subtask_index)
+                start = (start + len(elements) % parallelism) % parallelism
         out[name] = OperatorListStateSnapshot(name, first.mode, first.serializer, tuple(mine))
     return out
+
+
+def _split_chunk(
+    elements: Sequence[bytes], parallelism: int, start: int, subtask_index: int
+) -> Sequence[bytes]:
+    """Subtask ``subtask_index``'s contiguous chunk of ``elements`` when chunk 0 goes
+    to subtask ``start`` and chunk ``k`` to ``(start + k) % parallelism``; the first
+    ``len(elements) % parallelism`` chunks are one element longer."""
+    base, extra = divmod(len(elements), parallelism)
+    k = (subtask_index - start) % parallelism
+    offset = k * base + min(k, extra)
+    return elements[offset : offset + base + (1 if k < extra else 0)]
 
 
 def assign_broadcast_state(

@@ -12,7 +12,7 @@ from typing import Any
 
 from weir.api.descriptors import StateKind
 from weir.api.state import ListState, MapState, ValueState
-from weir.api.ttl import StateTtlConfig
+from weir.api.ttl import IncrementalCleanup, StateTtlConfig
 from weir.errors import StateError
 from weir.state.backend import (
     EntryFilter,
@@ -99,13 +99,19 @@ class IncrementalCleaner:
     """Walks a state's keys, ``n`` per step, removing what has expired; the walk
     wraps around when it reaches the end (Flink's incremental cleanup)."""
 
-    def __init__(self, kind: StateKind, table: Any, config: StateTtlConfig, clock: Clock):
-        assert config.incremental_cleanup is not None
+    def __init__(
+        self,
+        kind: StateKind,
+        table: Any,
+        config: StateTtlConfig,
+        clock: Clock,
+        strategy: IncrementalCleanup,
+    ) -> None:
         self._kind = kind
         self._table = table
         self._ttl = config.ttl_ms
-        self._size = config.incremental_cleanup.cleanup_size
-        self.for_every_record = config.incremental_cleanup.run_cleanup_for_every_record
+        self._size = strategy.cleanup_size
+        self.for_every_record = strategy.run_cleanup_for_every_record
         self._clock = clock
         self._cursor: Any = None
 

@@ -89,10 +89,13 @@ class _HarnessBase:
         self._op.close()
 
     def snapshot(self, checkpoint_id: int | None = None) -> OperatorSubtaskSnapshot:
-        """Take a snapshot of this subtask (ids count up from 1 unless given)."""
+        """Take a snapshot of this subtask (ids count up from 1 unless given), then
+        run the background TTL cleanup as a runtime does once per checkpoint."""
         cid = self._next_checkpoint_id if checkpoint_id is None else checkpoint_id
         self._next_checkpoint_id = cid + 1
-        return self._op.snapshot(cid)
+        snapshot = self._op.snapshot(cid)
+        self._op.run_background_cleanup()
+        return snapshot
 
     def checkpointer(
         self, storage: CheckpointStorage, mode: SnapshotMode | str = SnapshotMode.FULL
@@ -110,14 +113,20 @@ class _HarnessBase:
     ) -> CompletedCheckpoint:
         """Take a durable checkpoint of this (single) subtask through ``coordinator``.
         For several subtasks use ``weir.take_checkpoint`` with each harness's
-        :meth:`checkpointer`."""
-        return take_checkpoint(coordinator, [self.checkpointer(coordinator.storage, mode)])
+        :meth:`checkpointer` (and call each operator's ``run_background_cleanup``
+        after it, as this method does)."""
+        completed = take_checkpoint(coordinator, [self.checkpointer(coordinator.storage, mode)])
+        self._op.run_background_cleanup()
+        return completed
 
     def savepoint(
         self, coordinator: CheckpointCoordinator, target: str | Path | CheckpointStorage
     ) -> CompletedCheckpoint:
-        """Write a savepoint of this (single) subtask into the directory ``target``."""
-        return take_savepoint(coordinator, [self.checkpointer(coordinator.storage)], target)
+        """Write a savepoint of this (single) subtask into the directory ``target``,
+        then run the background TTL cleanup (as after a checkpoint)."""
+        completed = take_savepoint(coordinator, [self.checkpointer(coordinator.storage)], target)
+        self._op.run_background_cleanup()
+        return completed
 
     def operator_state_of(self, name: str) -> list[Any]:
         """The elements of an operator list state the function registered."""
@@ -283,8 +292,9 @@ class KeyedOperatorHarness(_HarnessBase):
         return dict(self._op.broadcast.read_only(descriptor).items())
 
     def compact_state(self) -> int:
-        """Compact the state backend now (RocksDB TTL compaction filter); returns the
-        number of entries dropped."""
+        """Compact the state backend now with the RocksDB TTL compaction filter over
+        all entries (unbounded, unlike the ``run_background_cleanup`` that snapshots
+        and checkpoints trigger); returns the number of entries dropped."""
         return self._op.keyed_state.compact()
 
 
