@@ -121,7 +121,7 @@ def by_value() -> None:
     """Workers unpickle the test functions by value (tests/ is not on their path)."""
     from pyspark import cloudpickle
 
-    for name in ("spark_support", "test_spark_runtime"):
+    for name in ("spark_support", "test_spark_runtime", "test_spark_protocol"):
         module = sys.modules.get(name)
         if module is not None:
             cloudpickle.register_pickle_by_value(module)

@@ -445,7 +445,7 @@ def check_checkpoints(location: Path) -> tuple[int, int, int, int]:
     files that no completed checkpoint references, parts aside)."""
     completed = corrupt = unreferenced = 0
     newest = -1
-    for query in sorted((location / "queries").iterdir()):
+    for query in sorted(location.glob("stages/*/queries/*")):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # an unreadable _metadata is skipped, counted below
             coordinator = CheckpointCoordinator(CheckpointStorage(query.as_uri()),

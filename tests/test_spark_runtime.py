@@ -168,11 +168,10 @@ def test_a_failed_batch_is_replayed_from_the_previous_batch(
 
 def _unreferenced(location: Path) -> list[str]:
     out = []
-    for query in (location / "queries").iterdir():
+    for query in location.glob("stages/*/queries/*"):
         coordinator = weir.CheckpointCoordinator(query, clean_up=False)
         keep = coordinator.referenced_files()
-        out += [f for f in coordinator.storage.walk_files()
-                if f not in keep and "/_parts/" not in f]
+        out += [f for f in coordinator.storage.walk_files() if f not in keep]
     return out
 
 
@@ -189,7 +188,7 @@ def test_a_new_query_starts_from_the_latest_completed_checkpoint(
     # a new Spark checkpoint: batch ids start at 0 again, state continues
     sink = run(spark, tmp_path / "b", SCHEMA, build, tmp_path / "spark-2")
     assert last_counts(sink.rows()) == _oracle(first + second)
-    queries = list((tmp_path / "weir" / "queries").iterdir())
+    queries = list((tmp_path / "weir").glob("stages/*/queries/*"))
     assert len(queries) == 2
 
 
@@ -576,18 +575,21 @@ def test_sparks_own_file_sink_gets_each_output_once_across_a_restart(
     assert last_counts(rows) == _oracle(records)
 
 
-def test_parts_of_a_batch_come_back_in_subtask_order_at_any_parallelism(tmp_path: Path) -> None:
+def test_completion_chooses_one_part_per_subtask_in_subtask_order_at_any_parallelism(
+    tmp_path: Path,
+) -> None:
     from weir.checkpoint.format import SubtaskStateHandle
-    from weir.runtime.spark.epochs import EpochStore
+    from weir.runtime.spark.epochs import EpochStore, choose_parts
     from weir.state.keygroups import key_group_range_for_operator
 
     store = EpochStore(weir.CheckpointStorage(str(tmp_path)), "op")
     for i in reversed(range(12)):
         handle = SubtaskStateHandle(i, key_group_range_for_operator(128, 12, i), {}, (), None,
                                     {}, {}, None)
-        store.write_part("q", 5, 12, 128, handle, {"attempt": f"a{i}"})
+        store.write_part("q", 5, 12, 128, handle, {"attempt": f"a{i:02d}"})
     parts = store.read_parts("q", 5)
-    assert parts is not None
-    assert [p.handle.subtask_index for p in parts] == list(range(12))
-    assert [p.epoch["attempt"] for p in parts] == [f"a{i}" for i in range(12)]
-    assert store.read_parts("q", 4) is None
+    chosen = choose_parts(parts)
+    assert chosen is not None
+    assert [p.handle.subtask_index for p in chosen] == list(range(12))
+    assert [p.epoch["attempt"] for p in chosen] == [f"a{i:02d}" for i in range(12)]
+    assert store.read_parts("q", 4) == []

@@ -1,4 +1,5 @@
-"""The ``weir`` command line: key-group questions, checkpoint inspection, the demo."""
+"""The ``weir`` command line: key-group questions, checkpoint inspection, explicit
+recovery of Spark stages, the demo."""
 
 from __future__ import annotations
 
@@ -140,6 +141,33 @@ def checkpoint_inspect(
         console.print(f"[red]{bad} of {len(meta.files())} files missing or corrupt[/red]")
         raise typer.Exit(1)
     console.print(f"[green]all {len(meta.files())} files verified (size and SHA-256)[/green]")
+
+
+spark_app = typer.Typer(help="Stages of the Spark runtime.", no_args_is_help=True)
+app.add_typer(spark_app, name="spark")
+
+
+@spark_app.command("recover")
+def spark_recover(
+    location: Annotated[str, typer.Argument(help="The stage's checkpoint_location.")],
+    uid: Annotated[str, typer.Option("--uid", help="The stage's operator uid.")],
+    source: Annotated[str, typer.Option(
+        "--from", help="'latest' (newest intact checkpoint), 'empty', or a checkpoint or "
+        "savepoint URL.")] = "latest",
+    force: Annotated[bool, typer.Option(
+        "--force", help="Even if the owner query may still be running.")] = False,
+) -> None:
+    """Choose what a stage continues from when it cannot go on by itself (its state is
+    missing or corrupt, or a batch was only partly computed); the next query that runs
+    the stage adopts it."""
+    from weir.errors import WeirError
+    from weir.spark import recover
+
+    try:
+        typer.echo(recover(location, uid, source, force=force))
+    except WeirError as exc:
+        Console(stderr=True).print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from exc
 
 
 @app.command()

@@ -14,12 +14,16 @@
     ├── RestoreError                a snapshot that cannot be restored as asked
     │   ├── StateMigrationError     a state restored with an incompatible type, serializer or TTL
     │   ├── NoCheckpointError       nothing complete to restore from
+    │   ├── MissingStateError       a Spark stage's previous state is not where it must be
+    │   ├── IncompleteBatchError    Spark committed a batch that some subtasks never ran
     │   └── CorruptCheckpointError  a checkpoint/savepoint file fails its checksum, is missing
     │       │                       or truncated
     │       └── CheckpointFormatError  a file of another format or format version
     ├── CheckpointError             writing a checkpoint or savepoint failed (storage, disk full)
     ├── OutputSchemaError           a function's output does not fit output_schema (Spark)
     ├── SinkError                   a sink could not stage, commit or abort a batch
+    ├── OwnershipError              a stage's location is owned by another running query
+    │   └── FencedError             this query lost the location to a newer owner
     └── TaskPlacementError          a Spark task got rows of key groups it does not own
 
 Messages say what happened, where (state name, operator uid, subtask, key group) and
@@ -35,7 +39,11 @@ __all__ = [
     "CorruptCheckpointError",
     "KeyGroupError",
     "NoCheckpointError",
+    "FencedError",
+    "IncompleteBatchError",
+    "MissingStateError",
     "NoKeyContextError",
+    "OwnershipError",
     "OutputSchemaError",
     "ReadOnlyStateError",
     "RestoreError",
@@ -101,6 +109,18 @@ class NoCheckpointError(RestoreError):
     """There is no complete checkpoint (or savepoint) where one was expected."""
 
 
+class MissingStateError(RestoreError):
+    """A Spark stage's state of the previous batch is not in its checkpoint location
+    (deleted, moved, mistyped, restored from an older backup). weir never falls back
+    to older or empty state by itself: the message names the ways out."""
+
+
+class IncompleteBatchError(RestoreError):
+    """Spark committed a batch whose weir output was only partly computed (e.g.
+    ``show()``, ``take()`` or ``limit()`` inside ``foreachBatch``): some subtasks
+    never processed their records of it."""
+
+
 class CorruptCheckpointError(RestoreError):
     """A checkpoint or savepoint file is missing, truncated, or fails its checksum.
     Automatic recovery skips such a checkpoint; an explicit restore fails with it."""
@@ -121,6 +141,16 @@ class OutputSchemaError(WeirError, TypeError):
 
 class SinkError(WeirError):
     """A sink could not stage, commit or abort a batch."""
+
+
+class OwnershipError(WeirError):
+    """A stage's checkpoint location is owned by another query that is still running;
+    one location (per operator uid) has one owner query at a time."""
+
+
+class FencedError(OwnershipError):
+    """This query was fenced off: a newer query (or an explicit recovery) took over the
+    stage's checkpoint location, so this query's state is no longer the stage's."""
 
 
 class TaskPlacementError(WeirError):

@@ -23,9 +23,10 @@ it returns; a batch's checkpoint completes once Spark committed the batch.
 * **Records** reach the function as dicts (or tuples: ``record_format="tuple"``);
   outputs are tuples or dicts matching ``output_schema``.
 * **Time.** Processing time is the batch's timestamp (Spark's ``current_timestamp()``
-  for the batch, the same on a replay). A heartbeat stream (Spark's ``rate`` source,
-  one row per second) makes a batch run at least every second, so processing-time
-  timers and TTL fire without input. Event time comes from the ``event_time`` column;
+  for the batch, the same on a replay), on every subtask, with rows or without. A
+  heartbeat stream (Spark's ``rate`` source, one row per second) makes a batch run at
+  least every second, so processing-time timers and TTL fire without input. Event time
+  comes from the ``event_time`` column;
   the watermark of batch N is the largest event time seen in batches before N minus
   ``watermark_delay`` (one global watermark, like Spark's default), and event-time
   timers fire when it passes them. (``process`` turns on Spark's
@@ -34,15 +35,34 @@ it returns; a batch's checkpoint completes once Spark committed the batch.
   heartbeat source in the query.)
 * **Restarts.** The same Spark checkpoint resumes from the last committed batch. A new
   query (a new Spark checkpoint: batch ids from 0) on the same weir
-  ``checkpoint_location`` starts from weir's latest *completed* checkpoint (or from
-  ``restore_from``), never mixing versions of two queries. A different
-  ``parallelism`` rescales from the previous batch; a different ``max_parallelism``
-  is refused.
-* **Bad records** — a key that cannot be computed (null, unhashable) or a record for
-  which the function raises one of ``bad_record_exceptions`` — are written with the
-  reason to ``<checkpoint_location>/dead-letter/`` (see :func:`read_dead_letters`);
-  the query goes on. Validate before writing state: state changes the function made
-  before raising are kept.
+  ``checkpoint_location`` takes the stage over from weir's latest *completed*
+  checkpoint (or from ``restore_from``), never mixing versions of two queries. A
+  different ``parallelism`` rescales from the previous batch; ``max_parallelism``
+  defaults to Flink's default for the first run and is read from the state afterwards
+  (a different one is refused).
+* **Enforced, not assumed** (``docs/architecture.md``, "The Spark runtime"). Each
+  ``uid`` has its own namespace in the location, so stages can share it. A stage has
+  one owner query at a time (claims created by compare-and-set; a lease renewed by its
+  batches, released by :func:`finish` or when the query stops): a second query is
+  refused (:class:`~weir.errors.OwnershipError`) while the owner runs, and an owner
+  that lost the stage is fenced (:class:`~weir.errors.FencedError`). A missing
+  previous batch is a :class:`~weir.errors.MissingStateError`, a corrupt file a
+  :class:`~weir.errors.CorruptCheckpointError`, an output only partly computed
+  (``show()``/``take()`` in ``foreachBatch``) an
+  :class:`~weir.errors.IncompleteBatchError`; none falls back to older or empty state.
+  :func:`recover` is the explicit way on. Late or speculative task attempts never
+  replace the attempt a batch's checkpoint chose.
+* **Bad records** — a key that cannot be computed (null, unhashable), a malformed input
+  line (Spark's ``_corrupt_record`` column is set; its raw text is kept), a null or
+  invalid ``event_time``, or a record for which the function raises one of
+  ``bad_record_exceptions`` — are written with the reason to
+  ``<checkpoint_location>/dead-letter/`` (see :func:`read_dead_letters`); the query goes
+  on. **Late records** (event time not after the watermark) are processed, as in
+  Flink (``late_records="process"``), or dropped (``"drop"``) or dead-lettered
+  (``"dead_letter"``); each batch's checkpoint counts them
+  (``source_positions["spark"]["late_records"]``, with ``null_event_time``,
+  ``malformed`` and ``dead_letters``). Validate before writing state: state changes
+  the function made before raising are kept.
 * **Determinism.** A replayed batch recomputes from the previous batch's state with
   the same records in the same order and the same batch timestamp; functions must
   be deterministic given those (as for Spark's own stateful operators).
@@ -56,7 +76,10 @@ import json
 import logging
 import re
 import threading
+import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from weir.api.functions import (
@@ -66,9 +89,17 @@ from weir.api.functions import (
 )
 from weir.checkpoint.coordinator import CompletedCheckpoint, load_checkpoint
 from weir.checkpoint.storage import CheckpointStorage
-from weir.errors import ConfigurationError, RestoreError
+from weir.errors import (
+    ConfigurationError,
+    IncompleteBatchError,
+    NoCheckpointError,
+    RestoreError,
+)
 from weir.runtime.operator import StateBackendKind
 from weir.runtime.spark.epochs import EpochStore
+from weir.runtime.spark.keys import check_key_types
+from weir.runtime.spark.lineage import QUERY, Claim, Lineage
+from weir.runtime.spark.plan import lineage_state
 from weir.runtime.spark.routing import (
     BROADCAST_PREFIX,
     KEY,
@@ -82,13 +113,13 @@ from weir.runtime.spark.routing import (
     round_robin_pass,
 )
 from weir.runtime.spark.task import StageSpec, process_pass
-from weir.state.keygroups import check_parallelism
+from weir.state.keygroups import check_parallelism, compute_default_max_parallelism
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["finish", "process", "read_dead_letters", "savepoint", "session"]
+__all__ = ["finish", "process", "read_dead_letters", "recover", "savepoint", "session"]
 
 log = logging.getLogger(__name__)
 _UNITS_MS = {
@@ -115,7 +146,9 @@ def session(master: str = "local[*]", app_name: str = "weir", **conf: str) -> Sp
     return builder.getOrCreate()
 
 
-def _duration_ms(value: int | str, what: str) -> int:
+def _duration_ms(value: int | str | timedelta, what: str) -> int:
+    if isinstance(value, timedelta) and value >= timedelta(0):
+        return int(value / timedelta(milliseconds=1))
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     if isinstance(value, str):
@@ -123,7 +156,8 @@ def _duration_ms(value: int | str, what: str) -> int:
         if match and match.group(2) in _UNITS_MS:
             return int(match.group(1)) * _UNITS_MS[match.group(2)]
     raise ConfigurationError(
-        f"{what} must be milliseconds (int >= 0) or a string like '10 seconds', got {value!r}"
+        f"{what} must be milliseconds (int >= 0), a timedelta or a string like '10 seconds', "
+        f"got {value!r}"
     )
 
 
@@ -149,22 +183,62 @@ def _with_internal(struct: StructType) -> StructType:
 # ---------------------------------------------------------------- completion
 
 
+@dataclass
+class _Stage:
+    """A stage registered with the driver's listener."""
+
+    store: EpochStore
+    lineage: Lineage
+    parallelism: int
+    #: completion and release of this stage are serialized in the driver
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
 class _Completion:
-    """Marks a batch's checkpoint complete once Spark reports the batch done (a
-    streaming query listener, one per SparkSession)."""
+    """Completes a batch's checkpoint once Spark reports the batch done, and gives a
+    stage up when its query stops (a streaming query listener, one per SparkSession)."""
 
     def __init__(self) -> None:
-        self.stores: dict[tuple[str, str], EpochStore] = {}
+        self.stages: dict[tuple[str, str], _Stage] = {}
         self.lock = threading.Lock()
 
-    def on_progress(self, query: str, batch: int) -> None:
+    def _owned(self, query: str) -> list[tuple[_Stage, Claim]]:
         with self.lock:
-            stores = list(self.stores.values())
-        for store in stores:
-            try:
-                store.complete(query, batch)
-            except Exception:
-                log.exception("weir: completing batch %s of query %s failed", batch, query)
+            stages = list(self.stages.values())
+        out = []
+        for stage in stages:
+            head = stage.lineage.head()
+            if head is not None and head.kind == QUERY and head.query == query:
+                out.append((stage, head))
+        return out
+
+    def on_progress(self, query: str, batch: int, *, raise_errors: bool = False) -> None:
+        """Complete ``batch`` of ``query`` for every stage the query owns."""
+        for stage, head in self._owned(query):
+            if batch < (head.batch or 0):
+                continue
+            if stage.store.is_empty(query, batch):
+                continue  # no row for the stage in this batch: nothing to complete
+            with stage.lock:
+                try:
+                    stage.store.complete(query, batch, stage.parallelism)
+                    stage.lineage.renew(head.token)
+                except IncompleteBatchError as exc:
+                    log.error("weir: %s", exc)
+                    if stage.store.read_parts(query, batch):  # some subtasks ran it
+                        stage.store.mark_incomplete(query, batch, str(exc))
+                    if raise_errors:
+                        raise
+                except Exception:
+                    log.exception("weir: completing batch %s of query %s failed", batch, query)
+                    if raise_errors:
+                        raise
+
+    def on_terminated(self, query: str) -> None:
+        """Give up every stage ``query`` owns: another query may claim them at once."""
+        for stage, head in self._owned(query):
+            with stage.lock:
+                stage.lineage.release(head.token)
 
 
 _COMPLETIONS: dict[int, _Completion] = {}
@@ -190,7 +264,10 @@ def _completion(spark: SparkSession) -> _Completion:
             pass
 
         def onQueryTerminated(self, event: Any) -> None:
-            pass
+            try:
+                completion.on_terminated(str(event.id))
+            except Exception:
+                log.exception("weir: releasing the stages of query %s failed", event.id)
 
     listener = Listener()
     spark.streams.addListener(listener)
@@ -225,26 +302,40 @@ def _check_function(function: Any, keyed: bool, broadcast: Any, uid: str) -> Non
         )
 
 
-def _check_restore(
-    store: EpochStore, spec_maxp: int, restore_from: str | None,
+def _resolve_max_parallelism(
+    store: EpochStore, lineage: Lineage, requested: int | None, parallelism: int,
+    restore_from: str | None, allow_non_restored_state: bool,
     storage_options: dict[str, Any] | None, uid: str,
-) -> None:
-    """Refuse a max_parallelism change before any task runs."""
+) -> int:
+    """The stage's max parallelism: the one its state was written with (a different
+    ``requested`` one is refused: the number of key groups cannot change), else
+    ``requested``, else Flink's default for ``parallelism``. Also refuses a
+    ``restore_from`` that holds no state of ``uid`` (a renamed uid) unless
+    ``allow_non_restored_state``, as Flink does."""
     source: CompletedCheckpoint | None
     if restore_from is not None:
-        source = load_checkpoint(restore_from, storage_options=storage_options)
+        source = load_checkpoint(restore_from, storage_options=storage_options, verify=False)
+        if uid not in source.metadata.operators and not allow_non_restored_state:
+            raise RestoreError(
+                f"operator {uid!r}: restore_from {source.url} holds state of operator(s) "
+                f"{sorted(source.metadata.operators)} but none of {uid!r}; starting would "
+                f"drop that state. If the stage was renamed, give it its old uid; to start "
+                f"{uid!r} with empty state anyway, pass allow_non_restored_state=True"
+            )
     else:
-        source = store.latest_completed(verify=False)
-    if source is None:
-        return
-    op = source.metadata.operators.get(uid)
-    if op is not None and op.max_parallelism != spec_maxp:
+        source = lineage_state(store, lineage)[0]
+    op = source.metadata.operators.get(uid) if source is not None else None
+    if op is None:
+        return requested if requested is not None else compute_default_max_parallelism(
+            parallelism)
+    if requested is not None and op.max_parallelism != requested:
         raise RestoreError(
-            f"operator {uid!r}: {source.url} was written with max_parallelism="
-            f"{op.max_parallelism}, but the stage has max_parallelism={spec_maxp}; the number "
-            f"of key groups cannot change. Keep max_parallelism={op.max_parallelism} (any "
-            f"parallelism up to it works)"
+            f"operator {uid!r}: {source.url if source else ''} was written with "
+            f"max_parallelism={op.max_parallelism}, but the stage has max_parallelism="
+            f"{requested}; the number of key groups cannot change. Keep max_parallelism="
+            f"{op.max_parallelism} or leave it unset (any parallelism up to it works)"
         )
+    return op.max_parallelism
 
 
 def process(
@@ -255,13 +346,14 @@ def process(
     uid: str,
     checkpoint_location: str,
     parallelism: int | None = None,
-    max_parallelism: int = 128,
+    max_parallelism: int | None = None,
     state_backend: str = "hashmap",
     *,
     broadcast: DataFrame | None = None,
     broadcast_state_descriptors: Iterable[Any] = (),
     event_time: str | None = None,
-    watermark_delay: int | str = 0,
+    watermark_delay: int | str | timedelta = 0,
+    late_records: str = "process",
     heartbeat: bool = True,
     snapshot_mode: str = "incremental",
     restore_from: str | None = None,
@@ -270,6 +362,7 @@ def process(
     record_format: str = "dict",
     retained: int = 3,
     storage_options: dict[str, Any] | None = None,
+    lease_timeout: int | str | timedelta = "60 s",
 ) -> DataFrame:
     """Run ``function`` over ``df`` as a weir stage; returns the output DataFrame
     (streaming if ``df`` is). See the module documentation for the semantics.
@@ -289,6 +382,11 @@ def process(
     streaming = df.isStreaming
     keyed = key_by is not None
     _check_function(function, keyed, broadcast, uid)
+    if late_records not in ("process", "drop", "dead_letter"):
+        raise ConfigurationError(
+            f"late_records must be 'process' (Flink's default), 'drop' or 'dead_letter', got "
+            f"{late_records!r}"
+        )
     if record_format not in ("dict", "tuple"):
         raise ConfigurationError(f"record_format must be 'dict' or 'tuple', got {record_format!r}")
     backend = StateBackendKind(state_backend).value if state_backend in (
@@ -301,7 +399,8 @@ def process(
         raise ConfigurationError(f"snapshot_mode must be 'full' or 'incremental', got "
                                  f"{snapshot_mode!r}")
     p = parallelism if parallelism is not None else spark.sparkContext.defaultParallelism
-    check_parallelism(p, max_parallelism)
+    if max_parallelism is not None:
+        check_parallelism(p, max_parallelism)
     columns = tuple(df.columns)
     if event_time is not None and event_time not in columns:
         raise ConfigurationError(f"event_time column {event_time!r} is not in {list(columns)}")
@@ -327,11 +426,19 @@ def process(
     if missing or (keyed and not key_columns):
         raise ConfigurationError(f"key_by columns {missing or key_columns} are not in "
                                  f"{list(columns)}")
+    if keyed:
+        check_key_types(df.select(*extra).schema if extra else df.schema, key_columns, uid)
 
     out_struct, out_arrow = _output_schema(spark, output_schema)
     storage = CheckpointStorage(checkpoint_location, storage_options=storage_options)
     store = EpochStore(storage, uid, retained=retained)
-    _check_restore(store, max_parallelism, restore_from, storage_options, uid)
+    lease_ms = _duration_ms(lease_timeout, "lease_timeout")
+    lineage = Lineage(store.stage, lease_ms)
+    max_parallelism = _resolve_max_parallelism(
+        store, lineage, max_parallelism, p, restore_from, allow_non_restored_state,
+        storage_options, uid,
+    )
+    check_parallelism(p, max_parallelism)
     spec = StageSpec(
         uid=uid, location=checkpoint_location, parallelism=p, max_parallelism=max_parallelism,
         state_backend=backend, snapshot_mode=snapshot_mode, function=function, keyed=keyed,
@@ -341,8 +448,10 @@ def process(
         output_schema=out_arrow, event_time=event_time,
         watermark_delay_ms=_duration_ms(watermark_delay, "watermark_delay"),
         record_format=record_format, bad_record_exceptions=tuple(bad_record_exceptions),
+        late_records=late_records,
         restore_from=restore_from, allow_non_restored_state=allow_non_restored_state,
-        retained=retained, storage_options=storage_options,
+        retained=retained, storage_options=storage_options, lease_timeout_ms=lease_ms,
+        instance=uuid.uuid4().hex,
     )
 
     now = F.unix_millis(F.current_timestamp()).alias(NOW)
@@ -374,7 +483,7 @@ def process(
         spark.conf.set("spark.sql.streaming.triggerAvailableNowWrapper.enabled", "true")
         completion = _completion(spark)
         with completion.lock:
-            completion.stores[(checkpoint_location, uid)] = store
+            completion.stages[(storage.location, uid)] = _Stage(store, lineage, p)
     return routed.repartition(p, ROUTE).mapInArrow(process_pass(spec), out_struct)
 
 
@@ -382,17 +491,22 @@ def process(
 
 
 def finish(query: Any) -> int | None:
-    """Complete the checkpoint of the last batch ``query`` committed, now. The query
-    listener does this asynchronously after every batch; call ``finish`` after
-    ``stop()`` or ``awaitTermination()`` so that the final batch is complete before
-    the process exits, a savepoint is taken or a new query starts. Returns the batch
-    id (None if the query ran no batch)."""
+    """Complete the checkpoint of the last batch ``query`` committed, now; and if the
+    query is no longer active, give up its stages so that another query may take them
+    over at once. The query listener does both asynchronously; call ``finish`` after
+    ``stop()`` or ``awaitTermination()`` so that the final batch is complete before the
+    process exits, a savepoint is taken or a new query starts. Raises
+    :class:`~weir.errors.IncompleteBatchError` if Spark committed that batch with some
+    subtasks' output never computed. Returns the batch id (None if the query ran no
+    batch)."""
     progress = query.lastProgress
-    if not progress:
-        return None
-    batch = int(progress["batchId"])
+    batch = int(progress["batchId"]) if progress else None
+    query_id = str(query.id)
     for completion in list(_COMPLETIONS.values()):
-        completion.on_progress(str(query.id), batch)
+        if batch is not None:
+            completion.on_progress(query_id, batch, raise_errors=True)
+        if not query.isActive:
+            completion.on_terminated(query_id)
     return batch
 
 
@@ -421,20 +535,54 @@ def savepoint(
     checkpoint_location: str,
     target: str,
     *,
+    uid: str | None = None,
     storage_options: dict[str, Any] | None = None,
 ) -> str:
-    """Write a self-contained, backend-independent savepoint into ``target`` from
-    the latest completed checkpoint of ``checkpoint_location`` (of a running query:
-    its state as of the latest completed batch; of a stopped one: its final state).
-    Start a query from it with ``process(..., restore_from=target)``. Returns the
-    savepoint's URL."""
+    """Write a self-contained, backend-independent savepoint into ``target`` of every
+    stage in ``checkpoint_location`` (or only of ``uid``), each from its latest
+    completed checkpoint (of a running query: its state as of the latest completed
+    batch; of a stopped one: its final state). Start a query from it with
+    ``process(..., restore_from=target)``. Returns the savepoint's URL."""
     from weir.runtime.spark.savepoints import write_savepoint
 
     storage = CheckpointStorage(checkpoint_location, storage_options=storage_options)
-    latest = EpochStore(storage, "").latest_completed(verify=True)
-    if latest is None:
-        raise RestoreError(
-            f"{checkpoint_location} has no completed checkpoint to take a savepoint from; "
-            f"run the query until a batch completes"
+    if uid is not None:
+        stores = [EpochStore(storage, uid)]
+    else:
+        stores = [EpochStore.at(storage, d) for d in EpochStore.stage_dirs(storage)]
+    checkpoints = []
+    for store in stores:
+        found = lineage_state(store, Lineage(store.stage))[0]
+        if found is not None:
+            checkpoints.append(found)
+    if not checkpoints:
+        raise NoCheckpointError(
+            f"{checkpoint_location} has no completed checkpoint"
+            + (f" of operator {uid!r}" if uid is not None else "")
+            + " to take a savepoint from; run the query until a batch completes"
         )
-    return write_savepoint(latest, target, storage_options=storage_options)
+    return write_savepoint(checkpoints, target, storage_options=storage_options)
+
+
+def recover(
+    checkpoint_location: str,
+    uid: str,
+    source: str = "latest",
+    *,
+    force: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> str:
+    """Choose explicitly what stage ``uid`` continues from when it cannot go on by
+    itself (its previous state is missing or corrupt, or a batch was only partly
+    computed — the error says so and names this call). ``source`` is ``"latest"``
+    (the newest completed checkpoint whose files all verify), ``"empty"``, or a
+    checkpoint/savepoint URL. The next query that runs the stage — the same one
+    restarted, or a new one — continues from it. Refused while the stage's owner query
+    may still be running, unless ``force``. Returns what the stage continues from and
+    which batches' state that drops."""
+    from weir.runtime.spark.recovery import recover_stage
+
+    done = recover_stage(checkpoint_location, uid, source, force=force,
+                         storage_options=storage_options)
+    log.warning("weir: %s", done.message)
+    return done.message

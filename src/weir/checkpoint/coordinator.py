@@ -482,9 +482,13 @@ class CheckpointCoordinator:
         completed = CompletedCheckpoint(pending.storage, pending.directory, meta)
         if pending.kind is CheckpointKind.CHECKPOINT:
             self._add(completed)
-            while len(self._completed) > self.retained:
-                self._discard(self._completed.pop(0))
+            self.enforce_retention()
         return completed
+
+    def enforce_retention(self) -> None:
+        """Subsume the oldest completed checkpoints beyond the retained count."""
+        while len(self._completed) > self.retained:
+            self._discard(self._completed.pop(0))
 
     def abort(self, pending: PendingCheckpoint) -> None:
         """Give up ``pending``: delete what it wrote."""

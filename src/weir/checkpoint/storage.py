@@ -18,6 +18,7 @@ All filesystem calls go through ``self.fs``, so a test can wrap it
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import posixpath
@@ -157,6 +158,56 @@ class CheckpointStorage:
                 f"untouched. Check free space and permissions of the checkpoint storage"
             ) from exc
         return FileRef(relative, size, digest.hexdigest())
+
+    def create_exclusive(self, relative: str, data: bytes) -> bool:
+        """Publish ``data`` at ``relative`` only if nothing is there yet: the storage's
+        compare-and-set. True if this call created the file, False if it existed (then
+        nothing is written). Of several concurrent callers exactly one gets True.
+
+        A local filesystem links a fully written, fsynced temporary file to the name
+        (``link`` fails if the name exists); other filesystems open the name in
+        exclusive-create mode (``"xb"``: ``If-None-Match: *`` on S3)."""
+        final = self.full_path(relative)
+        try:
+            self.fs.makedirs(posixpath.dirname(final), exist_ok=True)
+            if not self._local:
+                try:
+                    with self.fs.open(final, "xb") as f:
+                        f.write(data)
+                except FileExistsError:
+                    return False
+                return True
+            if os.path.lexists(final):
+                return False
+            tmp = f"{final}{TMP_MARKER}{uuid.uuid4().hex}"
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                try:
+                    os.link(tmp, final)
+                except FileExistsError:
+                    return False
+                except FileNotFoundError:
+                    # the winner's clean-up swept our temporary file: we lost anyway
+                    if os.path.lexists(final):
+                        return False
+                    raise
+                return True
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+        except (NotImplementedError, ValueError) as exc:
+            raise CheckpointError(
+                f"{self.url}: the filesystem cannot create a file exclusively ({exc}); weir "
+                f"needs that to give a location one owner. Use a local path, s3:// or memory://"
+            ) from exc
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot write {self.url}/{relative}: {exc}. Check free space and permissions "
+                f"of the checkpoint storage"
+            ) from exc
 
     def _forget(self, path: str) -> None:
         try:

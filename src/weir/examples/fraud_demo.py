@@ -413,7 +413,7 @@ def _print_crash(console: Console, paths: Paths, run: JobRun, checkpoints: Check
     assert batch is not None
     committed, rows = sink_status(paths.sink)
     parts = checkpoints.parts(batch)
-    complete = any(paths.weir_state.glob(f"queries/*/chk-{batch}/_metadata"))
+    complete = any(paths.weir_state.glob(f"stages/*/queries/*/chk-{batch}/_metadata"))
     offsets = (paths.spark_checkpoint / "offsets" / str(batch)).exists()
     spark_done = (paths.spark_checkpoint / "commits" / str(batch)).exists()
     console.print(

@@ -71,12 +71,12 @@ class Checkpoints:
 
     def parts(self, batch: int) -> int:
         """Subtasks that have written their state of ``batch``."""
-        return len(list(self.root.glob(f"queries/*/chk-{batch}/_parts/*/*.part")))
+        return len(list(self.root.glob(f"stages/*/queries/*/chk-{batch}/_parts/*.part")))
 
     def poll(self) -> None:
         from weir import load_checkpoint
 
-        for meta in self.root.glob("queries/*/chk-*/_metadata"):
+        for meta in self.root.glob("stages/*/queries/*/chk-*/_metadata"):
             cid = int(meta.parent.name.removeprefix("chk-"))
             if cid in self.seen:
                 continue

@@ -1,31 +1,44 @@
-"""Epochs of the Spark runtime: one weir checkpoint per Spark micro-batch.
+"""Epochs of the Spark runtime: one weir checkpoint per Spark micro-batch, per stage.
 
-Layout under a stage's ``checkpoint_location`` (any :class:`CheckpointStorage` URL)::
+Layout under a ``checkpoint_location`` (any :class:`CheckpointStorage` URL)::
 
-    LATEST                                     JSON {"query": <query id>}: the query
-                                               whose completed checkpoints are newest
-    queries/<query id>/chk-<batch>/_parts/<uid-dir>/<subtask>.part
-                                               a subtask's acknowledgement of batch
-                                               <batch> (format.encode_part), published
-                                               atomically; a retried attempt replaces it
-    queries/<query id>/chk-<batch>/<uid-dir>/<subtask>-<attempt>.*
-                                               the state files of that attempt
-    queries/<query id>/chk-<batch>/_metadata   the checkpoint is complete
-    queries/<query id>/shared/<uid-dir>/*.sst  incremental RocksDB files
+    stages/<uid-dir>/                         one directory per operator uid: stages
+                                              sharing a location never touch each
+                                              other's files
+      claims/...                              who owns the stage (weir.runtime.spark.lineage)
+      queries/<query id>/chk-<batch>/_parts/<subtask>-<attempt>.part
+                                              a task attempt's acknowledgement of the
+                                              batch (format.encode_part); every attempt
+                                              has its own name, so a late (zombie or
+                                              speculative) attempt never replaces one
+      queries/<query id>/chk-<batch>/<uid-dir>/<subtask>-<attempt>.*
+                                              the state files of that attempt
+      queries/<query id>/chk-<batch>/_metadata
+                                              the batch's checkpoint is complete; it
+                                              names exactly one attempt per subtask
+      queries/<query id>/chk-<batch>/_empty
+                                              the stage had no row in the batch (no
+                                              subtask ran): its state is the previous
+                                              batch's
+      queries/<query id>/chk-<batch>/_incomplete
+                                              Spark committed the batch with parts
+                                              missing (written by the driver's listener)
+      queries/<query id>/shared/<uid-dir>/<batch>-<uuid>.sst
+                                              incremental RocksDB files
     dead-letter/<query id>/batch=<batch>/<uid-dir>-<subtask>.jsonl
 
-Every query (Spark's ``StreamingQuery.id``, stable across restarts from the same
-Spark checkpoint) has its own directory of epochs, so a new query whose batch ids
-start again at 0 never mixes its versions with an older query's.
-
-The protocol (ARCHITECTURE.md, "The Spark runtime"): the task of batch N restores the
-parts of batch N-1 of its own query — Spark starts batch N only after it committed
-N-1 — or, in the query's first batch, the latest *completed* checkpoint of any query
-(or the savepoint given by the user). It writes its part of N before it returns.
-Checkpoint N is *completed* (``_metadata`` written, retention applied) once Spark has
-committed batch N and all parts exist: by the driver's query listener after the
-batch, or lazily by subtask 0 of batch N+1, whichever comes first (both write the
-same metadata; the rename makes either win whole).
+**Completion** of batch N (once Spark committed it: by the driver's listener, by
+:func:`weir.spark.finish`, or by any task of batch N+1 that finds N incomplete) picks
+one complete set of parts — a parallelism for which every subtask published, preferring
+the stage's current one, and per subtask the earliest published attempt (attempts of
+one batch hold the same state: the batch's input and order are fixed) — and publishes
+``_metadata`` with :meth:`CheckpointStorage.create_exclusive`. So completion is
+idempotent and has exactly one winner however many race; only the winner then applies
+retention, deletes older never-completed batches and sweeps the files of attempts it
+did not choose. Once ``_metadata`` exists, every later reader restores from it and
+never from parts. Parts of other parallelisms (a crash in the middle of a batch, then
+a restart at another parallelism) never block a batch; a batch without a complete set
+is an :class:`IncompleteBatchError` that names the likely cause.
 """
 
 from __future__ import annotations
@@ -34,222 +47,288 @@ import json
 import logging
 import re
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from weir.checkpoint.coordinator import (
-    CheckpointCoordinator,
-    CompletedCheckpoint,
-    PendingCheckpoint,
-)
+from weir.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
 from weir.checkpoint.format import (
     METADATA_FILE,
     CheckpointKind,
     CheckpointMetadata,
     OperatorHandle,
     SubtaskStateHandle,
+    decode_metadata,
     decode_part,
+    encode_metadata,
     encode_part,
     uid_dir,
 )
-from weir.checkpoint.storage import CheckpointStorage
-from weir.errors import CorruptCheckpointError, RestoreError
+from weir.checkpoint.storage import TMP_MARKER, CheckpointStorage
+from weir.errors import CorruptCheckpointError, IncompleteBatchError
 from weir.runtime.operator import MIN_WATERMARK
+from weir.runtime.spark.lineage import wall_ms
 
-__all__ = ["EpochPart", "EpochStore"]
+__all__ = ["EMPTY_FILE", "EpochPart", "EpochStore", "INCOMPLETE_FILE", "epoch_positions"]
 
 log = logging.getLogger(__name__)
 _CHK = re.compile(r"^chk-(\d+)$")
-LATEST_FILE = "LATEST"
+_PART = re.compile(r"^(\d+)-([0-9a-f]+)\.part$")
+INCOMPLETE_FILE = "_incomplete"
+EMPTY_FILE = "_empty"
 
 
 @dataclass(frozen=True)
 class EpochPart:
-    """One subtask's acknowledged state of one batch."""
+    """One task attempt's acknowledged state of one batch."""
 
     uid: str
     parallelism: int
     max_parallelism: int
     handle: SubtaskStateHandle
-    #: runtime facts: ``attempt``, ``watermark``, ``max_event_time``, ``batch_time``
+    #: runtime facts: ``attempt``, ``written_ms``, ``watermark``, ``max_event_time``,
+    #: ``batch_time``, ``token`` (the claim it was written under)
     epoch: dict[str, Any]
+
+    @property
+    def order(self) -> tuple[int, str]:
+        """Publication order (earliest first), ties broken by attempt id."""
+        return int(self.epoch.get("written_ms") or 0), str(self.epoch.get("attempt"))
+
+
+def stage_storage(location: CheckpointStorage, uid: str) -> CheckpointStorage:
+    """The directory of one operator uid in a checkpoint location."""
+    return location.child(f"stages/{uid_dir(uid)}")
 
 
 class EpochStore:
     """The epochs of one operator ``uid`` in one checkpoint location."""
 
-    def __init__(self, storage: CheckpointStorage, uid: str, *, retained: int = 3) -> None:
-        self.root = storage
+    def __init__(self, location: CheckpointStorage, uid: str, *, retained: int = 3) -> None:
+        self.location = location
         self.uid = uid
         self.retained = retained
+        self.stage = stage_storage(location, uid)
 
-    # paths ----------------------------------------------------------------------------
+    @classmethod
+    def at(cls, location: CheckpointStorage, directory: str) -> EpochStore:
+        """The store of the stage in ``stages/<directory>`` (its uid read from its
+        checkpoints when needed)."""
+        store = cls(location, "")
+        store.stage = location.child(f"stages/{directory}")
+        return store
+
+    @staticmethod
+    def stage_dirs(location: CheckpointStorage) -> list[str]:
+        """The stage directories of a checkpoint location."""
+        return location.list_dir("stages")
+
     def query_storage(self, query: str) -> CheckpointStorage:
-        """The storage root of one query's checkpoints (``queries/<query>``)."""
-        return self.root.child(f"queries/{query}")
+        """The storage root of one query's checkpoints of this stage."""
+        return self.stage.child(f"queries/{query}")
 
-    def _parts_dir(self, batch: int) -> str:
-        return f"chk-{batch}/_parts/{uid_dir(self.uid)}"
+    def queries(self) -> list[str]:
+        """Queries that wrote checkpoints of this stage."""
+        return self.stage.list_dir("queries")
+
+    def describe(self, query: str, batch: int | None = None) -> str:
+        """``<url>`` of a query's directory (or of one batch in it), for messages."""
+        url = self.query_storage(query).url.rstrip("/")
+        return url if batch is None else f"{url}/chk-{batch}"
 
     # parts ------------------------------------------------------------------------------
     def write_part(
         self, query: str, batch: int, parallelism: int, max_parallelism: int,
         handle: SubtaskStateHandle, epoch: dict[str, Any],
     ) -> None:
-        """Publish subtask ``handle.subtask_index``'s part of ``batch`` (atomically)."""
+        """Publish one attempt's part of ``batch`` under its own name."""
+        epoch = {**epoch, "written_ms": wall_ms()}
         data = encode_part(self.uid, parallelism, max_parallelism, handle, epoch)
-        self.query_storage(query).write(
-            f"{self._parts_dir(batch)}/{handle.subtask_index}.part", data
-        )
+        name = f"{handle.subtask_index}-{epoch['attempt']}.part"
+        self.query_storage(query).write(f"chk-{batch}/_parts/{name}", data)
 
-    def read_parts(self, query: str, batch: int) -> list[EpochPart] | None:
-        """Every subtask's part of ``batch``, or None if the batch has no parts. Raises
-        RestoreError if some subtask's part is missing (the batch did not finish)."""
+    def read_parts(self, query: str, batch: int) -> list[EpochPart]:
+        """Every attempt's part of ``batch`` (any parallelism, several per subtask);
+        parts deleted while reading (completion swept them) are skipped."""
         storage = self.query_storage(query)
-        directory = self._parts_dir(batch)
-        if not storage.exists(directory):
-            return None
-        parts = []
+        directory = f"chk-{batch}/_parts"
+        out = []
         for name in storage.list_dir(directory):
-            if not name.endswith(".part"):
+            if not _PART.match(name):
                 continue
             path = f"{directory}/{name}"
             where = f"{storage.url.rstrip('/')}/{path}"
-            uid, p, maxp, handle, epoch = decode_part(storage.read_bytes(path, where), where)
-            parts.append(EpochPart(uid, p, maxp, handle, epoch))
-        if not parts:
-            return None
-        parts.sort(key=lambda part: part.handle.subtask_index)
-        parallelism = parts[0].parallelism
-        indexes = sorted(p.handle.subtask_index for p in parts)
-        if indexes != list(range(parallelism)):
-            raise RestoreError(
-                f"batch {batch} of query {query} in {storage.url}: operator {self.uid!r} has "
-                f"parts of subtasks {indexes} of {parallelism}; a committed batch has all. "
-                f"The checkpoint location was changed by hand or shared by two queries"
-            )
-        return parts
+            try:
+                data = storage.read_bytes(path, where)
+            except CorruptCheckpointError:
+                if not storage.exists(path):
+                    continue  # swept by a completion that won meanwhile
+                raise
+            uid, p, maxp, handle, epoch = decode_part(data, where)
+            if uid != self.uid:
+                raise CorruptCheckpointError(f"{where}: a part of operator {uid!r} in the "
+                                             f"directory of operator {self.uid!r}")
+            out.append(EpochPart(uid, p, maxp, handle, epoch))
+        return out
 
-    @staticmethod
-    def as_checkpoint(
-        storage: CheckpointStorage, batch: int, parts: list[EpochPart], timestamp_ms: int,
-    ) -> CompletedCheckpoint:
-        """The parts of one batch seen as a checkpoint (to load state from)."""
-        first = parts[0]
-        op = OperatorHandle(
-            first.uid, first.parallelism, first.max_parallelism,
-            tuple(sorted((p.handle for p in parts), key=lambda h: h.subtask_index)),
-        )
-        meta = CheckpointMetadata(
-            batch, CheckpointKind.CHECKPOINT, timestamp_ms, timestamp_ms, {first.uid: op},
-            epoch_positions(batch, parts),
-        )
+    # completed checkpoints ------------------------------------------------------------------
+    def completed(self, query: str, batch: int) -> CompletedCheckpoint | None:
+        """Batch ``batch`` of ``query`` if it is complete (metadata read, files not
+        verified)."""
+        storage = self.query_storage(query)
+        path = f"chk-{batch}/{METADATA_FILE}"
+        if not storage.exists(path):
+            return None
+        where = f"{storage.url.rstrip('/')}/{path}"
+        meta = decode_metadata(storage.read_bytes(path, where), where)
         return CompletedCheckpoint(storage, f"chk-{batch}", meta)
+
+    def completed_ids(self, query: str) -> list[int]:
+        """Ids of the batches of ``query`` that have ``_metadata``, ascending."""
+        storage = self.query_storage(query)
+        ids = []
+        for name in storage.list_dir():
+            match = _CHK.match(name)
+            if match and storage.exists(f"{name}/{METADATA_FILE}"):
+                ids.append(int(match.group(1)))
+        return sorted(ids)
+
+    def batches(self, query: str) -> list[int]:
+        """Ids of every batch directory of ``query`` (complete or not), ascending."""
+        return sorted(int(m.group(1)) for n in self.query_storage(query).list_dir()
+                      if (m := _CHK.match(n)))
+
+    def incomplete_note(self, query: str, batch: int) -> str | None:
+        """What the driver's listener recorded about a committed, incomplete batch."""
+        storage = self.query_storage(query)
+        path = f"chk-{batch}/{INCOMPLETE_FILE}"
+        if not storage.exists(path):
+            return None
+        try:
+            return str(json.loads(storage.read_bytes(path, path))["reason"])
+        except (ValueError, KeyError, TypeError, CorruptCheckpointError):
+            return "recorded by the driver's listener"
 
     # completion ---------------------------------------------------------------------------
     def complete(
-        self, query: str, batch: int, parts: list[EpochPart] | None = None
-    ) -> CompletedCheckpoint | None:
-        """Mark ``batch`` of ``query`` complete (Spark committed it): write its
-        ``_metadata`` from the parts, point LATEST at the query, drop checkpoints
-        beyond the retained count and the parts of older batches. Idempotent; None if
-        the batch has no parts (the operator did not run in it). ``parts``: the
-        batch's parts if the caller has read them already."""
+        self, query: str, batch: int, prefer_parallelism: int | None = None,
+    ) -> CompletedCheckpoint:
+        """Complete ``batch`` of ``query`` (Spark committed it) and return it; if it is
+        complete already, the existing checkpoint. Raises IncompleteBatchError if no
+        parallelism has a part from every subtask."""
+        done = self.completed(query, batch)
+        if done is not None:
+            return done
+        parts = self.read_parts(query, batch)
+        chosen = choose_parts(parts, prefer_parallelism)
+        if chosen is None:
+            done = self.completed(query, batch)  # completed (and swept) while we read
+            if done is not None:
+                return done
+            raise IncompleteBatchError(self.incomplete_message(query, batch, parts))
         storage = self.query_storage(query)
-        if storage.exists(f"chk-{batch}/{METADATA_FILE}"):
-            self._set_latest(query)
-            return None
-        if parts is None:
-            parts = self.read_parts(query, batch)
-        if parts is None:
-            return None
-        coordinator = CheckpointCoordinator(storage, retained=self.retained, clean_up=False)
-        if any(c.checkpoint_id > batch for c in coordinator.completed_checkpoints):
-            return None  # a newer batch already completed: this one is subsumed
-        ts = int(parts[0].epoch.get("batch_time") or 0)
-        pending = PendingCheckpoint(batch, ts, CheckpointKind.CHECKPOINT, storage, f"chk-{batch}")
-        if ts:  # duration = batch start (its timestamp) to completion
-            pending.started = time.perf_counter() - max(0.0, time.time() - ts / 1000)
-        for part in parts:
-            pending.acknowledge(part.uid, part.parallelism, part.max_parallelism, part.handle)
-        completed = coordinator.complete(pending, epoch_positions(batch, parts))
-        self._set_latest(query)
-        self._prune(storage, coordinator)
-        self._sweep(storage, coordinator, batch)
+        ts = int(chosen[0].epoch.get("batch_time") or 0)
+        first = chosen[0]
+        meta = CheckpointMetadata(
+            batch, CheckpointKind.CHECKPOINT, ts, wall_ms(),
+            {self.uid: OperatorHandle(self.uid, first.parallelism, first.max_parallelism,
+                                      tuple(p.handle for p in chosen))},
+            epoch_positions(batch, chosen),
+            duration_ms=max(0.0, time.time() * 1000 - ts) if ts else 0.0,
+        )
+        if not storage.create_exclusive(f"chk-{batch}/{METADATA_FILE}", encode_metadata(meta)):
+            done = self.completed(query, batch)
+            assert done is not None
+            return done
+        completed = CompletedCheckpoint(storage, f"chk-{batch}", meta)
+        self._clean_up(storage, batch)
         return completed
 
-    def _sweep(
-        self, storage: CheckpointStorage, coordinator: CheckpointCoordinator, batch: int
-    ) -> None:
-        """Delete the files of failed or replaced attempts: in the completed batch's
-        directory, and shared files uploaded by a batch up to ``batch`` that no
-        retained checkpoint references. Files of later (running) batches carry a
-        larger id in their name and are left alone."""
+    def incomplete_message(self, query: str, batch: int, parts: list[EpochPart]) -> str:
+        """Why ``batch`` cannot complete, and what to do."""
+        where = f"batch {batch} of query {query} ({self.describe(query, batch)})"
+        fix = ("The stage's output was only partly computed: show(), take(), first(), "
+               "head() or limit() on it (e.g. inside foreachBatch) runs only some of its "
+               "partitions, and a foreachBatch function that skips a batch runs none. "
+               "Consume the whole output in every batch: write it to a sink, or persist() "
+               "it and run a full action (e.g. count()) before show()/take()")
+        out = (f"operator {self.uid!r}: Spark committed {where}, but ")
+        by_p: dict[int, set[int]] = defaultdict(set)
+        for part in parts:
+            by_p[part.parallelism].add(part.handle.subtask_index)
+        if by_p:
+            p = max(by_p, key=lambda q: len(by_p[q]) / q)
+            missing = sorted(set(range(p)) - by_p[p])
+            out += (f"subtasks {missing} of {p} never processed their records of it. {fix}. ")
+        else:
+            out += (f"no subtask of this stage ran it. {fix}; or the batch's directory was "
+                    f"deleted. ")
+        return out + (
+            "The records those subtasks missed are not in the stage's state; to go on "
+            f"from the newest complete checkpoint, run weir.spark.recover("
+            f"{self.location.url!r}, {self.uid!r}, source='latest') (or `weir spark "
+            f"recover {self.location.url} --uid {self.uid} --from latest`) and restart the "
+            f"query; it then says what that drops"
+        )
+
+    def mark_empty(self, query: str, batch: int) -> None:
+        """Record that the stage had no row at all in ``batch`` (idempotent)."""
+        self.query_storage(query).create_exclusive(f"chk-{batch}/{EMPTY_FILE}", b"{}")
+
+    def is_empty(self, query: str, batch: int) -> bool:
+        """Whether ``batch`` had no row for the stage (its state is the previous one)."""
+        return self.query_storage(query).exists(f"chk-{batch}/{EMPTY_FILE}")
+
+    def mark_incomplete(self, query: str, batch: int, reason: str) -> None:
+        """Record (for the next batch's tasks and for people) why a committed batch
+        cannot complete."""
+        self.query_storage(query).write(
+            f"chk-{batch}/{INCOMPLETE_FILE}", json.dumps({"reason": reason}).encode()
+        )
+
+    def _clean_up(self, storage: CheckpointStorage, batch: int) -> None:
+        """After completing ``batch``: retention, older never-completed batches, and the
+        files of attempts not chosen (in the batch's directory, and shared files
+        uploaded by a batch up to ``batch`` that no retained checkpoint references).
+        Files of later (running) batches carry a larger id and are left alone."""
+        coordinator = CheckpointCoordinator(storage, retained=self.retained, clean_up=False)
+        coordinator.enforce_retention()
+        retained = coordinator.completed_checkpoints
+        oldest = retained[0].checkpoint_id if retained else batch
+        for name in storage.list_dir():
+            match = _CHK.match(name)
+            if match and int(match.group(1)) < oldest:
+                storage.delete(name, recursive=True)
         keep = coordinator.referenced_files()
         for path in storage.walk_files(f"chk-{batch}"):
-            if path not in keep and "/_parts/" not in path:
+            marker = path.endswith((f"/{INCOMPLETE_FILE}", f"/{EMPTY_FILE}"))
+            if (path not in keep and not marker) or TMP_MARKER in path:
                 storage.delete(path)
         directory = f"shared/{uid_dir(self.uid)}"
-        if not storage.exists(directory):
-            return
         for name in storage.list_dir(directory):
             head = name.split("-", 1)[0]
             path = f"{directory}/{name}"
             if head.isdigit() and int(head) <= batch and path not in keep:
                 storage.delete(path)
 
-    def _prune(self, storage: CheckpointStorage, coordinator: CheckpointCoordinator) -> None:
-        """Delete directories of batches older than the oldest retained checkpoint that
-        never completed (their state is in a newer completed checkpoint)."""
-        retained = coordinator.completed_checkpoints
-        if not retained:
-            return
-        oldest = retained[0].checkpoint_id
-        for name in storage.list_dir():
-            match = _CHK.match(name)
-            if match and int(match.group(1)) < oldest:
-                storage.delete(name, recursive=True)
 
-    def _set_latest(self, query: str) -> None:
-        current = self._latest_query()
-        if current != query:
-            self.root.write(LATEST_FILE, json.dumps({"query": query}).encode())
-
-    def _latest_query(self) -> str | None:
-        if not self.root.exists(LATEST_FILE):
-            return None
-        try:
-            doc = json.loads(self.root.read_bytes(LATEST_FILE, LATEST_FILE))
-            return str(doc["query"])
-        except (ValueError, KeyError, TypeError):
-            log.warning("unreadable %s in %s; scanning queries", LATEST_FILE, self.root.url)
-            return None
-
-    def latest_completed(self, *, verify: bool = True) -> CompletedCheckpoint | None:
-        """The newest intact completed checkpoint of any query (for a new query)."""
-        queries: list[str] = []
-        latest = self._latest_query()
-        if latest is not None:
-            queries.append(latest)
-        if self.root.exists("queries"):
-            queries += [q for q in self.root.list_dir("queries") if q != latest]
-        best: CompletedCheckpoint | None = None
-        for query in queries:
-            storage = self.query_storage(query)
-            try:
-                found = CheckpointCoordinator(storage, clean_up=False).latest(verify=verify)
-            except CorruptCheckpointError as exc:  # pragma: no cover - latest() skips these
-                log.warning("query %s: %s", query, exc)
-                continue
-            if found is None:
-                continue
-            if query == latest:
-                return found
-            if best is None or (
-                found.metadata.completion_timestamp_ms > best.metadata.completion_timestamp_ms
-            ):
-                best = found
-        return best
+def choose_parts(
+    parts: list[EpochPart], prefer_parallelism: int | None = None
+) -> list[EpochPart] | None:
+    """One part per subtask of one parallelism that every subtask published (the
+    preferred one if complete, else the most recently published complete one), the
+    earliest attempt per subtask; None if no parallelism is complete."""
+    groups: dict[int, dict[int, list[EpochPart]]] = defaultdict(lambda: defaultdict(list))
+    for part in parts:
+        groups[part.parallelism][part.handle.subtask_index].append(part)
+    whole = [p for p, subs in groups.items() if sorted(subs) == list(range(p))]
+    if not whole:
+        return None
+    if prefer_parallelism in whole:
+        p = prefer_parallelism
+    else:
+        p = max(whole, key=lambda q: max(part.order for s in groups[q].values() for part in s))
+    return [min(groups[p][i], key=lambda part: part.order) for i in range(p)]
 
 
 def epoch_positions(batch: int, parts: list[EpochPart]) -> dict[str, Any]:
@@ -261,6 +340,9 @@ def epoch_positions(batch: int, parts: list[EpochPart]) -> dict[str, Any]:
             "batch": batch,
             "watermark": max(int(p.epoch.get("watermark", MIN_WATERMARK)) for p in parts),
             "max_event_time": max(known) if known else None,
+            "batch_time": max(int(p.epoch.get("batch_time") or 0) for p in parts),
+            "attempts": {str(p.handle.subtask_index): p.epoch.get("attempt") for p in parts},
+            **{name: sum(int(p.epoch.get(name) or 0) for p in parts)
+               for name in ("dead_letters", "late_records", "null_event_time", "malformed")},
         }
     }
-

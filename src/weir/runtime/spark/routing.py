@@ -17,9 +17,13 @@ The route pass (a ``mapInArrow`` on each input) adds the internal columns:
   (Spark's shuffle does not preserve it).
 
 Keyed records go to the owner of their key group (weir's key groups: murmur3 of the
-canonical key bytes, the same function on every runtime). A record whose key cannot
-be computed goes to some subtask as ``BAD_KEY`` to be dead-lettered there. Broadcast
-and heartbeat rows are copied to every subtask.
+canonical key bytes, the same function on every runtime); keys are read from the key
+columns by :func:`weir.runtime.spark.keys.keys_of`, as in the process pass. A record
+whose key cannot be computed (null, or a value Python cannot hold) goes to some
+subtask as ``BAD_KEY`` to be dead-lettered there. Broadcast
+and heartbeat rows are copied to every subtask. Each input partition with rows also
+sends a *clock row* (``HEARTBEAT``, carrying the batch timestamp) to every subtask it
+sent no record to: in a batch with any row, every subtask runs and sees the batch time.
 """
 
 from __future__ import annotations
@@ -28,11 +32,11 @@ import enum
 import functools
 import struct
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import mmh3
 import pyarrow as pa
 
+from weir.runtime.spark.keys import keys_of
 from weir.state.keygroups import canonical_key_bytes
 
 __all__ = [
@@ -101,18 +105,16 @@ def keyed_route_pass(
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The route pass of a keyed input."""
     table = route_table(parallelism)
-    single = key_columns[0] if len(key_columns) == 1 else None
+    key_columns = tuple(key_columns)
 
     def route(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         base = _partition_id() << 40
         row = 0
         hash_ = mmh3.hash
+        clock = _Clock(table)
         for batch in batches:
             n = batch.num_rows
-            if single is not None:
-                keys: list[Any] = batch.column(single).to_pylist()
-            else:
-                keys = list(zip(*(batch.column(c).to_pylist() for c in key_columns), strict=True))
+            keys = keys_of(batch, key_columns)
             routes = [0] * n
             kinds = [int(RowKind.RECORD)] * n
             for j, key in enumerate(keys):
@@ -124,8 +126,10 @@ def keyed_route_pass(
                 except Exception:
                     routes[j] = table[(row + j) % parallelism]
                     kinds[j] = int(RowKind.BAD_KEY)
+            clock.saw(batch, routes)
             yield _with_internal(batch, routes, kinds, range(base + row, base + row + n))
             row += n
+        yield from clock.rows(base + row)
 
     return route
 
@@ -140,15 +144,44 @@ def round_robin_pass(
         pid = _partition_id()
         base = pid << 40
         row = 0
+        clock = _Clock(table)
         for batch in batches:
             n = batch.num_rows
             routes = [table[(pid + row + j) % parallelism] for j in range(n)]
+            clock.saw(batch, routes)
             yield _with_internal(
                 batch, routes, [int(RowKind.RECORD)] * n, range(base + row, base + row + n)
             )
             row += n
+        yield from clock.rows(base + row)
 
     return route
+
+
+class _Clock:
+    """Clock rows of one input partition: after its rows, one ``HEARTBEAT`` row (a copy
+    of its first row, so it carries the batch timestamp) for every subtask it sent no
+    row to. So in a batch with any row, every subtask gets at least one row: it runs,
+    knows its subtask and sees the batch time."""
+
+    def __init__(self, table: Sequence[int]) -> None:
+        self.table = table
+        self.covered: set[int] = set()
+        self.template: pa.RecordBatch | None = None
+
+    def saw(self, batch: pa.RecordBatch, routes: Sequence[int]) -> None:
+        if batch.num_rows:
+            self.covered.update(routes)
+            if self.template is None:
+                self.template = batch.slice(0, 1)
+
+    def rows(self, order: int) -> Iterator[pa.RecordBatch]:
+        missing = [v for v in self.table if v not in self.covered]
+        if self.template is None or not missing:
+            return
+        k = len(missing)
+        yield _with_internal(self.template.take([0] * k), missing,
+                             [int(RowKind.HEARTBEAT)] * k, range(order, order + k))
 
 
 def fan_out_pass(

@@ -48,33 +48,45 @@ def _canonical(keyed: KeyedStateSnapshot, owner: str) -> KeyedStateSnapshot:
 
 
 def write_savepoint(
-    completed: CompletedCheckpoint, target: str, *, storage_options: dict[str, Any] | None = None
+    checkpoints: list[CompletedCheckpoint], target: str, *,
+    storage_options: dict[str, Any] | None = None,
 ) -> str:
-    """Write ``completed`` as a savepoint into the directory ``target``; its URL."""
+    """Write the operators of ``checkpoints`` (one per stage) as one savepoint into the
+    directory ``target``; its URL. Each stage's Spark positions are kept under
+    ``source_positions["spark_stages"][uid]``."""
     storage = CheckpointStorage(target, storage_options=storage_options)
     if storage.exists(METADATA_FILE):
         raise CheckpointError(f"{storage.url} already holds a savepoint; choose a new directory")
-    meta = completed.metadata
+    first = max(checkpoints, key=lambda c: c.checkpoint_id).metadata
     pending = PendingCheckpoint(
-        meta.checkpoint_id, meta.trigger_timestamp_ms, CheckpointKind.SAVEPOINT, storage, ""
+        first.checkpoint_id, first.trigger_timestamp_ms, CheckpointKind.SAVEPOINT, storage, ""
     )
-    for uid, op in sorted(meta.operators.items()):
-        for handle in op.subtasks:
-            i = handle.subtask_index
-            snaps = completed.load(uid, op.parallelism, i)
-            own: OperatorSubtaskSnapshot = next(s for s in snaps if s.subtask_index == i)
-            for other in snaps:
-                if other is not own and other.keyed is not None and other.keyed.native:
-                    shutil.rmtree(other.keyed.native.path, ignore_errors=True)
-            if own.keyed is not None:
-                owner = f"savepoint of operator {uid!r} subtask {i}"
-                own = dataclasses.replace(own, keyed=_canonical(own.keyed, owner))
-            prefix = f"{uid_dir(uid)}/{i}-savepoint"
-            written = write_snapshot(own, storage, prefix, handle.key_group_range)
-            pending.acknowledge(uid, op.parallelism, op.max_parallelism, written)
+    stages: dict[str, Any] = {}
+    for completed in checkpoints:
+        meta = completed.metadata
+        for uid, op in sorted(meta.operators.items()):
+            if uid in stages:
+                raise CheckpointError(f"operator {uid!r} appears in two checkpoints")
+            stages[uid] = dict(meta.source_positions.get("spark") or {})
+            for handle in op.subtasks:
+                i = handle.subtask_index
+                snaps = completed.load(uid, op.parallelism, i)
+                own: OperatorSubtaskSnapshot = next(s for s in snaps if s.subtask_index == i)
+                for other in snaps:
+                    if other is not own and other.keyed is not None and other.keyed.native:
+                        shutil.rmtree(other.keyed.native.path, ignore_errors=True)
+                if own.keyed is not None:
+                    owner = f"savepoint of operator {uid!r} subtask {i}"
+                    own = dataclasses.replace(own, keyed=_canonical(own.keyed, owner))
+                prefix = f"{uid_dir(uid)}/{i}-savepoint"
+                written = write_snapshot(own, storage, prefix, handle.key_group_range)
+                pending.acknowledge(uid, op.parallelism, op.max_parallelism, written)
+    positions: dict[str, Any] = {"spark_stages": stages}
+    if len(stages) == 1:
+        positions["spark"] = next(iter(stages.values()))
     done = CheckpointMetadata(
-        meta.checkpoint_id, CheckpointKind.SAVEPOINT, meta.trigger_timestamp_ms,
-        int(time.time() * 1000), pending._operators(), dict(meta.source_positions),
+        first.checkpoint_id, CheckpointKind.SAVEPOINT, first.trigger_timestamp_ms,
+        int(time.time() * 1000), pending._operators(), positions,
     )
     storage.write(METADATA_FILE, encode_metadata(done))
     return storage.url

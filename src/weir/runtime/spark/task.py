@@ -37,18 +37,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from weir.api.functions import KeyedBroadcastProcessFunction
-from weir.checkpoint.coordinator import CompletedCheckpoint, load_checkpoint
+from weir.checkpoint.coordinator import CompletedCheckpoint
 from weir.checkpoint.format import uid_dir
 from weir.checkpoint.snapshotter import SnapshotMode, SubtaskCheckpointer
 from weir.checkpoint.storage import CheckpointStorage
-from weir.errors import TaskPlacementError
+from weir.errors import CorruptCheckpointError, FencedError, TaskPlacementError
 from weir.runtime.operator import (
     MIN_WATERMARK,
     KeyedOperator,
     NonKeyedOperator,
     OperatorConfig,
 )
-from weir.runtime.spark.epochs import EpochPart, EpochStore, epoch_positions
+from weir.runtime.spark.epochs import EpochStore
+from weir.runtime.spark.keys import keys_of
+from weir.runtime.spark.lineage import Lineage, wall_ms
+from weir.runtime.spark.plan import lineage_state, plan_batch, recover_hint
 from weir.runtime.spark.records import (
     columns_to_records,
     dumps_line,
@@ -62,13 +65,16 @@ from weir.runtime.spark.routing import (
     ORDER,
     ROUTE,
     RowKind,
-    route_table,
+    subtask_of_route,
 )
 
 __all__ = ["StageSpec", "process_pass"]
 
 log = logging.getLogger(__name__)
 _OUTPUT_CHUNK = 65_536
+#: the column Spark's PERMISSIVE readers fill with the raw text of a malformed line
+CORRUPT_RECORD = "_corrupt_record"
+MALFORMED = f"malformed input: Spark could not parse it (its raw text is in {CORRUPT_RECORD})"
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,12 @@ class StageSpec:
     allow_non_restored_state: bool = False
     retained: int = 3
     storage_options: dict[str, Any] | None = None
+    lease_timeout_ms: int = 60_000
+    #: records behind the watermark: "process" (Flink's default), "drop", "dead_letter"
+    late_records: str = "process"
+    #: unique per ``process()`` call: a worker-local subtask of another call (older
+    #: code, other settings) is never reused
+    instance: str = ""
 
     def storage(self) -> CheckpointStorage:
         """The checkpoint location."""
@@ -136,6 +148,9 @@ class _Live:
     query: str = ""
     batch: int = -1
     attempt: str = ""
+    token: int = 0
+    renewed_ms: int = 0
+    instance: str = ""
 
     def close(self) -> None:
         try:
@@ -151,9 +166,29 @@ class _Live:
 _LIVE: dict[tuple[str, str, int], _Live] = {}
 
 
-def _attempt_of(parts: list[EpochPart], subtask: int) -> Any:
-    """The attempt id that published ``subtask``'s part."""
-    return next(p.epoch.get("attempt") for p in parts if p.handle.subtask_index == subtask)
+def _positions(completed: CompletedCheckpoint, uid: str) -> dict[str, Any]:
+    """The Spark runtime's progress recorded with ``completed`` for stage ``uid``."""
+    positions = completed.metadata.source_positions
+    stages = positions.get("spark_stages") or {}
+    return dict(stages.get(uid) or positions.get("spark") or {})
+
+
+def _is_exactly(
+    live: _Live, completed: CompletedCheckpoint, query: str, subtask: int, token: int,
+    spec: StageSpec,
+) -> bool:
+    """Whether the worker-local ``live`` subtask is exactly subtask ``subtask``'s state
+    in ``completed`` (a batch of ``query``): the attempt the completion chose, under the
+    same claim, parallelism and ``process()`` call (so the same function code)."""
+    op = completed.metadata.operators.get(spec.uid)
+    attempts = _positions(completed, spec.uid).get("attempts") or {}
+    parallelism = spec.parallelism
+    return (
+        op is not None and live.instance == spec.instance and live.query == query
+        and live.batch == completed.checkpoint_id
+        and live.token == token and live.parallelism == parallelism == op.parallelism
+        and attempts.get(str(subtask)) == live.attempt
+    )
 
 
 def _local_dir(spec: StageSpec, subtask: int) -> str:
@@ -186,7 +221,7 @@ def _new_live(spec: StageSpec, subtask: int, storage: CheckpointStorage) -> _Liv
         mode = SnapshotMode.FULL
     checkpointer = SubtaskCheckpointer(operator, storage, mode=mode, asynchronous=False)
     return _Live((spec.location, spec.uid, subtask), spec.parallelism, operator,
-                 checkpointer, clock, key, rocksdb_dir)
+                 checkpointer, clock, key, rocksdb_dir, instance=spec.instance)
 
 
 class _Task:
@@ -195,81 +230,94 @@ class _Task:
 
         self.spec = spec
         ctx = TaskContext.get()
-        self.subtask = ctx.partitionId() if ctx is not None else 0
+        self.subtask = 0  # set from the rows' route (_gather)
         batch = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
         query = ctx.getLocalProperty("sql.streaming.queryId") if ctx is not None else None
         self.batch = int(batch) if batch is not None else None
         self.query = str(query) if query is not None else ""
         self.attempt = uuid.uuid4().hex
         self.store = EpochStore(spec.storage(), spec.uid, retained=spec.retained)
+        self.lineage = Lineage(self.store.stage, spec.lease_timeout_ms)
+        self.token = 0
         self.dead: list[dict[str, Any]] = []
+        self.counts = {"late": 0, "null_event_time": 0, "malformed": 0}
 
     # input -----------------------------------------------------------------------------
     def _gather(self, batches: Iterator[pa.RecordBatch]) -> pa.Table | None:
+        """The task's rows, in handling order; sets ``self.subtask`` from their route
+        (Spark's partition id is not the subtask's when the output is unioned with
+        another DataFrame). None if the task got no row: then no subtask got one (the
+        route pass gives every subtask clock rows whenever the batch has any row)."""
         chunks = [b for b in batches if b.num_rows]
         if not chunks:
             return None
         table = pa.Table.from_batches(chunks)
-        expected = route_table(self.spec.parallelism)[self.subtask]
+        owners = subtask_of_route(self.spec.parallelism)
         routes = pc.unique(table[ROUTE]).to_pylist()
-        if routes != [expected]:
+        if len(routes) != 1 or routes[0] not in owners:
             raise TaskPlacementError(
-                f"operator {self.spec.uid!r}: Spark partition {self.subtask} received rows "
-                f"routed to {sorted(routes)} (subtask {self.subtask} is route {expected}); "
-                f"the stage's partitioning was changed between the route and process passes"
+                f"operator {self.spec.uid!r}: one task received rows routed to subtasks "
+                f"{sorted(owners.get(r, r) for r in routes)} of {self.spec.parallelism}; the "
+                f"stage's partitioning was changed between the route and process passes"
             )
+        self.subtask = owners[routes[0]]
         return table.sort_by([(KIND, "ascending"), (ORDER, "ascending")])
 
     # state -----------------------------------------------------------------------------
     def _acquire(self) -> tuple[_Live, dict[str, Any]]:
         """The live subtask as of the previous batch, and that batch's positions."""
         spec = self.spec
-        key = (spec.location, spec.uid, self.subtask)
-        live = _LIVE.pop(key, None)
-        prev: list[EpochPart] | None = None
-        if self.batch is not None and self.batch > 0:
-            prev = self.store.read_parts(self.query, self.batch - 1)
-        if prev is not None and self.subtask == 0:
-            try:
-                self.store.complete(self.query, self.batch - 1, prev)  # type: ignore[operator]
-            except Exception:
-                log.exception("weir: completing batch %s lazily failed", self.batch)
-        if (
-            live is not None and prev is not None and live.query == self.query
-            and live.batch == self.batch - 1  # type: ignore[operator]
-            and live.parallelism == spec.parallelism == prev[0].parallelism
-            and _attempt_of(prev, self.subtask) == live.attempt
-        ):
-            return live, epoch_positions(live.batch, prev)["spark"]
+        live = _LIVE.pop((spec.location, spec.uid, self.subtask), None)
+        completed: CompletedCheckpoint | None
+        if self.batch is None:  # a static DataFrame: the stage's current state
+            completed = lineage_state(self.store, self.lineage)[0]
+        else:
+            start = plan_batch(
+                self.store, self.lineage, self.query, self.batch, parallelism=spec.parallelism,
+                restore_from=spec.restore_from, storage_options=spec.storage_options,
+            )
+            self.token = start.claim.token
+            completed = start.checkpoint
+            if live is not None and start.previous and completed is not None and _is_exactly(
+                live, completed, self.query, self.subtask, self.token, spec,
+            ):
+                return live, _positions(completed, spec.uid)
         if live is not None:
             live.close()
         live = _new_live(spec, self.subtask, self.store.query_storage(self.query or "static"))
         try:
-            completed = self._source(prev)
             positions: dict[str, Any] = {}
             if completed is not None:
-                snaps = completed.load(spec.uid, spec.parallelism, self.subtask)
+                snaps = self._load(completed)
                 live.operator.restore(snaps, allow_non_restored_state=spec.allow_non_restored_state)
-                positions = dict(completed.metadata.source_positions.get("spark") or {})
+                positions = _positions(completed, spec.uid)
+                live.clock.now = max(live.clock.now, int(positions.get("batch_time") or 0))
             live.operator.open()
         except BaseException:
             live.close()
             raise
         return live, positions
 
-    def _source(self, prev: list[EpochPart] | None) -> CompletedCheckpoint | None:
-        spec = self.spec
-        if prev is not None:
-            storage = self.store.query_storage(self.query)
-            return EpochStore.as_checkpoint(storage, self.batch - 1, prev, 0)  # type: ignore[operator]
-        if spec.restore_from is not None:
-            return load_checkpoint(spec.restore_from, storage_options=spec.storage_options)
-        return self.store.latest_completed(verify=True)
+    def _load(self, completed: CompletedCheckpoint) -> list[Any]:
+        """Subtask ``i``'s snapshots from ``completed``; a corrupt file says how to go on."""
+        try:
+            return completed.load(self.spec.uid, self.spec.parallelism, self.subtask)
+        except CorruptCheckpointError as exc:
+            raise CorruptCheckpointError(
+                f"operator {self.spec.uid!r}, query {self.query}, batch {self.batch}: cannot "
+                f"restore {completed.url}: {exc}. To go on from the newest intact checkpoint "
+                f"of this stage, run {recover_hint(self.store, 'latest')} and restart the "
+                f"query (it says which batches that drops)"
+            ) from exc
 
     # processing ------------------------------------------------------------------------
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         spec = self.spec
         table = self._gather(batches)
+        if table is None:  # the stage had no row at all in this batch: nothing changes
+            if self.batch is not None:
+                self.store.mark_empty(self.query, self.batch)
+            return
         live, positions = self._acquire()
         try:
             outputs = self._process(live, table, positions)
@@ -320,9 +368,14 @@ class _Task:
             elif kind is RowKind.RECORD:
                 out += self._records(live, part)
             else:
-                for record in columns_to_records(part, spec.columns, spec.record_format):
-                    self._dead_letter(record, "the key could not be computed "
-                                      f"(key columns {list(spec.key_columns)})")
+                corrupt = (part[CORRUPT_RECORD].to_pylist() if CORRUPT_RECORD in
+                           part.column_names else [None] * part.num_rows)
+                records = columns_to_records(part, spec.columns, spec.record_format)
+                for record, raw in zip(records, corrupt, strict=True):
+                    if raw is not None:
+                        self.counts["malformed"] += 1
+                    self._dead_letter(record, MALFORMED if raw is not None else (
+                        f"the key could not be computed (key columns {list(spec.key_columns)})"))
         return out
 
     def _broadcast(self, op: KeyedOperator | NonKeyedOperator, part: pa.Table) -> list[Any]:
@@ -354,17 +407,17 @@ class _Task:
                 self.max_event = top if self.max_event is None else max(self.max_event, top)
         else:
             times = [None] * len(records)
-        if len(spec.key_columns) == 1:
-            keys: list[Any] = part[spec.key_columns[0]].to_pylist()
-        elif spec.keyed:
-            keys = list(zip(*(part[c].to_pylist() for c in spec.key_columns), strict=True))
-        else:
-            keys = [None] * len(records)
+        keys: list[Any] = keys_of(part, spec.key_columns) if spec.keyed else [None] * len(records)
         bad = spec.bad_record_exceptions
         current = live.key
         process = op.process_element
         out: list[Any] = []
-        for record, key, ts in zip(records, keys, times, strict=True):
+        screen = self._screen(part, times)
+        for j, (record, key, ts) in enumerate(zip(records, keys, times, strict=True)):
+            if screen is not None and screen[j] is not None:
+                if screen[j]:
+                    self._dead_letter(record, screen[j])  # type: ignore[arg-type]
+                continue
             current.key = key
             if bad:
                 try:
@@ -375,6 +428,35 @@ class _Task:
                 out += process(record, ts)
         return out
 
+    def _screen(self, part: pa.Table, times: list[int | None]) -> list[str | None] | None:
+        """Per record: None to process it, a reason to dead-letter it, "" to drop it —
+        malformed input (Spark's ``_corrupt_record`` is set), a null or invalid event
+        time, and records behind the watermark (``late_records``); counted. None if
+        every record is processed."""
+        spec = self.spec
+        corrupt = (part[CORRUPT_RECORD].to_pylist() if CORRUPT_RECORD in part.column_names
+                   else None)
+        if corrupt is None and spec.event_time is None:
+            return None
+        out: list[str | None] = [None] * part.num_rows
+        watermark = self.watermark
+        for j, ts in enumerate(times):
+            if corrupt is not None and corrupt[j] is not None:
+                self.counts["malformed"] += 1
+                out[j] = MALFORMED
+            elif spec.event_time is None:
+                continue
+            elif ts is None:
+                self.counts["null_event_time"] += 1
+                out[j] = f"null or invalid event time in column {spec.event_time!r}"
+            elif ts <= watermark:
+                self.counts["late"] += 1
+                if spec.late_records == "drop":
+                    out[j] = ""
+                elif spec.late_records == "dead_letter":
+                    out[j] = f"late: event time {ts} is not after the watermark {watermark}"
+        return out
+
     def _dead_letter(self, record: Any, reason: str) -> None:
         self.dead.append({
             "uid": self.spec.uid, "query": self.query, "batch": self.batch,
@@ -383,24 +465,43 @@ class _Task:
 
     # output ------------------------------------------------------------------------------
     def _commit(self, live: _Live) -> None:
-        """Write this attempt's state of the batch and publish its part."""
+        """Write this attempt's state of the batch and publish its part — only while
+        the claim it ran under is still the stage's newest (fencing)."""
         assert self.batch is not None
         spec = self.spec
+        live.operator.run_background_cleanup()  # TTL compaction filter: bounded per batch
         handle = live.checkpointer.snapshot(self.batch, self.batch_time).result()
+        if not self.lineage.is_head(self.token):
+            head = self.lineage.head()
+            raise FencedError(
+                f"operator {spec.uid!r} in {spec.location}: query {self.query} was fenced off "
+                f"during batch {self.batch}: "
+                + (f"query {head.query} took the stage over ({head.reason})" if head and
+                   head.query else "an explicit recovery reset the stage's state")
+                + ". Nothing of this batch was published; stop this query"
+            )
         if self.dead:
             name = f"dead-letter/{self.query}/batch={self.batch}/{uid_dir(spec.uid)}-" \
                    f"{self.subtask}.jsonl"
-            self.store.root.write(name, b"".join(dumps_line(d) for d in self.dead))
+            self.store.location.write(name, b"".join(dumps_line(d) for d in self.dead))
         self.store.write_part(
             self.query, self.batch, spec.parallelism, spec.max_parallelism, handle,
             {
-                "attempt": self.attempt, "watermark": self.watermark,
+                "attempt": self.attempt, "watermark": self.watermark, "token": self.token,
                 "max_event_time": self.max_event, "batch_time": self.batch_time,
-                "dead_letters": len(self.dead),
+                "dead_letters": len(self.dead), "late_records": self.counts["late"],
+                "null_event_time": self.counts["null_event_time"],
+                "malformed": self.counts["malformed"],
             },
         )
         live.checkpointer.notify_checkpoint_complete(self.batch)
         live.query, live.batch, live.attempt = self.query, self.batch, self.attempt
+        if live.token != self.token:
+            live.token, live.renewed_ms = self.token, 0
+        now = wall_ms()
+        if now - live.renewed_ms >= spec.lease_timeout_ms // 4:
+            self.lineage.renew(self.token)
+            live.renewed_ms = now
 
 
 def process_pass(spec: StageSpec) -> Any:

@@ -1,0 +1,196 @@
+"""Who owns a Spark stage's state: a chain of claims, extended by compare-and-set.
+
+Each operator uid in a checkpoint location has its own directory
+(``stages/<uid-dir>/``, see :mod:`weir.runtime.spark.epochs`); in it::
+
+    claims/<token>.json      a claim (token: 10 digits, from 1), created exclusively:
+                             of several writers of token n+1 exactly one succeeds, so
+                             the chain never forks. JSON:
+                             {"format": "weir-claim", "version": 1, "token": n,
+                              "kind": "query" | "recovery", "query": <query id> | null,
+                              "batch": <first batch of the claim> | null,
+                              "source": <checkpoint/savepoint URL> | null (empty state),
+                              "source_note": <what the source is, for people>,
+                              "claimed_ms": ..., "reason": ...}
+    claims/<token>.alive     {"ms": ...}: the owning query ran a batch then (renewed by
+                             its tasks at most every lease_timeout / 4)
+    claims/<token>.released  {"ms": ...}: the owning query stopped (weir.spark.finish,
+                             or the driver's listener when the query terminated)
+
+The claim with the highest token is the *head*; its query owns the stage. A query
+claims the stage in its first batch (``batch`` = that batch; ``source`` = the state it
+starts from: ``restore_from``, the previous owner's newest completed checkpoint, or
+empty), and from then on continues from its own batches. A *recovery* claim, written
+by :func:`weir.spark.recover`, is adopted by the next query that runs the stage.
+
+Rules enforced (by :mod:`weir.runtime.spark.plan` in every task):
+
+* **one owner** — a query may claim only if the head is released, or was not renewed
+  within ``lease_timeout`` (its query is gone); otherwise :class:`OwnershipError`;
+* **fencing** — once a newer claim exists, every task of an older owner stops with
+  :class:`FencedError` before it publishes anything (a part is published only if its
+  token is still the head); a fenced query can never claim again;
+* **lineage** — a new owner starts from the state its claim names; nothing reads a
+  fenced query's later checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from weir.checkpoint.storage import CheckpointStorage
+from weir.errors import CorruptCheckpointError
+
+__all__ = ["Claim", "Lineage", "QUERY", "RECOVERY"]
+
+QUERY, RECOVERY = "query", "recovery"
+_CLAIM = re.compile(r"^(\d{10})\.json$")
+_FORMAT = "weir-claim"
+
+
+def wall_ms() -> int:
+    """The wall clock in epoch milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One link of a stage's ownership chain."""
+
+    token: int
+    kind: str
+    query: str | None
+    batch: int | None
+    source: str | None
+    source_note: str
+    claimed_ms: int
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        """As stored."""
+        return {
+            "format": _FORMAT, "version": 1, "token": self.token, "kind": self.kind,
+            "query": self.query, "batch": self.batch, "source": self.source,
+            "source_note": self.source_note, "claimed_ms": self.claimed_ms,
+            "reason": self.reason,
+        }
+
+    @staticmethod
+    def from_json(doc: Any, where: str) -> Claim:
+        """Parse a stored claim (``where`` names the file)."""
+        try:
+            if doc["format"] != _FORMAT or doc["kind"] not in (QUERY, RECOVERY):
+                raise ValueError("not a weir claim")
+            batch = doc["batch"]
+            return Claim(
+                int(doc["token"]), str(doc["kind"]),
+                None if doc["query"] is None else str(doc["query"]),
+                None if batch is None else int(batch),
+                None if doc["source"] is None else str(doc["source"]),
+                str(doc["source_note"]), int(doc["claimed_ms"]), str(doc["reason"]),
+            )
+        except (TypeError, KeyError, ValueError) as exc:
+            raise CorruptCheckpointError(f"{where}: malformed claim ({exc!r})") from exc
+
+
+class Lineage:
+    """The claims of one stage (``stage`` is the stage's directory)."""
+
+    def __init__(self, stage: CheckpointStorage, lease_timeout_ms: int = 60_000) -> None:
+        self.stage = stage
+        self.lease_timeout_ms = lease_timeout_ms
+
+    @staticmethod
+    def _name(token: int) -> str:
+        return f"claims/{token:010d}"
+
+    def _where(self, token: int) -> str:
+        return f"{self.stage.url.rstrip('/')}/{self._name(token)}.json"
+
+    # reading ----------------------------------------------------------------------------
+    def tokens(self) -> list[int]:
+        """Every claim token, ascending."""
+        out = []
+        for name in self.stage.list_dir("claims"):
+            match = _CLAIM.match(name)
+            if match:
+                out.append(int(match.group(1)))
+        return sorted(out)
+
+    def read(self, token: int) -> Claim:
+        """The claim with ``token``."""
+        where = self._where(token)
+        data = self.stage.read_bytes(f"{self._name(token)}.json", where)
+        try:
+            doc = json.loads(data)
+        except ValueError as exc:
+            raise CorruptCheckpointError(f"{where}: malformed claim ({exc})") from exc
+        claim = Claim.from_json(doc, where)
+        if claim.token != token:
+            raise CorruptCheckpointError(f"{where}: holds token {claim.token}")
+        return claim
+
+    def head(self) -> Claim | None:
+        """The newest claim (None: the stage was never claimed here)."""
+        tokens = self.tokens()
+        return self.read(tokens[-1]) if tokens else None
+
+    def claims(self) -> list[Claim]:
+        """The whole chain, oldest first."""
+        return [self.read(t) for t in self.tokens()]
+
+    def is_head(self, token: int) -> bool:
+        """Whether no newer claim than ``token`` exists (one existence check)."""
+        return not self.stage.exists(f"{self._name(token + 1)}.json")
+
+    # liveness ---------------------------------------------------------------------------
+    def _stamp(self, token: int, what: str) -> int | None:
+        path = f"{self._name(token)}.{what}"
+        if not self.stage.exists(path):
+            return None
+        try:
+            return int(json.loads(self.stage.read_bytes(path, path))["ms"])
+        except (ValueError, KeyError, TypeError, CorruptCheckpointError):
+            return None
+
+    def last_seen_ms(self, claim: Claim) -> int:
+        """When the claim's query was last known to run."""
+        return max(claim.claimed_ms, self._stamp(claim.token, "alive") or 0)
+
+    def released(self, claim: Claim) -> bool:
+        """Whether the claim's query stopped and gave the stage up."""
+        return self._stamp(claim.token, "released") is not None
+
+    def alive(self, claim: Claim, now_ms: int | None = None) -> bool:
+        """Whether the claim's query may still be running: not released, and renewed
+        within the lease timeout. A recovery claim is never alive."""
+        if claim.kind != QUERY or self.released(claim):
+            return False
+        now = wall_ms() if now_ms is None else now_ms
+        return now - self.last_seen_ms(claim) < self.lease_timeout_ms
+
+    # writing ----------------------------------------------------------------------------
+    def try_claim(
+        self, token: int, kind: str, query: str | None, batch: int | None,
+        source: str | None, source_note: str, reason: str,
+    ) -> Claim | None:
+        """Create claim ``token`` (compare-and-set); None if another writer created it."""
+        claim = Claim(token, kind, query, batch, source, source_note, wall_ms(), reason)
+        data = json.dumps(claim.to_json(), sort_keys=True).encode()
+        if not self.stage.create_exclusive(f"{self._name(token)}.json", data):
+            return None
+        return claim
+
+    def renew(self, token: int) -> None:
+        """Record that the owner of ``token`` runs now."""
+        self.stage.write(f"{self._name(token)}.alive", json.dumps({"ms": wall_ms()}).encode())
+
+    def release(self, token: int) -> None:
+        """Record that the owner of ``token`` stopped (others may claim at once)."""
+        self.stage.write(
+            f"{self._name(token)}.released", json.dumps({"ms": wall_ms()}).encode()
+        )

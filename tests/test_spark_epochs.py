@@ -1,0 +1,200 @@
+"""The Spark runtime's protocol without Spark: compare-and-set in storage, the claim
+chain (one owner, fencing, lineage), batch completion (one winner, attempt choice,
+stale parts) and what each task restores — checked directly, with threads racing."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import weir
+from weir.checkpoint.format import SubtaskStateHandle
+from weir.errors import (
+    FencedError,
+    IncompleteBatchError,
+    MissingStateError,
+    OwnershipError,
+)
+from weir.runtime.spark.epochs import EpochStore, choose_parts
+from weir.runtime.spark.lineage import QUERY, Lineage
+from weir.runtime.spark.plan import plan_batch
+from weir.runtime.spark.recovery import recover_stage
+from weir.state.keygroups import key_group_range_for_operator
+
+
+def _store(tmp_path: Path, uid: str = "op") -> tuple[EpochStore, Lineage]:
+    store = EpochStore(weir.CheckpointStorage(str(tmp_path / "loc")), uid)
+    return store, Lineage(store.stage, lease_timeout_ms=60_000)
+
+
+def _publish(store: EpochStore, query: str, batch: int, p: int, subtasks: Any = None,
+             attempt: str = "a1", written_ms: int | None = None) -> None:
+    for i in range(p) if subtasks is None else subtasks:
+        handle = SubtaskStateHandle(i, key_group_range_for_operator(128, p, i), {}, (), None,
+                                    {}, {}, None)
+        epoch: dict[str, Any] = {"attempt": f"{attempt}{i:02d}", "batch_time": 1000 + batch}
+        store.write_part(query, batch, p, 128, handle, epoch)
+        if written_ms is not None:  # rewrite with a chosen publication time
+            path = store.query_storage(query).full_path(
+                f"chk-{batch}/_parts/{i}-{attempt}{i:02d}.part")
+            from weir.checkpoint.format import encode_part
+
+            Path(path).write_bytes(encode_part(store.uid, p, 128, handle,
+                                               {**epoch, "written_ms": written_ms}))
+
+
+def _race(n: int, target: Any) -> list[Any]:
+    results: list[Any] = [None] * n
+    barrier = threading.Barrier(n)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = target()
+        except Exception as exc:  # collected for the assertions
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+# ------------------------------------------------------------------ compare-and-set
+
+
+@pytest.mark.parametrize("url", ["local", "memory://weir-cas"])
+def test_create_exclusive_has_exactly_one_winner(tmp_path: Path, url: str) -> None:
+    storage = weir.CheckpointStorage(str(tmp_path) if url == "local" else url)
+    results = _race(16, lambda: storage.create_exclusive("a/claim", b"x"))
+    assert results.count(True) == 1 and results.count(False) == 15
+    assert storage.read_bytes("a/claim") == b"x"
+    assert [n for n in storage.list_dir("a") if ".tmp-" in n] == []
+
+
+# ------------------------------------------------------------------ claims
+
+
+def test_racing_new_queries_give_one_owner_and_refuse_the_others(tmp_path: Path) -> None:
+    store, lineage = _store(tmp_path)
+    results = _race(8, lambda: plan_batch(
+        store, Lineage(store.stage), f"q{threading.get_ident()}", 0, parallelism=2))
+    owners = [r for r in results if not isinstance(r, Exception)]
+    refused = [r for r in results if isinstance(r, OwnershipError)]
+    assert len(owners) == 1 and len(refused) == 7
+    assert lineage.tokens() == [1]
+
+
+def test_a_new_query_takes_over_a_released_owner_and_the_old_one_is_fenced(
+    tmp_path: Path,
+) -> None:
+    store, lineage = _store(tmp_path)
+    first = plan_batch(store, lineage, "q1", 0, parallelism=2)
+    _publish(store, "q1", 0, 2)
+    store.complete("q1", 0)
+    with pytest.raises(OwnershipError, match="owned by query q1, which is running"):
+        plan_batch(store, lineage, "q2", 0, parallelism=2)
+    lineage.release(first.claim.token)
+    second = plan_batch(store, lineage, "q2", 0, parallelism=2)
+    assert second.checkpoint is not None and second.checkpoint.checkpoint_id == 0
+    assert "q1" in second.checkpoint.url and second.claim.token == 2
+    with pytest.raises(FencedError, match="query q1 was fenced off: query q2"):
+        plan_batch(store, lineage, "q1", 1, parallelism=2)
+    assert not lineage.is_head(first.claim.token)
+
+
+def test_an_owner_whose_lease_expired_can_be_taken_over(tmp_path: Path) -> None:
+    store, _ = _store(tmp_path)
+    short = Lineage(store.stage, lease_timeout_ms=0)
+    plan_batch(store, short, "q1", 0, parallelism=1)
+    taken = plan_batch(store, short, "q2", 0, parallelism=1)
+    assert taken.claim.query == "q2" and "gone" in taken.claim.reason
+
+
+# ------------------------------------------------------------------ what a batch restores
+
+
+def test_a_batch_whose_previous_batch_is_missing_is_an_error_never_a_fallback(
+    tmp_path: Path,
+) -> None:
+    store, lineage = _store(tmp_path)
+    with pytest.raises(MissingStateError, match="holds no state of this stage at all"):
+        plan_batch(store, lineage, "q1", 5, parallelism=2)
+    plan_batch(store, lineage, "q1", 0, parallelism=2)
+    for batch in range(3):
+        _publish(store, "q1", batch, 2)
+    store.complete("q1", 0)
+    assert plan_batch(store, lineage, "q1", 3, parallelism=2).checkpoint.checkpoint_id == 2
+    with pytest.raises(MissingStateError, match="chk-4 is missing"):
+        plan_batch(store, lineage, "q1", 5, parallelism=2)
+
+
+def test_a_committed_batch_with_missing_subtasks_names_partial_output(tmp_path: Path) -> None:
+    store, lineage = _store(tmp_path)
+    plan_batch(store, lineage, "q1", 0, parallelism=3)
+    _publish(store, "q1", 0, 3, subtasks=[0, 2])
+    with pytest.raises(IncompleteBatchError, match=r"subtasks \[1\] of 3 never processed"):
+        plan_batch(store, lineage, "q1", 1, parallelism=3)
+
+
+def test_stale_parts_of_another_parallelism_never_block_a_batch(tmp_path: Path) -> None:
+    store, lineage = _store(tmp_path)
+    plan_batch(store, lineage, "q1", 0, parallelism=4)
+    _publish(store, "q1", 0, 4, subtasks=[0, 1, 3], attempt="b")  # crashed at p = 4
+    _publish(store, "q1", 0, 2, attempt="c")  # replayed at p = 2
+    start = plan_batch(store, lineage, "q1", 1, parallelism=2)
+    assert start.checkpoint is not None
+    op = start.checkpoint.metadata.operators["op"]
+    assert op.parallelism == 2
+    assert start.checkpoint.metadata.source_positions["spark"]["attempts"] == {
+        "0": "c00", "1": "c01"}
+
+
+def test_a_late_attempt_never_replaces_the_chosen_one(tmp_path: Path) -> None:
+    store, lineage = _store(tmp_path)
+    plan_batch(store, lineage, "q1", 0, parallelism=2)
+    _publish(store, "q1", 0, 2, attempt="a", written_ms=2000)
+    _publish(store, "q1", 0, 2, subtasks=[1], attempt="b", written_ms=1000)  # speculative
+    assert [p.epoch["attempt"] for p in choose_parts(store.read_parts("q1", 0)) or []] == [
+        "a00", "b01"]
+    done = store.complete("q1", 0)
+    _publish(store, "q1", 0, 2, attempt="c", written_ms=1)  # a zombie after completion
+    again = plan_batch(store, lineage, "q1", 1, parallelism=2).checkpoint
+    assert again is not None
+    assert again.metadata.source_positions == done.metadata.source_positions
+
+
+def test_concurrent_completions_write_one_metadata_and_agree(tmp_path: Path) -> None:
+    store, lineage = _store(tmp_path)
+    plan_batch(store, lineage, "q1", 0, parallelism=3)
+    for batch in range(4):
+        _publish(store, "q1", batch, 3)
+    for batch in range(4):
+        results = _race(8, lambda b=batch: store.complete("q1", b, 3))
+        assert not [r for r in results if isinstance(r, Exception)]
+        assert len({r.metadata.completion_timestamp_ms for r in results}) == 1
+    files = store.query_storage("q1").walk_files()
+    assert [f for f in files if ".tmp-" in f] == []
+    assert store.completed_ids("q1") == [1, 2, 3]  # retained = 3
+
+
+def test_recover_latest_skips_nothing_silently_and_is_adopted_once(tmp_path: Path) -> None:
+    store, lineage = _store(tmp_path)
+    plan_batch(store, lineage, "q1", 0, parallelism=1)
+    for batch in range(2):
+        _publish(store, "q1", batch, 1)
+        store.complete("q1", batch)
+    lineage.release(1)
+    done = recover_stage(str(tmp_path / "loc"), "op", "latest")
+    assert "checkpoint 1 of query q1" in done.message
+    adopted = plan_batch(store, lineage, "q1", 7, parallelism=1)
+    assert adopted.claim.kind == QUERY and adopted.claim.batch == 7
+    assert adopted.checkpoint is not None and adopted.checkpoint.checkpoint_id == 1
+    assert [c.kind for c in lineage.claims()] == ["query", "recovery", "query"]
+    with pytest.raises(OwnershipError, match="may still be running"):
+        recover_stage(str(tmp_path / "loc"), "op", "empty")

@@ -1,0 +1,342 @@
+"""Keys Spark users have: date, timestamp (any session time zone), timestamp_ntz,
+decimal, binary, struct, array and mixed multi-column keys run keyed state on Spark
+with no dead letters, in the key groups the local harness computes for the same
+Python values; types that cannot be keys are refused before the query starts."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from collections import Counter
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    CalendarIntervalType,
+    DateType,
+    DayTimeIntervalType,
+    DecimalType,
+    IntegerType,
+    MapType,
+    NullType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+    VariantType,
+    YearMonthIntervalType,
+)
+
+import weir
+import weir.spark
+from spark_support import by_value, run, write_file  # type: ignore[import-not-found]
+from weir.errors import ConfigurationError
+from weir.runtime.spark import keys as spark_keys
+from weir.runtime.spark.keys import UNCONVERTIBLE, check_key_types, keys_of
+from weir.runtime.spark.routing import KEY, RowKind, keyed_route_pass, route_table
+from weir.state.keygroups import assign_key_to_parallel_operator, canonical_key_bytes
+from weir.testing import KeyedOperatorHarness
+
+M, P = 128, 2
+UTC = dt.UTC
+
+
+@pytest.fixture(autouse=True)
+def _pickle_by_value() -> None:
+    import sys
+
+    from pyspark import cloudpickle
+
+    by_value()
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+# ------------------------------------------------------------------ keys_of (no Spark)
+
+
+def test_keys_of_gives_the_same_instant_whatever_the_time_zone_of_the_column() -> None:
+    micros = [0, 1_700_000_000_123_456, -86_400_000_000]
+    want = [dt.datetime(1970, 1, 1, tzinfo=UTC) + dt.timedelta(microseconds=m) for m in micros]
+    for tz in ("UTC", "America/Los_Angeles", "Asia/Kolkata", "+05:30", "GMT+05:00", "Z"):
+        batch = pa.record_batch([pa.array(micros, pa.timestamp("us", tz=tz))], names=["ts"])
+        keys = keys_of(batch, ["ts"])
+        assert keys == want
+        assert all(k.tzinfo is UTC for k in keys)
+        assert [canonical_key_bytes(k) for k in keys] == [canonical_key_bytes(w) for w in want]
+
+
+def test_keys_of_turns_arrays_into_tuples_at_any_depth_and_keeps_structs_as_dicts() -> None:
+    kind = pa.struct([("id", pa.int32()), ("tags", pa.list_(pa.string())),
+                      ("at", pa.timestamp("us", tz="Asia/Tokyo"))])
+    column = pa.chunked_array([
+        pa.array([{"id": 1, "tags": ["a", "b"], "at": 0}], kind),
+        pa.array([{"id": 2, "tags": [], "at": None}, None], kind),
+    ])
+    table = pa.table({"s": column, "l": pa.array([[[1], [2, 3]], [], None],
+                                                 pa.list_(pa.list_(pa.int64())))})
+    assert keys_of(table, ["s"]) == [
+        {"id": 1, "tags": ("a", "b"), "at": dt.datetime(1970, 1, 1, tzinfo=UTC)},
+        {"id": 2, "tags": (), "at": None},
+        None,
+    ]
+    assert keys_of(table, ["l"]) == [((1,), (2, 3)), (), None]
+    assert keys_of(table, ["l", "s"])[1] == ((), {"id": 2, "tags": (), "at": None})
+
+
+def test_keys_of_keeps_dates_decimals_binary_and_naive_timestamps() -> None:
+    batch = pa.record_batch(
+        [pa.array([dt.date(2024, 2, 29)]), pa.array([Decimal("1.50")], pa.decimal128(10, 2)),
+         pa.array([b"\x00\xff"]), pa.array([dt.datetime(2024, 1, 1, 12)], pa.timestamp("us"))],
+        names=["d", "dec", "b", "ntz"])
+    assert keys_of(batch, ["d", "dec", "b", "ntz"]) == [
+        (dt.date(2024, 2, 29), Decimal("1.50"), b"\x00\xff", dt.datetime(2024, 1, 1, 12))]
+
+
+def test_a_value_python_cannot_hold_is_a_bad_key_of_its_own_row_only() -> None:
+    too_late = 2**62  # microseconds: year ~146,000
+    batch = pa.record_batch([pa.array([0, too_late, 5], pa.timestamp("us", tz="UTC")),
+                             pa.array([1, 2, 3], pa.int64())], names=["ts", "seq"])
+    keys = keys_of(batch, ["ts"])
+    assert keys[1] is UNCONVERTIBLE and keys[0] == dt.datetime(1970, 1, 1, tzinfo=UTC)
+    routed = next(keyed_route_pass(["ts"], M, P)(iter([batch])))
+    kinds = routed.column("_weir_kind").to_pylist()
+    assert kinds == [RowKind.RECORD, RowKind.BAD_KEY, RowKind.RECORD]
+
+
+def test_the_route_pass_puts_every_new_key_type_with_its_owner() -> None:
+    batch = pa.record_batch(
+        [pa.array([dt.date(2024, 1, d) for d in range(1, 21)]),
+         pa.array([[d, d + 1] for d in range(20)], pa.list_(pa.int32()))], names=["d", "a"])
+    routed = next(keyed_route_pass(["d", "a"], M, P)(iter([batch])))
+    want = [route_table(P)[assign_key_to_parallel_operator((dt.date(2024, 1, d), [d - 1, d]),
+                                                          M, P)] for d in range(1, 21)]
+    assert routed.column("_weir_route").to_pylist() == want
+    assert set(routed.column("_weir_kind").to_pylist()) == {RowKind.RECORD}
+
+
+# ------------------------------------------------------------------ check_key_types
+
+
+def _schema(**fields: Any) -> StructType:
+    return StructType([StructField(name, kind) for name, kind in fields.items()])
+
+
+def test_supported_key_types_pass_the_check() -> None:
+    nested = StructType([StructField("a", ArrayType(DecimalType(10, 2))),
+                         StructField("b", StructType([StructField("t", TimestampType())])),
+                         StructField("n", NullType())])
+    schema = _schema(d=DateType(), ts=TimestampType(), ntz=TimestampNTZType(),
+                     dec=DecimalType(38, 18), b=BinaryType(), s=nested,
+                     a=ArrayType(ArrayType(StringType())), i=IntegerType())
+    check_key_types(schema, list(schema.fieldNames()), "op")
+    check_key_types(_schema(**{KEY: nested}), [KEY], "op")
+    assert spark_keys.KEY_COLUMN == KEY
+
+
+@pytest.mark.parametrize(("kind", "named", "advice"), [
+    (MapType(StringType(), IntegerType()), "map<string,int>", "map_entries"),
+    (ArrayType(MapType(StringType(), IntegerType())), "map<string,int>", "map_entries"),
+    (DayTimeIntervalType(), "interval day to second", "cast"),
+    (YearMonthIntervalType(), "interval year to month", "cast"),
+    (CalendarIntervalType(), "interval", "cast"),
+    (VariantType(), "variant", "to_json"),
+    (NullType(), "void", "null in every row"),
+    (StructType([StructField("x", IntegerType()), StructField("x", StringType())]),
+     "struct<x:int,x:string>", "duplicate field names ['x']"),
+])
+def test_key_types_that_cannot_be_keys_are_refused_naming_operator_column_type_and_fix(
+    kind: Any, named: str, advice: str
+) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        check_key_types(_schema(ok=StringType(), bad=kind), ["ok", "bad"], "my-op")
+    message = str(info.value)
+    assert "'my-op'" in message and "'bad'" in message
+    assert named in message and advice in message
+
+
+def test_a_refused_key_by_expression_is_named_as_such() -> None:
+    with pytest.raises(ConfigurationError, match=r"the key_by expression .*map<string,int>"):
+        check_key_types(_schema(**{KEY: MapType(StringType(), IntegerType())}), [KEY], "op")
+    with pytest.raises(ConfigurationError, match="'nope' is not in"):
+        check_key_types(_schema(a=IntegerType()), ["nope"], "op")
+
+
+# ------------------------------------------------------------------ on Spark
+
+SCHEMA = ("seq long, d date, ts timestamp, ntz timestamp_ntz, dec decimal(10,2), "
+          "bin binary, st struct<id:int,region:string>, arr array<int>")
+ARROW = pa.schema([
+    ("seq", pa.int64()), ("d", pa.date32()), ("ts", pa.timestamp("us", tz="UTC")),
+    ("ntz", pa.timestamp("us")), ("dec", pa.decimal128(10, 2)), ("bin", pa.binary()),
+    ("st", pa.struct([("id", pa.int32()), ("region", pa.string())])),
+    ("arr", pa.list_(pa.int32())),
+])
+OUT = "kind string, seq long, n long, subtask int, grp int"
+COUNT = weir.ValueStateDescriptor[int]("count")
+
+
+def _records(start: int, n: int) -> list[dict[str, Any]]:
+    out = []
+    for seq in range(start, start + n):
+        k = (seq * 7) % 11
+        out.append({
+            "seq": seq,
+            "d": dt.date(2024, 3, 9) + dt.timedelta(days=k),
+            # around the US DST change (2024-03-10 10:00Z): instants an hour apart
+            "ts": dt.datetime(2024, 3, 10, 9, 30, tzinfo=UTC) + dt.timedelta(hours=k),
+            "ntz": dt.datetime(2024, 3, 10, 2, 30) + dt.timedelta(minutes=30 * k),
+            "dec": Decimal(k * 125 - 250).scaleb(-2).quantize(Decimal("0.01")),
+            "bin": bytes([k, 255 - k]) * k,
+            "st": {"id": k % 3, "region": ["eu", "us"][k % 2]},
+            "arr": list(range(k)),
+        })
+    return out
+
+
+#: kind -> (key_by, the Python key of a record as the local harness keys it); a None
+#: key_by is the Column expression F.struct("d", "arr", "ts")
+STAGES: dict[str, tuple[Any, Any]] = {
+    "date": ("d", lambda r: r["d"]),
+    "timestamp": ("ts", lambda r: r["ts"]),
+    "timestamp_ntz": ("ntz", lambda r: r["ntz"]),
+    "decimal": ("dec", lambda r: r["dec"]),
+    "binary": ("bin", lambda r: r["bin"]),
+    "struct": ("st", lambda r: r["st"]),
+    "array": ("arr", lambda r: r["arr"]),
+    "multi": (["d", "ts", "dec", "st", "arr", "ntz"],
+              lambda r: (r["d"], r["ts"], r["dec"], r["st"], r["arr"], r["ntz"])),
+    "expression": (None, lambda r: {"d": r["d"], "arr": r["arr"], "ts": r["ts"]}),
+}
+
+
+class KindCount(weir.KeyedProcessFunction[dict[str, Any], tuple[Any, ...]]):
+    """Running count per key; emits (kind, seq, count, subtask, key group of the key)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(COUNT)
+
+    def process_element(self, value: dict[str, Any], ctx: Any) -> Any:
+        from weir.state.keygroups import assign_to_key_group
+
+        n = (self.count.value() or 0) + 1
+        self.count.update(n)
+        yield (self.kind, value["seq"], n, ctx.subtask_index,
+               assign_to_key_group(ctx.current_key, M))
+
+
+def _expected(records: list[dict[str, Any]], kind: str) -> dict[int, tuple[int, int, int]]:
+    """seq -> (running count, subtask, key group) from the local harness: each record
+    goes through a KeyedOperatorHarness of its subtask, keyed by its Python value."""
+    key_of = STAGES[kind][1]
+    out: dict[int, tuple[int, int, int]] = {}
+    with contextlib.ExitStack() as stack:
+        harnesses = [stack.enter_context(KeyedOperatorHarness(
+            KindCount(kind), key_of, max_parallelism=M, parallelism=P, subtask_index=i))
+            for i in range(P)]
+        for record in records:
+            subtask = assign_key_to_parallel_operator(key_of(record), M, P)
+            for row in harnesses[subtask].process_element(record):
+                assert row[3] == subtask
+                out[row[1]] = (row[2], subtask, row[4])
+    return out
+
+
+def _process(events: Any, kind: str, location: str) -> Any:
+    from pyspark.sql import functions as F
+
+    key_by = STAGES[kind][0]
+    return weir.spark.process(
+        events, key_by=F.struct("d", "arr", "ts") if key_by is None else key_by,
+        function=KindCount(kind), output_schema=OUT, uid=kind, checkpoint_location=location,
+        parallelism=P, max_parallelism=M, heartbeat=False)
+
+
+@contextlib.contextmanager
+def _session_time_zone(spark: Any, zone: str) -> Iterator[None]:
+    before = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", zone)
+    try:
+        yield
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("kind", ["multi", "expression"])
+def test_streaming_keys_of_every_type_count_exactly_with_no_dead_letters(
+    spark: Any, tmp_path: Path, kind: str
+) -> None:
+    """Two batches in a non-UTC session time zone (across a DST change): the counts and
+    key groups are the harness's, nothing is dead-lettered, and the state Spark wrote
+    reads back through a savepoint under the same keys."""
+    records = _records(0, 60)
+    for start in range(0, 60, 30):
+        write_file(tmp_path / "in", records[start:start + 30], ARROW)
+    location = str(tmp_path / "weir")
+    with _session_time_zone(spark, "America/Los_Angeles"):
+        sink = run(spark, tmp_path / "in", SCHEMA, lambda ev: _process(ev, kind, location),
+                   tmp_path / "spark")
+    assert len(sink.batches) == 2
+    assert weir.spark.read_dead_letters(location) == []
+    got = {seq: (n, subtask, grp) for k, seq, n, subtask, grp in sink.rows() if k == kind}
+    assert got == _expected(records, kind)
+    _check_savepoint(tmp_path, kind, records)
+
+
+@pytest.mark.spark
+def test_each_key_type_alone_counts_in_the_harness_key_groups(
+    spark: Any, tmp_path: Path
+) -> None:
+    """One column of each type as the whole key (a static DataFrame: one Spark job per
+    stage), in another non-UTC session time zone: every record is processed (none is a
+    bad key) in its harness key group."""
+    records = _records(0, 40)
+    write_file(tmp_path / "in", records, ARROW)
+    with _session_time_zone(spark, "Asia/Kolkata"):
+        events = spark.read.schema(SCHEMA).parquet(str(tmp_path / "in"))
+        for kind in ("date", "timestamp", "timestamp_ntz", "decimal", "binary", "struct",
+                     "array"):
+            rows = _process(events, kind, str(tmp_path / kind)).collect()
+            got = {r.seq: (r.n, r.subtask, r.grp) for r in rows}
+            assert len(rows) == len(records) and got == _expected(records, kind), kind
+
+
+def _check_savepoint(tmp_path: Path, kind: str, records: list[dict[str, Any]]) -> None:
+    """The state Spark wrote, read back through a savepoint and the harness: every key
+    decodes to a value of the same key, with the oracle's count."""
+    key_of = STAGES[kind][1]
+    oracle = Counter(canonical_key_bytes(key_of(r)) for r in records)
+    target = tmp_path / "savepoint"
+    weir.spark.savepoint(str(tmp_path / "weir"), str(target))
+    completed = weir.load_checkpoint(str(target))
+    with KeyedOperatorHarness.restore(KindCount(kind), key_of, completed, uid=kind,
+                                      parallelism=1, subtask_index=0) as h:
+        state = {canonical_key_bytes(k): h.state_of(k, COUNT) for k in h.keys(COUNT)}
+    assert state == dict(oracle), kind
+
+
+class _Nothing(weir.KeyedProcessFunction[Any, Any]):
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        return ()
+
+
+@pytest.mark.spark
+def test_process_refuses_a_map_key_column_before_the_query_starts(
+    spark: Any, tmp_path: Path
+) -> None:
+    df = spark.createDataFrame([({"a": 1}, 1)], "m map<string,int>, seq long")
+    with pytest.raises(ConfigurationError, match=r"operator 'maps'.*column 'm'"):
+        weir.spark.process(df, key_by="m", function=_Nothing(),
+                           output_schema="seq long", uid="maps",
+                           checkpoint_location=str(tmp_path / "weir"))
+    assert not (tmp_path / "weir").exists()  # refused before anything was written

@@ -1,0 +1,674 @@
+"""Adversarial protocol scenarios on real Spark (local[2], the shared session): what
+users and Spark do to a stage's checkpoint location. Each ends exactly-once (L = D =
+M = 0 against an oracle) or in the specific clear error, and asserts that the
+situation it sets up really happened (RELIABILITY.md, test 11)."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import weir
+import weir.spark
+from spark_support import (  # type: ignore[import-not-found]
+    KEYED,
+    BatchSink,
+    Count,
+    by_value,
+    keyed_records,
+    last_counts,
+    run,
+    write_file,
+)
+
+SCHEMA = "key string, seq long"
+COUNT_OUT = "key string, seq long, n long, subtask int"
+
+
+@pytest.fixture(autouse=True)
+def _pickle_by_value() -> None:
+    by_value()
+
+
+def _oracle(records: list[dict[str, Any]]) -> Counter[str]:
+    return Counter(r["key"] for r in records)
+
+
+def _stage(location: Path, uid: str = "count", **kwargs: Any) -> Callable[[Any], Any]:
+    options = {"parallelism": 2, "heartbeat": False, **kwargs}
+
+    def build(events: Any) -> Any:
+        return weir.spark.process(events, key_by="key", function=Count(),
+                                  output_schema=COUNT_OUT, uid=uid,
+                                  checkpoint_location=str(location), **options)
+    return build
+
+
+def _lmd(rows: list[tuple[Any, ...]], expected_seqs: list[int],
+         oracle: Counter[str]) -> tuple[int, int, int]:
+    """(lost, duplicated, keys whose final count differs) of ``rows``."""
+    seen = Counter(r[1] for r in rows)
+    lost = sum(1 for s in expected_seqs if s not in seen)
+    duplicated = sum(n - 1 for n in seen.values() if n > 1)
+    counts = last_counts(rows)
+    mismatched = sum(1 for k in set(counts) | set(oracle) if counts.get(k) != oracle.get(k))
+    return lost, duplicated, mismatched
+
+
+def _query_dirs(location: Path, uid_prefix: str = "count") -> list[Path]:
+    return sorted(location.glob(f"stages/{uid_prefix}-*/queries/*"))
+
+
+def _error_text(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
+    return str(excinfo.value)
+
+
+# ------------------------------------------------------------------ 1. lost state
+
+
+@pytest.mark.spark
+def test_1_a_deleted_location_fails_with_the_ways_out_and_recover_empty_is_explicit(
+    spark: Any, tmp_path: Path, backend: str
+) -> None:
+    records = keyed_records(0, 900, 30)
+    location = tmp_path / "weir"
+    build = _stage(location, state_backend=backend)
+    for start in (0, 300):
+        write_file(tmp_path / "in", records[start:start + 300], KEYED)
+    sink = run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark")
+    assert sorted(sink.batches) == [0, 1]
+    shutil.rmtree(location)  # the injected fault: weir's state is gone, Spark's stays
+    write_file(tmp_path / "in", records[600:], KEYED)
+    with pytest.raises(Exception) as excinfo:
+        run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark", sink)
+    text = _error_text(excinfo)
+    assert "MissingStateError" in text and "batch 2" in text and "batch 1" in text
+    assert str(location) in text and "recover(" in text and "restore_from" in text
+    assert 2 not in sink.batches  # nothing of batch 2 was emitted
+    assert not any(location.glob("stages/*/queries/*/chk-2"))
+
+    # the user's explicit choice: go on from empty state
+    message = weir.spark.recover(str(location), "count", source="empty")
+    assert "empty state" in message
+    run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark", sink)
+    assert last_counts(sink.batches[2]) == _oracle(records[600:])
+
+
+@pytest.mark.spark
+def test_1_a_newest_checkpoint_deleted_by_hand_fails_and_recover_latest_says_what_it_drops(
+    spark: Any, tmp_path: Path
+) -> None:
+    records = keyed_records(0, 1200, 30)
+    location = tmp_path / "weir"
+    build = _stage(location)
+    for start in (0, 300, 600):
+        write_file(tmp_path / "in", records[start:start + 300], KEYED)
+    sink = run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark")
+    (query,) = _query_dirs(location)
+    shutil.rmtree(query / "chk-2")  # the injected fault
+    write_file(tmp_path / "in", records[900:], KEYED)
+    with pytest.raises(Exception) as excinfo:
+        run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark", sink)
+    text = _error_text(excinfo)
+    assert "MissingStateError" in text and "chk-2 is missing" in text
+    assert f"query {query.name}" in text and "recover(" in text
+
+    message = weir.spark.recover(str(location), "count")
+    assert "checkpoint 1" in message and "after batch 1 are dropped" in message
+    run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark", sink)
+    # exactly the explicit choice: batch 2's records are not in the state
+    kept = records[:600] + records[900:]
+    assert last_counts(sink.batches[3]) == {
+        k: n for k, n in _oracle(kept).items() if k in {r["key"] for r in records[900:]}
+    }
+
+
+# ------------------------------------------------------------------ 2. stages sharing a location
+
+
+@pytest.mark.spark
+def test_2_two_stages_share_a_location_through_restart_rescale_and_a_new_query(
+    spark: Any, tmp_path: Path, backend: str
+) -> None:
+    records = keyed_records(0, 1500, 40)
+    location = tmp_path / "weir"
+
+    def both(p_a: int, p_b: int) -> Callable[[Any], Any]:
+        def build(events: Any) -> Any:
+            a = _stage(location, "a", parallelism=p_a, state_backend=backend)(events)
+            b = _stage(location, "b", parallelism=p_b, state_backend=backend)(events)
+            from pyspark.sql import functions as F
+
+            return a.withColumn("stage", F.lit("a")).unionByName(
+                b.withColumn("stage", F.lit("b")))
+        return build
+
+    sinks: dict[str, BatchSink] = {}  # batch ids start again at 0 in a new query
+    steps = [(0, 500, (2, 2), "spark-1"), (500, 1000, (3, 2), "spark-1"),
+             (1000, 1500, (1, 3), "spark-2")]
+    for start, end, (p_a, p_b), spark_dir in steps:
+        source = tmp_path / f"in-{spark_dir}"  # a new query reads its source from the start
+        write_file(source, records[start:end], KEYED)
+        run(spark, source, SCHEMA, both(p_a, p_b), tmp_path / spark_dir,
+            sinks.setdefault(spark_dir, BatchSink()))
+    rows = [r for s in sinks.values() for r in s.rows()]
+    for stage in ("a", "b"):
+        mine = [r for r in rows if r[4] == stage]
+        assert _lmd(mine, list(range(1500)), _oracle(records)) == (0, 0, 0)
+    # each stage kept its own namespace: no file of one stage in the other's directory
+    assert len(list(location.glob("stages/*"))) == 2
+    assert len(_query_dirs(location, "a")) == 2 and len(_query_dirs(location, "b")) == 2
+
+
+# ------------------------------------------------------------------ 3. two queries at once
+
+
+def _start(spark: Any, source: Path, build: Callable[[Any], Any], spark_dir: Path,
+           sink: BatchSink) -> Any:
+    events = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(source))
+    return (build(events).writeStream.foreachBatch(sink)
+            .option("checkpointLocation", str(spark_dir))
+            .trigger(processingTime="300 milliseconds").start())
+
+
+def _wait(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.mark.spark
+def test_3_a_second_query_on_a_running_stage_is_refused_naming_the_running_one(
+    spark: Any, tmp_path: Path
+) -> None:
+    records = keyed_records(0, 900, 30)
+    location = tmp_path / "weir"
+    build = _stage(location)
+    write_file(tmp_path / "a", records[:300], KEYED)
+    write_file(tmp_path / "b", records[300:600], KEYED)
+    first_sink = BatchSink()
+    first = _start(spark, tmp_path / "a", build, tmp_path / "spark-1", first_sink)
+    try:
+        _wait(lambda: 0 in first_sink.batches, "the first query's batch 0")
+        second_sink = BatchSink()
+        second = _start(spark, tmp_path / "b", build, tmp_path / "spark-2", second_sink)
+        with pytest.raises(Exception) as excinfo:
+            second.awaitTermination(60)
+        text = _error_text(excinfo)
+        assert "OwnershipError" in text and f"query {first.id}" in text and "running" in text
+        assert second_sink.batches == {}  # the refused query emitted nothing
+        # the running one is untouched and goes on
+        write_file(tmp_path / "a", records[600:], KEYED)
+        _wait(lambda: 1 in first_sink.batches, "the first query's batch 1")
+        assert first.isActive
+    finally:
+        first.stop()
+    weir.spark.finish(first)  # it stopped: the stage is free at once
+    third = run(spark, tmp_path / "b", SCHEMA, build, tmp_path / "spark-3")
+    expected = records[:300] + records[600:] + records[300:600]
+    assert last_counts(first_sink.rows() + third.rows()) == _oracle(expected)
+
+
+@pytest.mark.spark
+def test_3_a_query_whose_lease_expired_is_fenced_off_when_a_new_one_takes_over(
+    spark: Any, tmp_path: Path
+) -> None:
+    records = keyed_records(0, 900, 30)
+    location = tmp_path / "weir"
+    build = _stage(location, lease_timeout="1 s")
+    write_file(tmp_path / "a", records[:300], KEYED)
+    old_sink = BatchSink()
+    old = _start(spark, tmp_path / "a", build, tmp_path / "spark-1", old_sink)
+    try:
+        _wait(lambda: 0 in old_sink.batches, "the old query's batch 0")
+        time.sleep(1.5)  # idle: no batch renews its lease
+        write_file(tmp_path / "b", records[300:600], KEYED)
+        new = run(spark, tmp_path / "b", SCHEMA, build, tmp_path / "spark-2")
+        assert last_counts(new.rows()) == _oracle(records[:600])  # took over its state
+        write_file(tmp_path / "a", records[600:], KEYED)  # the old query runs again
+        with pytest.raises(Exception) as excinfo:
+            old.awaitTermination(60)
+    finally:
+        old.stop()
+    text = _error_text(excinfo)
+    assert "FencedError" in text and f"query {old.id} was fenced off" in text
+    assert sorted(old_sink.batches) == [0]  # the fenced batch emitted nothing
+
+
+# ------------------------------------------------------------------ 4. zombie attempts
+
+
+@pytest.mark.spark
+def test_4_a_late_attempt_published_after_completion_never_replaces_the_acknowledged_state(
+    spark: Any, tmp_path: Path, backend: str
+) -> None:
+    records = keyed_records(0, 900, 30)
+    location = tmp_path / "weir"
+    build = _stage(location, state_backend=backend)
+    for start in (0, 300):
+        write_file(tmp_path / "in", records[start:start + 300], KEYED)
+    sink = run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark")
+    # a zombie: another run's part of batch 1 (other state) published late under a
+    # new attempt id, with the earliest timestamp, and files that were swept
+    other = tmp_path / "other"
+    write_file(tmp_path / "other-in", keyed_records(5000, 50, 30), KEYED)
+    write_file(tmp_path / "other-in", keyed_records(5050, 50, 30), KEYED)
+    run(spark, tmp_path / "other-in", SCHEMA, _stage(other, state_backend=backend),
+        tmp_path / "other-spark")
+    (query,) = _query_dirs(location)
+    from weir.checkpoint.format import encode_part
+
+    assert list(query.glob("chk-1/_parts/*")) == []  # completion swept the parts
+    injected = 0
+    meta = weir.load_checkpoint(str(_query_dirs(other)[0] / "chk-1"), verify=False).metadata
+    for handle in meta.operators["count"].subtasks:
+        data = encode_part("count", 2, 128, handle, {"attempt": "0badc0de", "written_ms": 1,
+                                                     "watermark": 0, "batch_time": 1})
+        (query / "chk-1" / "_parts").mkdir(exist_ok=True)
+        (query / "chk-1" / "_parts" / f"{handle.subtask_index}-0badc0de.part").write_bytes(data)
+        injected += 1
+    assert injected == 2
+    write_file(tmp_path / "in", records[600:], KEYED)
+    run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark", sink)
+    assert _lmd(sink.rows(), list(range(900)), _oracle(records)) == (0, 0, 0)
+
+
+# ------------------------------------------------------------------ 5. partly computed output
+
+
+@pytest.mark.spark
+def test_5_an_output_only_partly_computed_fails_naming_the_cause_and_the_fix(
+    spark: Any, tmp_path: Path
+) -> None:
+    records = keyed_records(0, 600, 30)
+    location = tmp_path / "weir"
+    build = _stage(location)
+    write_file(tmp_path / "in", records[:300], KEYED)
+    write_file(tmp_path / "in", records[300:], KEYED)
+    taken: dict[int, int] = {}
+
+    def take_one(df: Any, batch: int) -> None:  # computes only the first partition
+        taken[batch] = len(df.take(1))
+
+    events = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(
+        str(tmp_path / "in"))
+    query = (build(events).writeStream.foreachBatch(take_one)
+             .option("checkpointLocation", str(tmp_path / "spark"))
+             .trigger(availableNow=True).start())
+    with pytest.raises(Exception) as excinfo:
+        query.awaitTermination(120)
+    text = _error_text(excinfo)
+    assert taken == {0: 1}  # the partial action happened, in batch 0 only
+    assert "IncompleteBatchError" in text and "batch 0" in text
+    assert "only partly computed" in text and "persist()" in text
+    (qdir,) = _query_dirs(location)
+    # the driver's listener saw it right after batch 0
+    _wait(lambda: (qdir / "chk-0" / "_incomplete").exists(), "the listener's record")
+    parts = sorted(p.name.split("-")[0] for p in (qdir / "chk-0" / "_parts").iterdir())
+    assert parts == ["0"]  # subtask 0's state of batch 0 is kept, nothing rolled back
+    assert not (qdir / "chk-1" / "_parts").exists()  # batch 1 published nothing
+
+
+# ------------------------------------------------------------------ 6. rescale after a crash
+
+
+class CrashInSubtask(Count):
+    """In subtask ``subtask``, at its first record of a batch with seq >= ``start``,
+    waits until the other subtasks published their parts of that batch, then raises:
+    a batch that dies in the middle with the other subtasks' parts in storage."""
+
+    def __init__(self, subtask: int, start: int, location: str) -> None:
+        self.subtask, self.start, self.location = subtask, start, location
+
+    def process_element(self, value: dict[str, Any], ctx: Any) -> Any:
+        if ctx.subtask_index == self.subtask and value["seq"] >= self.start:
+            deadline = time.monotonic() + 60
+            others = set(range(ctx.parallelism)) - {self.subtask}
+            while time.monotonic() < deadline:
+                done = {int(p.name.split("-")[0])
+                        for p in Path(self.location).glob("stages/*/queries/*/chk-1/_parts/*")}
+                if others <= done:
+                    break
+                time.sleep(0.05)
+            raise RuntimeError("injected crash")
+        yield from super().process_element(value, ctx)
+
+
+@pytest.mark.spark
+def test_6_a_restart_at_another_parallelism_after_a_crash_mid_batch_goes_on(
+    spark: Any, tmp_path: Path, backend: str
+) -> None:
+    from weir.state.keygroups import assign_key_to_parallel_operator
+
+    records = keyed_records(0, 900, 40)
+    assert any(assign_key_to_parallel_operator(r["key"], 128, 4) == 3 for r in records[300:600])
+    location = tmp_path / "weir"
+    write_file(tmp_path / "in", records[:300], KEYED)
+    sink = run(spark, tmp_path / "in", SCHEMA, _stage(location, parallelism=4,
+                                                       state_backend=backend), tmp_path / "spark")
+    write_file(tmp_path / "in", records[300:600], KEYED)
+
+    def crashing(events: Any) -> Any:
+        return weir.spark.process(events, key_by="key",
+                                  function=CrashInSubtask(3, 300, str(location)),
+                                  output_schema=COUNT_OUT, uid="count",
+                                  checkpoint_location=str(location), parallelism=4,
+                                  state_backend=backend, heartbeat=False)
+    with pytest.raises(Exception, match="injected crash"):
+        run(spark, tmp_path / "in", SCHEMA, crashing, tmp_path / "spark", sink)
+    (query,) = _query_dirs(location)
+    stale = sorted(p.name.split("-")[0] for p in (query / "chk-1" / "_parts").glob("*.part"))
+    assert stale == ["0", "1", "2"]  # the crash left parts of 3 of 4 subtasks
+    write_file(tmp_path / "in", records[600:], KEYED)
+    run(spark, tmp_path / "in", SCHEMA, _stage(location, parallelism=2, state_backend=backend),
+        tmp_path / "spark", sink)
+    assert _lmd(sink.rows(), list(range(900)), _oracle(records)) == (0, 0, 0)
+    assert {r[3] for r in sink.batches[2]} == {0, 1}
+
+
+# ------------------------------------------------------------------ 7. time without rows
+
+FIRED = weir.ValueStateDescriptor[bool]("armed")
+
+
+class Clocked(weir.KeyedProcessFunction[dict[str, Any], tuple[Any, ...]]):
+    """Emits the processing time each record and each timer sees; arms one
+    processing-time timer per key, 1 ms after its first record."""
+
+    def open(self, ctx: Any) -> None:
+        self.armed = ctx.get_state(FIRED)
+
+    def process_element(self, value: dict[str, Any], ctx: Any) -> Any:
+        now = ctx.timer_service.current_processing_time()
+        if not self.armed.value():
+            self.armed.update(True)
+            ctx.timer_service.register_processing_time_timer(now + 1)
+        yield ("record", value["key"], now, ctx.subtask_index)
+
+    def on_timer(self, timestamp: int, ctx: Any) -> Any:
+        yield ("timer", ctx.current_key, ctx.timer_service.current_processing_time(),
+               ctx.subtask_index)
+
+
+class AttemptSink:
+    """Keeps every attempt of every batch; fails the first attempt of ``fail_batch``
+    after reading it (so Spark replays that batch)."""
+
+    def __init__(self, fail_batch: int, pause_s: float) -> None:
+        self.attempts: dict[int, list[list[tuple[Any, ...]]]] = {}
+        self.fail_batch, self.pause_s = fail_batch, pause_s
+
+    def __call__(self, df: Any, batch: int) -> None:
+        rows = sorted(tuple(r) for r in df.collect())
+        self.attempts.setdefault(batch, []).append(rows)
+        time.sleep(self.pause_s)  # the next batch's timestamp is later
+        if batch == self.fail_batch and len(self.attempts[batch]) == 1:
+            raise RuntimeError("injected sink failure")
+
+
+@pytest.mark.spark
+def test_7_a_subtask_without_rows_sees_the_batch_time_and_a_replay_sees_the_same(
+    spark: Any, tmp_path: Path
+) -> None:
+    from weir.state.keygroups import assign_key_to_parallel_operator
+
+    owner = {k: assign_key_to_parallel_operator(k, 128, 2) for k in (f"k{i}" for i in range(50))}
+    busy = next(k for k, i in owner.items() if i == 0)
+    idle = next(k for k, i in owner.items() if i == 1)
+    write_file(tmp_path / "in", [{"key": busy, "seq": 0}, {"key": idle, "seq": 1}], KEYED)
+    write_file(tmp_path / "in", [{"key": busy, "seq": 2}], KEYED)  # nothing for subtask 1
+    sink = AttemptSink(fail_batch=1, pause_s=0.05)
+
+    def build(events: Any) -> Any:
+        return weir.spark.process(events, key_by="key", function=Clocked(),
+                                  output_schema="kind string, key string, t long, subtask int",
+                                  uid="clocked", checkpoint_location=str(tmp_path / "weir"),
+                                  parallelism=2, heartbeat=False)
+    events = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(
+        str(tmp_path / "in"))
+    for _ in range(2):  # the injected sink failure stops the first run in batch 1
+        query = (build(events).writeStream.foreachBatch(sink)
+                 .option("checkpointLocation", str(tmp_path / "spark"))
+                 .trigger(availableNow=True).start())
+        first_run = not sink.attempts.get(1)
+        with pytest.raises(Exception, match="injected sink failure") if first_run else (
+                contextlib.nullcontext()):
+            query.awaitTermination()
+        query.stop()
+        weir.spark.finish(query)
+    assert len(sink.attempts[1]) == 2  # batch 1 ran, failed in the sink, and was replayed
+    first, replay = sink.attempts[1]
+    assert first == replay  # the same records and times on replay
+    batch_time = next(r[2] for r in first if r[0] == "record")
+    timers = [r for r in first if r[0] == "timer"]
+    # subtask 1 had no record in batch 1, yet its timer fired at batch 1's time
+    assert ("timer", idle, batch_time, 1) in timers
+    assert {r[2] for r in first} == {batch_time}
+
+
+# ------------------------------------------------------------------ 9. corrupt newest checkpoint
+
+
+@pytest.mark.spark
+def test_9_a_corrupt_newest_checkpoint_names_the_file_and_the_option_that_goes_on(
+    spark: Any, tmp_path: Path, backend: str
+) -> None:
+    records = keyed_records(0, 1200, 30)
+    location = tmp_path / "weir"
+    for start in (0, 300, 600):
+        write_file(tmp_path / "in", records[start:start + 300], KEYED)
+    sink = run(spark, tmp_path / "in", SCHEMA, _stage(location, state_backend=backend),
+               tmp_path / "spark")
+    (query,) = _query_dirs(location)
+    meta = weir.load_checkpoint(str(query / "chk-2"), verify=False).metadata
+    victim = query / max((f for s in meta.operators["count"].subtasks for f in s.files()
+                          if f.path.startswith("chk-2/")), key=lambda f: f.size).path
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # the injected fault: one flipped bit in a state file
+    victim.write_bytes(bytes(data))
+    write_file(tmp_path / "in", records[900:], KEYED)
+    # another parallelism: every subtask restores from storage (no worker-local copy)
+    build = _stage(location, parallelism=3, state_backend=backend)
+    with pytest.raises(Exception) as excinfo:
+        run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark", sink)
+    text = _error_text(excinfo)
+    assert "CorruptCheckpointError" in text and victim.name in text
+    assert "recover(" in text and "source='latest'" in text
+
+    message = weir.spark.recover(str(location), "count", source="latest")
+    assert "checkpoint 1" in message and "after batch 1 are dropped" in message
+    assert "batches [2] are here" in message
+    run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark", sink)
+    kept = records[:600] + records[900:]
+    new_keys = {r["key"] for r in records[900:]}
+    assert last_counts(sink.batches[3]) == {k: n for k, n in _oracle(kept).items()
+                                            if k in new_keys}
+
+
+# ------------------------------------------------------------------ 14. concurrent completion
+
+
+@pytest.mark.spark
+def test_14_completion_by_the_listener_and_finish_at_once_leaves_one_clean_checkpoint(
+    spark: Any, tmp_path: Path
+) -> None:
+    import threading
+
+    records = keyed_records(0, 1200, 30)
+    location = tmp_path / "weir"
+    for start in range(0, 1200, 300):
+        write_file(tmp_path / "in", records[start:start + 300], KEYED)
+    sink = BatchSink()
+    events = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(
+        str(tmp_path / "in"))
+    query = (_stage(location)(events).writeStream.foreachBatch(sink)
+             .option("checkpointLocation", str(tmp_path / "spark"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    # the listener completes the last batch now; so do eight finish() calls at once
+    threads = [threading.Thread(target=weir.spark.finish, args=(query,)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert _lmd(sink.rows(), list(range(1200)), _oracle(records)) == (0, 0, 0)
+    (qdir,) = _query_dirs(location)
+    assert (qdir / "chk-3" / "_metadata").exists()
+    assert [p for p in location.rglob("*") if ".tmp-" in p.name] == []
+    assert list(qdir.glob("chk-3/_parts/*")) == []
+
+
+# ------------------------------------------------------------------ 11. late and malformed
+
+
+class Seen(weir.KeyedProcessFunction[dict[str, Any], tuple[Any, ...]]):
+    """Emits every record it is given with its event time."""
+
+    def process_element(self, value: dict[str, Any], ctx: Any) -> Any:
+        yield (value["key"], ctx.timestamp, ctx.timer_service.current_watermark())
+
+
+def _json_lines(directory: Path, lines: list[str]) -> None:
+    """One JSON-lines file, published by rename with a strictly later mtime."""
+    directory.mkdir(parents=True, exist_ok=True)
+    name = f"{len(list(directory.glob('*.json'))):04d}.json"
+    tmp = directory.parent / f".{name}.tmp"
+    tmp.write_text("\n".join(lines) + "\n")
+    stamp = time.time_ns() + len(list(directory.glob("*.json"))) * 20_000_000
+    import os
+
+    os.utime(tmp, ns=(stamp, stamp))
+    tmp.rename(directory / name)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("policy", ["process", "dead_letter"])
+def test_11_late_null_time_and_malformed_records_follow_the_policy_and_are_counted(
+    spark: Any, tmp_path: Path, policy: str
+) -> None:
+    location = tmp_path / "weir"
+    _json_lines(tmp_path / "in", [f'{{"key": "k{i}", "ts": {100 + i}}}' for i in range(11)])
+    time.sleep(0.05)
+    _json_lines(tmp_path / "in", [
+        '{"key": "k1", "ts": 50}',                  # behind the watermark (110)
+        '{"key": "k2", "ts": null}',                # no event time
+        '{"key": "k3", "ts": "not a number"',       # malformed line
+        '{"key": "k4", "ts": 200}',                 # on time
+    ])
+    schema = "key string, ts long, _corrupt_record string"
+    sink = BatchSink()
+    events = (spark.readStream.schema(schema).option("maxFilesPerTrigger", 1)
+              .option("mode", "PERMISSIVE")
+              .option("columnNameOfCorruptRecord", "_corrupt_record").json(str(tmp_path / "in")))
+    query = (weir.spark.process(events, key_by="key", function=Seen(),
+                                output_schema="key string, ts long, watermark long",
+                                uid="late", checkpoint_location=str(location), parallelism=2,
+                                event_time="ts", late_records=policy, heartbeat=False)
+             .writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "spark"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    weir.spark.finish(query)
+    seen = sorted(r[0] for r in sink.batches[1])
+    assert seen == (["k1", "k4"] if policy == "process" else ["k4"])
+    dead = {d["record"]["key"] if d["record"]["key"] else "?": d["reason"]
+            for d in weir.spark.read_dead_letters(str(location))}
+    assert dead["k2"] == "null or invalid event time in column 'ts'"
+    malformed = [d for d in weir.spark.read_dead_letters(str(location))
+                 if d["reason"].startswith("malformed input")]
+    assert len(malformed) == 1
+    assert malformed[0]["record"]["_corrupt_record"] == '{"key": "k3", "ts": "not a number"'
+    if policy == "dead_letter":
+        assert dead["k1"] == "late: event time 50 is not after the watermark 110"
+    else:
+        assert "k1" not in dead
+    (qdir,) = _query_dirs(location, "late")
+    counts = weir.load_checkpoint(str(qdir / "chk-1"), verify=False).metadata.source_positions
+    assert {k: counts["spark"][k] for k in ("late_records", "null_event_time", "malformed")} == {
+        "late_records": 1, "null_event_time": 1, "malformed": 1}
+
+
+# ------------------------------------------------------------------ 13. flags that do something
+
+SHORT = weir.ValueStateDescriptor[int]("short", ttl=weir.StateTtlConfig(ttl_ms=1))
+
+
+class Remember(weir.KeyedProcessFunction[dict[str, Any], tuple[Any, ...]]):
+    """Keeps each record's seq in a value with a 1 ms TTL (default cleanup)."""
+
+    def open(self, ctx: Any) -> None:
+        self.short = ctx.get_state(SHORT)
+
+    def process_element(self, value: dict[str, Any], ctx: Any) -> Any:
+        self.short.update(value["seq"])
+        yield (value["key"], value["seq"], 1, ctx.subtask_index)
+
+
+@pytest.mark.spark
+def test_13_rocksdb_ttl_compaction_filter_cleanup_runs_in_the_spark_runtime(
+    spark: Any, tmp_path: Path
+) -> None:
+    from weir.testing import KeyedOperatorHarness
+
+    location = tmp_path / "weir"
+    write_file(tmp_path / "in", keyed_records(0, 200, 50), KEYED)
+    write_file(tmp_path / "in", [{"key": "late", "seq": 999}], KEYED)
+    sink = AttemptSink(fail_batch=-1, pause_s=0.05)  # batch 1 runs 50 ms later: all expired
+    events = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(
+        str(tmp_path / "in"))
+    query = (weir.spark.process(events, key_by="key", function=Remember(),
+                                output_schema=COUNT_OUT, uid="ttl",
+                                checkpoint_location=str(location), parallelism=2,
+                                state_backend="rocksdb", heartbeat=False)
+             .writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "spark"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    weir.spark.finish(query)
+    assert sorted(sink.attempts) == [0, 1]
+    weir.spark.savepoint(str(location), str(tmp_path / "sp"))
+    stored = []
+    for i in range(2):
+        with KeyedOperatorHarness.restore(Remember(), lambda v: v["key"],
+                                          weir.load_checkpoint(str(tmp_path / "sp")), uid="ttl",
+                                          parallelism=2, subtask_index=i) as h:
+            stored += h.keys(SHORT)
+    assert set(stored) <= {"late"}  # the 50 expired keys were removed from RocksDB
+
+
+@pytest.mark.spark
+def test_13_max_parallelism_defaults_as_in_flink_and_then_comes_from_the_state(
+    spark: Any, tmp_path: Path
+) -> None:
+    location = tmp_path / "weir"
+    write_file(tmp_path / "in", keyed_records(0, 100, 10), KEYED)
+    run(spark, tmp_path / "in", SCHEMA, _stage(location, parallelism=200), tmp_path / "spark")
+    (query,) = _query_dirs(location)
+    meta = weir.load_checkpoint(str(query / "chk-0"), verify=False).metadata
+    assert meta.operators["count"].max_parallelism == 512  # Flink: next pow2 of 1.5 * 200
+    write_file(tmp_path / "in", keyed_records(100, 100, 10), KEYED)
+    run(spark, tmp_path / "in", SCHEMA, _stage(location, parallelism=2), tmp_path / "spark")
+    meta = weir.load_checkpoint(str(query / "chk-1"), verify=False).metadata
+    assert meta.operators["count"].max_parallelism == 512  # read back, not recomputed
+
+
+@pytest.mark.spark
+def test_13_a_renamed_uid_is_refused_unless_non_restored_state_is_allowed(
+    spark: Any, tmp_path: Path
+) -> None:
+    write_file(tmp_path / "in", keyed_records(0, 100, 10), KEYED)
+    run(spark, tmp_path / "in", SCHEMA, _stage(tmp_path / "weir"), tmp_path / "spark")
+    target = weir.spark.savepoint(str(tmp_path / "weir"), str(tmp_path / "sp"))
+    events = spark.readStream.schema(SCHEMA).parquet(str(tmp_path / "in"))
+    with pytest.raises(weir.RestoreError, match=r"none of 'renamed'.*allow_non_restored_state"):
+        _stage(tmp_path / "new", "renamed", restore_from=target)(events)
+    out = _stage(tmp_path / "new", "renamed", restore_from=target,
+                 allow_non_restored_state=True)(events)
+    assert out.isStreaming
