@@ -455,6 +455,67 @@ def test_7_a_subtask_without_rows_sees_the_batch_time_and_a_replay_sees_the_same
     assert {r[2] for r in first} == {batch_time}
 
 
+# ------------------------------------------------------------------ 8. savepoints
+
+
+@pytest.mark.spark
+def test_8_a_savepoint_pins_what_it_copies_records_sparks_offsets_and_leaves_nothing_on_failure(
+    spark: Any, tmp_path: Path, backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from typer.testing import CliRunner
+
+    from weir.cli import app
+    from weir.runtime.spark.epochs import EpochStore
+    from weir.runtime.spark.savepoints import write_savepoint
+
+    records = keyed_records(0, 1500, 30)
+    location = tmp_path / "weir"
+    build = _stage(location, state_backend=backend, retained=1)
+    for start in (0, 300):
+        write_file(tmp_path / "in", records[start:start + 300], KEYED)
+    run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark")
+    store = EpochStore(weir.CheckpointStorage(str(location)), "count")
+    (query,) = _query_dirs(location)
+    chk1 = weir.load_checkpoint(str(query / "chk-1"), verify=False)
+    pin = store.pin(chk1)  # what savepoint() does before it copies chk-1
+    for start in (600, 900):
+        write_file(tmp_path / "in", records[start:start + 300], KEYED)
+    run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark")
+    assert (query / "chk-1" / "_metadata").exists()  # retained=1, yet kept while pinned
+    write_savepoint([weir.load_checkpoint(str(query / "chk-1"))], str(tmp_path / "sp-1"))
+    store.unpin(pin)
+    write_file(tmp_path / "in", records[1200:], KEYED)
+    run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark")
+    assert not (query / "chk-1").exists()  # unpinned: retention took it
+
+    # a failed savepoint leaves no partial target (the injected failure: a corrupt file)
+    meta = weir.load_checkpoint(str(query / "chk-4"), verify=False).metadata
+    victim = query / max((f for s in meta.operators["count"].subtasks for f in s.files()
+                          if f.path.startswith("chk-4/")), key=lambda f: f.size).path
+    good = victim.read_bytes()
+    victim.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    with pytest.raises(weir.CorruptCheckpointError):
+        weir.spark.savepoint(str(location), str(tmp_path / "sp-bad"))
+    assert not (tmp_path / "sp-bad").exists()
+    assert not list(tmp_path.glob("sp-bad*"))
+    assert list(location.glob("stages/*/pins/*")) == []  # the pin went with it
+    victim.write_bytes(good)
+
+    target = weir.spark.savepoint(str(location), str(tmp_path / "sp-2"))
+    positions = weir.load_checkpoint(target).metadata.source_positions
+    offsets = positions["spark_stages"]["count"]["source_offsets"]
+    assert offsets["batch"] == 4 and offsets["offsets"] == [{"logOffset": 4}]
+    assert offsets["spark_checkpoint"].rstrip("/").endswith("spark")
+    shown = CliRunner().invoke(app, ["checkpoint", "inspect", target])
+    assert shown.exit_code == 0 and "state reflects Spark batch 4" in shown.stdout
+
+    with caplog.at_level("WARNING", logger="weir.spark"):
+        _stage(tmp_path / "weir-2", restore_from=target)(
+            spark.readStream.schema(SCHEMA).parquet(str(tmp_path / "in")))
+    assert "reflects the input up to Spark batch 4" in caplog.text
+    assert '[{"logOffset": 4}]' in caplog.text
+
+
 # ------------------------------------------------------------------ 9. corrupt newest checkpoint
 
 

@@ -100,6 +100,14 @@ def checkpoint_inspect(
     )
     if meta.source_positions:
         console.print(f"source positions: {json.dumps(dict(meta.source_positions))}")
+    for uid, stage in sorted((meta.source_positions.get("spark_stages") or {}).items()):
+        offsets = stage.get("source_offsets")
+        if offsets:
+            console.print(
+                f"operator {uid!r}: state reflects Spark batch {offsets['batch']} of "
+                f"{offsets['spark_checkpoint']}; source end offsets "
+                f"{json.dumps(offsets['offsets'])}"
+            )
     for uid, op in sorted(meta.operators.items()):
         table = Table(
             title=f"operator {uid!r}: parallelism {op.parallelism}, "

@@ -74,6 +74,7 @@ import atexit
 import contextlib
 import json
 import logging
+import posixpath
 import re
 import threading
 import uuid
@@ -201,6 +202,8 @@ class _Completion:
     def __init__(self) -> None:
         self.stages: dict[tuple[str, str], _Stage] = {}
         self.lock = threading.Lock()
+        #: (query, stage) pairs whose Spark checkpoint location is recorded
+        self.recorded: set[tuple[str, tuple[str, str]]] = set()
 
     def _owned(self, query: str) -> list[tuple[_Stage, Claim]]:
         with self.lock:
@@ -212,11 +215,22 @@ class _Completion:
                 out.append((stage, head))
         return out
 
-    def on_progress(self, query: str, batch: int, *, raise_errors: bool = False) -> None:
-        """Complete ``batch`` of ``query`` for every stage the query owns."""
+    def on_progress(
+        self, query: str, batch: int, *, raise_errors: bool = False,
+        spark_checkpoint: Any = None,
+    ) -> None:
+        """Complete ``batch`` of ``query`` for every stage the query owns (and record,
+        once, where the query's Spark checkpoint is: ``spark_checkpoint`` is a callable
+        that finds it)."""
         for stage, head in self._owned(query):
             if batch < (head.batch or 0):
                 continue
+            marker = (query, (stage.store.location.location, stage.store.uid))
+            if spark_checkpoint is not None and marker not in self.recorded:
+                root = spark_checkpoint()
+                if root:
+                    stage.store.record_spark_checkpoint(query, root)
+                    self.recorded.add(marker)
             if stage.store.is_empty(query, batch):
                 continue  # no row for the stage in this batch: nothing to complete
             with stage.lock:
@@ -244,6 +258,14 @@ class _Completion:
 _COMPLETIONS: dict[int, _Completion] = {}
 
 
+def _spark_checkpoint(query: Any) -> str | None:
+    """Where a running query keeps Spark's checkpoint (None if unknown)."""
+    try:
+        return str(query._jsq.streamingQuery().resolvedCheckpointRoot())
+    except Exception:  # not a classic (py4j) query, or gone
+        return None
+
+
 def _completion(spark: SparkSession) -> _Completion:
     from pyspark.sql.streaming.listener import StreamingQueryListener
 
@@ -258,7 +280,10 @@ def _completion(spark: SparkSession) -> _Completion:
             pass
 
         def onQueryProgress(self, event: Any) -> None:
-            completion.on_progress(str(event.progress.id), int(event.progress.batchId))
+            query = str(event.progress.id)
+            completion.on_progress(query, int(event.progress.batchId),
+                                   spark_checkpoint=lambda: _spark_checkpoint(
+                                       spark.streams.get(query)))
 
         def onQueryIdle(self, event: Any) -> None:
             pass
@@ -302,6 +327,24 @@ def _check_function(function: Any, keyed: bool, broadcast: Any, uid: str) -> Non
         )
 
 
+def _log_positions(source: CompletedCheckpoint, uid: str) -> None:
+    """Say which source positions a stage started from a savepoint reflects: a new query
+    reads its sources from wherever it is told to start, not from there."""
+    positions = source.metadata.source_positions
+    own = (positions.get("spark_stages") or {}).get(uid) or positions.get("spark") or {}
+    offsets = own.get("source_offsets")
+    where = (f"Spark batch {offsets['batch']} of the query with checkpoint "
+             f"{offsets['spark_checkpoint']}, end offsets {json.dumps(offsets['offsets'])}"
+             if offsets else "no recorded Spark source offsets")
+    log.warning(
+        "weir: operator %r starts from %s %s: its state reflects the input up to %s. A new "
+        "query reads its sources from where you start them (a file source: from its "
+        "first file), so start them there, or records are counted twice or never "
+        "(docs/architecture.md, 'Resuming sources after a savepoint')",
+        uid, source.kind.value, source.url, where,
+    )
+
+
 def _resolve_max_parallelism(
     store: EpochStore, lineage: Lineage, requested: int | None, parallelism: int,
     restore_from: str | None, allow_non_restored_state: bool,
@@ -322,6 +365,7 @@ def _resolve_max_parallelism(
                 f"drop that state. If the stage was renamed, give it its old uid; to start "
                 f"{uid!r} with empty state anyway, pass allow_non_restored_state=True"
             )
+        _log_positions(source, uid)
     else:
         source = lineage_state(store, lineage)[0]
     op = source.metadata.operators.get(uid) if source is not None else None
@@ -504,7 +548,8 @@ def finish(query: Any) -> int | None:
     query_id = str(query.id)
     for completion in list(_COMPLETIONS.values()):
         if batch is not None:
-            completion.on_progress(query_id, batch, raise_errors=True)
+            completion.on_progress(query_id, batch, raise_errors=True,
+                                   spark_checkpoint=lambda: _spark_checkpoint(query))
         if not query.isActive:
             completion.on_terminated(query_id)
     return batch
@@ -543,25 +588,58 @@ def savepoint(
     completed checkpoint (of a running query: its state as of the latest completed
     batch; of a stopped one: its final state). Start a query from it with
     ``process(..., restore_from=target)``. Returns the savepoint's URL."""
-    from weir.runtime.spark.savepoints import write_savepoint
+    from weir.runtime.spark.savepoints import spark_offsets, write_savepoint
 
     storage = CheckpointStorage(checkpoint_location, storage_options=storage_options)
     if uid is not None:
         stores = [EpochStore(storage, uid)]
     else:
         stores = [EpochStore.at(storage, d) for d in EpochStore.stage_dirs(storage)]
-    checkpoints = []
-    for store in stores:
-        found = lineage_state(store, Lineage(store.stage))[0]
-        if found is not None:
+    checkpoints: list[CompletedCheckpoint] = []
+    offsets: dict[str, dict[str, Any]] = {}
+    pins: list[tuple[EpochStore, str]] = []
+    try:
+        for store in stores:
+            found = _pinned_state(store, pins)
+            if found is None:
+                continue
             checkpoints.append(found)
-    if not checkpoints:
-        raise NoCheckpointError(
-            f"{checkpoint_location} has no completed checkpoint"
-            + (f" of operator {uid!r}" if uid is not None else "")
-            + " to take a savepoint from; run the query until a batch completes"
-        )
-    return write_savepoint(checkpoints, target, storage_options=storage_options)
+            query = posixpath.basename(found.storage.root.rstrip("/"))
+            root = store.spark_checkpoint(query) if found.directory else None
+            sources = spark_offsets(root, found.checkpoint_id) if root else None
+            for op_uid in found.metadata.operators:
+                offsets[op_uid] = {"source_offsets": sources} if sources else {}
+        if not checkpoints:
+            raise NoCheckpointError(
+                f"{checkpoint_location} has no completed checkpoint"
+                + (f" of operator {uid!r}" if uid is not None else "")
+                + " to take a savepoint from; run the query until a batch completes"
+            )
+        return write_savepoint(checkpoints, target, storage_options=storage_options,
+                               stage_positions=offsets)
+    finally:
+        for store, pin in pins:
+            store.unpin(pin)
+
+
+def _pinned_state(
+    store: EpochStore, pins: list[tuple[EpochStore, str]]
+) -> CompletedCheckpoint | None:
+    """The stage's current state, pinned against retention while a savepoint copies
+    it (re-resolved if retention removed it between finding and pinning)."""
+    lineage = Lineage(store.stage)
+    for _ in range(5):
+        found = lineage_state(store, lineage)[0]
+        if found is None or not found.directory:  # empty, or a savepoint (not retained)
+            return found
+        pin = store.pin(found)
+        pins.append((store, pin))
+        if found.storage.exists(f"{found.directory}/_metadata"):
+            return found
+    raise NoCheckpointError(  # pragma: no cover - retention won 5 races in a row
+        f"{store.location.url}: the stage's checkpoints were subsumed while the savepoint "
+        f"tried to pin one; retry"
+    )
 
 
 def recover(

@@ -29,7 +29,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from concurrent.futures import wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -485,10 +485,15 @@ class CheckpointCoordinator:
             self.enforce_retention()
         return completed
 
-    def enforce_retention(self) -> None:
-        """Subsume the oldest completed checkpoints beyond the retained count."""
-        while len(self._completed) > self.retained:
-            self._discard(self._completed.pop(0))
+    def enforce_retention(self, pinned: Collection[int] = ()) -> None:
+        """Subsume the oldest completed checkpoints beyond the retained count; a
+        ``pinned`` one (a savepoint is copying it) is kept and not counted."""
+        while True:
+            free = [c for c in self._completed if c.checkpoint_id not in pinned]
+            if len(free) <= self.retained:
+                return
+            self._completed.remove(free[0])
+            self._discard(free[0])
 
     def abort(self, pending: PendingCheckpoint) -> None:
         """Give up ``pending``: delete what it wrote."""

@@ -111,6 +111,11 @@ class CheckpointStorage:
             protocol = protocol[0]
         return f"{protocol}:{self.root}"
 
+    @property
+    def is_local(self) -> bool:
+        """Whether this is a plain local filesystem (``root`` is a local path)."""
+        return self._local
+
     def child(self, relative: str) -> CheckpointStorage:
         """A storage rooted at ``relative`` under this one (same filesystem)."""
         sub = CheckpointStorage.__new__(CheckpointStorage)

@@ -6,6 +6,8 @@ Layout under a ``checkpoint_location`` (any :class:`CheckpointStorage` URL)::
                                               sharing a location never touch each
                                               other's files
       claims/...                              who owns the stage (weir.runtime.spark.lineage)
+      pins/<uuid>.json                        a checkpoint a running savepoint copies:
+                                              retention keeps it
       queries/<query id>/chk-<batch>/_parts/<subtask>-<attempt>.part
                                               a task attempt's acknowledgement of the
                                               batch (format.encode_part); every attempt
@@ -23,6 +25,8 @@ Layout under a ``checkpoint_location`` (any :class:`CheckpointStorage` URL)::
       queries/<query id>/chk-<batch>/_incomplete
                                               Spark committed the batch with parts
                                               missing (written by the driver's listener)
+      queries/<query id>/_spark.json          {"checkpoint": Spark's checkpoint location of
+                                              the query} (its offset log, for savepoints)
       queries/<query id>/shared/<uid-dir>/<batch>-<uuid>.sst
                                               incremental RocksDB files
     dead-letter/<query id>/batch=<batch>/<uid-dir>-<subtask>.jsonl
@@ -47,6 +51,7 @@ import json
 import logging
 import re
 import time
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +80,8 @@ log = logging.getLogger(__name__)
 _CHK = re.compile(r"^chk-(\d+)$")
 _PART = re.compile(r"^(\d+)-([0-9a-f]+)\.part$")
 INCOMPLETE_FILE = "_incomplete"
+SPARK_FILE = "_spark.json"
+PIN_EXPIRY_MS = 6 * 3_600_000
 EMPTY_FILE = "_empty"
 
 
@@ -271,6 +278,50 @@ class EpochStore:
             f"query; it then says what that drops"
         )
 
+    # savepoints: pins and Spark's checkpoint -------------------------------------------
+    def pin(self, completed: CompletedCheckpoint) -> str:
+        """Keep ``completed`` (a checkpoint of this stage) from retention until
+        :meth:`unpin`; a savepoint pins what it copies. Returns the pin's path."""
+        path = f"pins/{uuid.uuid4().hex}.json"
+        doc = {"storage": completed.storage.root, "checkpoint": completed.checkpoint_id,
+               "ms": wall_ms()}
+        self.stage.write(path, json.dumps(doc).encode())
+        return path
+
+    def unpin(self, path: str) -> None:
+        """Remove a pin."""
+        self.stage.delete(path)
+
+    def pinned(self, storage: CheckpointStorage) -> set[int]:
+        """Ids of the checkpoints in ``storage`` (a query's directory) that a running
+        savepoint pins (pins older than ``PIN_EXPIRY_MS`` are left over by a crash)."""
+        out = set()
+        now = wall_ms()
+        for name in self.stage.list_dir("pins"):
+            try:
+                doc = json.loads(self.stage.read_bytes(f"pins/{name}", name))
+                if doc["storage"] == storage.root and now - int(doc["ms"]) < PIN_EXPIRY_MS:
+                    out.add(int(doc["checkpoint"]))
+            except (ValueError, KeyError, TypeError, CorruptCheckpointError):
+                continue  # removed while we read it, or not a pin
+        return out
+
+    def record_spark_checkpoint(self, query: str, root: str) -> None:
+        """Remember where query ``query`` keeps Spark's checkpoint (its offset log)."""
+        storage = self.query_storage(query)
+        if not storage.exists(SPARK_FILE):
+            storage.write(SPARK_FILE, json.dumps({"checkpoint": root}).encode())
+
+    def spark_checkpoint(self, query: str) -> str | None:
+        """Spark's checkpoint location of ``query``, if the driver recorded it."""
+        storage = self.query_storage(query)
+        if not storage.exists(SPARK_FILE):
+            return None
+        try:
+            return str(json.loads(storage.read_bytes(SPARK_FILE, SPARK_FILE))["checkpoint"])
+        except (ValueError, KeyError, TypeError, CorruptCheckpointError):
+            return None
+
     def mark_empty(self, query: str, batch: int) -> None:
         """Record that the stage had no row at all in ``batch`` (idempotent)."""
         self.query_storage(query).create_exclusive(f"chk-{batch}/{EMPTY_FILE}", b"{}")
@@ -292,7 +343,7 @@ class EpochStore:
         uploaded by a batch up to ``batch`` that no retained checkpoint references).
         Files of later (running) batches carry a larger id and are left alone."""
         coordinator = CheckpointCoordinator(storage, retained=self.retained, clean_up=False)
-        coordinator.enforce_retention()
+        coordinator.enforce_retention(self.pinned(storage))
         retained = coordinator.completed_checkpoints
         oldest = retained[0].checkpoint_id if retained else batch
         for name in storage.list_dir():

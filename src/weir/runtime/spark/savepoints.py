@@ -9,8 +9,11 @@ its native files and read out in canonical key order.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import shutil
 import time
+import uuid
 from typing import Any
 
 from weir.checkpoint.coordinator import CompletedCheckpoint, PendingCheckpoint
@@ -29,7 +32,7 @@ from weir.state.keyed import KeyedStateStore
 from weir.state.rocksdb import RocksDBStateBackend
 from weir.state.snapshot import KeyedStateSnapshot, OperatorSubtaskSnapshot
 
-__all__ = ["write_savepoint"]
+__all__ = ["spark_offsets", "write_savepoint"]
 
 
 def _canonical(keyed: KeyedStateSnapshot, owner: str) -> KeyedStateSnapshot:
@@ -47,16 +50,71 @@ def _canonical(keyed: KeyedStateSnapshot, owner: str) -> KeyedStateSnapshot:
         shutil.rmtree(keyed.native.path, ignore_errors=True)
 
 
+def spark_offsets(spark_checkpoint: str, batch: int) -> dict[str, Any] | None:
+    """The end offsets of ``batch`` from Spark's offset log (``<checkpoint>/offsets/<batch>``:
+    a version line, the batch's metadata, then one offset per source, ``-`` for none);
+    None if the log does not have the batch (any more)."""
+    import fsspec
+
+    path = f"{spark_checkpoint.rstrip('/')}/offsets/{batch}"
+    try:
+        with fsspec.open(path, "rt") as f:
+            lines = f.read().splitlines()
+    except (OSError, ValueError):
+        return None
+    if len(lines) < 2 or not lines[0].startswith("v"):
+        return None
+    offsets: list[Any] = []
+    for line in lines[2:]:
+        try:
+            offsets.append(None if line.strip() == "-" else json.loads(line))
+        except ValueError:
+            offsets.append(line)
+    return {"spark_checkpoint": spark_checkpoint, "offset_log": path, "batch": batch,
+            "offsets": offsets}
+
+
 def write_savepoint(
     checkpoints: list[CompletedCheckpoint], target: str, *,
     storage_options: dict[str, Any] | None = None,
+    stage_positions: dict[str, dict[str, Any]] | None = None,
 ) -> str:
     """Write the operators of ``checkpoints`` (one per stage) as one savepoint into the
-    directory ``target``; its URL. Each stage's Spark positions are kept under
-    ``source_positions["spark_stages"][uid]``."""
+    directory ``target``; its URL. Each stage's Spark positions (and
+    ``stage_positions[uid]``, e.g. Spark's source offsets) are kept under
+    ``source_positions["spark_stages"][uid]``. Nothing is left in ``target`` if it
+    fails: on a local disk the savepoint is written next to it and renamed into place;
+    elsewhere what was written is deleted."""
     storage = CheckpointStorage(target, storage_options=storage_options)
     if storage.exists(METADATA_FILE):
         raise CheckpointError(f"{storage.url} already holds a savepoint; choose a new directory")
+    staging = storage
+    if storage.is_local:
+        staging = CheckpointStorage(f"{storage.root}.tmp-{uuid.uuid4().hex}")
+    try:
+        _write(checkpoints, staging, stage_positions or {})
+        if staging is not storage:
+            try:
+                os.rename(staging.root, storage.root)
+            except OSError as exc:
+                raise CheckpointError(
+                    f"cannot publish the savepoint at {storage.url}: {exc}; choose a new, "
+                    f"empty directory"
+                ) from exc
+    except BaseException:
+        if staging is not storage:
+            shutil.rmtree(staging.root, ignore_errors=True)
+        else:
+            for path in staging.walk_files():
+                staging.delete(path)
+        raise
+    return storage.url
+
+
+def _write(
+    checkpoints: list[CompletedCheckpoint], storage: CheckpointStorage,
+    stage_positions: dict[str, dict[str, Any]],
+) -> None:
     first = max(checkpoints, key=lambda c: c.checkpoint_id).metadata
     pending = PendingCheckpoint(
         first.checkpoint_id, first.trigger_timestamp_ms, CheckpointKind.SAVEPOINT, storage, ""
@@ -67,26 +125,34 @@ def write_savepoint(
         for uid, op in sorted(meta.operators.items()):
             if uid in stages:
                 raise CheckpointError(f"operator {uid!r} appears in two checkpoints")
-            stages[uid] = dict(meta.source_positions.get("spark") or {})
+            positions = meta.source_positions
+            own = (positions.get("spark_stages") or {}).get(uid) or positions.get("spark")
+            stages[uid] = {**dict(own or {}), **stage_positions.get(uid, {})}
             for handle in op.subtasks:
-                i = handle.subtask_index
-                snaps = completed.load(uid, op.parallelism, i)
-                own: OperatorSubtaskSnapshot = next(s for s in snaps if s.subtask_index == i)
-                for other in snaps:
-                    if other is not own and other.keyed is not None and other.keyed.native:
-                        shutil.rmtree(other.keyed.native.path, ignore_errors=True)
-                if own.keyed is not None:
-                    owner = f"savepoint of operator {uid!r} subtask {i}"
-                    own = dataclasses.replace(own, keyed=_canonical(own.keyed, owner))
-                prefix = f"{uid_dir(uid)}/{i}-savepoint"
-                written = write_snapshot(own, storage, prefix, handle.key_group_range)
-                pending.acknowledge(uid, op.parallelism, op.max_parallelism, written)
-    positions: dict[str, Any] = {"spark_stages": stages}
+                _write_subtask(completed, uid, op, handle, storage, pending)
+    positions_out: dict[str, Any] = {"spark_stages": stages}
     if len(stages) == 1:
-        positions["spark"] = next(iter(stages.values()))
+        positions_out["spark"] = next(iter(stages.values()))
     done = CheckpointMetadata(
         first.checkpoint_id, CheckpointKind.SAVEPOINT, first.trigger_timestamp_ms,
-        int(time.time() * 1000), pending._operators(), positions,
+        int(time.time() * 1000), pending._operators(), positions_out,
     )
     storage.write(METADATA_FILE, encode_metadata(done))
-    return storage.url
+
+
+def _write_subtask(
+    completed: CompletedCheckpoint, uid: str, op: Any, handle: Any,
+    storage: CheckpointStorage, pending: PendingCheckpoint,
+) -> None:
+    i = handle.subtask_index
+    snaps = completed.load(uid, op.parallelism, i)
+    own: OperatorSubtaskSnapshot = next(s for s in snaps if s.subtask_index == i)
+    for other in snaps:
+        if other is not own and other.keyed is not None and other.keyed.native:
+            shutil.rmtree(other.keyed.native.path, ignore_errors=True)
+    if own.keyed is not None:
+        owner = f"savepoint of operator {uid!r} subtask {i}"
+        own = dataclasses.replace(own, keyed=_canonical(own.keyed, owner))
+    prefix = f"{uid_dir(uid)}/{i}-savepoint"
+    written = write_snapshot(own, storage, prefix, handle.key_group_range)
+    pending.acknowledge(uid, op.parallelism, op.max_parallelism, written)
