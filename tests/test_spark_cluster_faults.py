@@ -80,6 +80,7 @@ from typing import Any, TypeVar
 import pytest
 
 from weir import CheckpointCoordinator, CheckpointStorage, CorruptCheckpointError, load_checkpoint
+from weir.runtime.spark.epochs import SPARK_FILE
 from weir.testing import KeyedOperatorHarness
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -452,7 +453,7 @@ def check_checkpoints(location: Path) -> tuple[int, int, int, int]:
                                                 clean_up=False)
         keep = coordinator.referenced_files()
         unreferenced += sum(1 for f in coordinator.storage.walk_files()
-                            if f not in keep and "/_parts/" not in f)
+                            if f not in keep and "/_parts/" not in f and f != SPARK_FILE)
         with_metadata = [d for d in query.iterdir() if (d / "_metadata").exists()]
         corrupt += len(with_metadata) - len(coordinator.completed_checkpoints)
         for checkpoint in coordinator.completed_checkpoints:

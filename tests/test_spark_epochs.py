@@ -198,3 +198,20 @@ def test_recover_latest_skips_nothing_silently_and_is_adopted_once(tmp_path: Pat
     assert [c.kind for c in lineage.claims()] == ["query", "recovery", "query"]
     with pytest.raises(OwnershipError, match="may still be running"):
         recover_stage(str(tmp_path / "loc"), "op", "empty")
+
+
+def test_weir_spark_recover_on_the_command_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from weir.cli import app
+
+    store, lineage = _store(tmp_path)
+    first = plan_batch(store, lineage, "q1", 0, parallelism=1)
+    runner = CliRunner()
+    refused = runner.invoke(app, ["spark", "recover", str(tmp_path / "loc"), "--uid", "op"])
+    assert refused.exit_code == 1 and "may still be running" in refused.output
+    lineage.release(first.claim.token)
+    done = runner.invoke(app, ["spark", "recover", str(tmp_path / "loc"), "--uid", "op",
+                               "--from", "empty"])
+    assert done.exit_code == 0 and "continues from empty state" in done.output
+    assert lineage.head() is not None and lineage.head().kind == "recovery"  # type: ignore[union-attr]

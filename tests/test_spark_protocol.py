@@ -657,6 +657,68 @@ def test_11_late_null_time_and_malformed_records_follow_the_policy_and_are_count
         "late_records": 1, "null_event_time": 1, "malformed": 1}
 
 
+# ------------------------------------------------------------------ 12. end of input: drain
+
+
+class Sessions(weir.KeyedProcessFunction[dict[str, Any], tuple[Any, ...]]):
+    """Per key, an event-time timer 1000 ms after its newest record: emits
+    (key, timer time, records seen) when it fires."""
+
+    def open(self, ctx: Any) -> None:
+        self.seen = ctx.get_state(weir.ValueStateDescriptor[int]("seen"))
+        self.due = ctx.get_state(weir.ValueStateDescriptor[int]("due"))
+
+    def process_element(self, value: dict[str, Any], ctx: Any) -> Any:
+        self.seen.update((self.seen.value() or 0) + 1)
+        if self.due.value() is not None:
+            ctx.timer_service.delete_event_time_timer(self.due.value())
+        self.due.update(value["seq"] + 1000)
+        ctx.timer_service.register_event_time_timer(value["seq"] + 1000)
+        return ()
+
+    def on_timer(self, timestamp: int, ctx: Any) -> Any:
+        yield (ctx.current_key, timestamp, self.seen.value())
+        self.seen.clear()
+
+
+@pytest.mark.spark
+def test_12_stop_with_savepoint_drain_fires_every_event_time_timer_once_into_the_sink(
+    spark: Any, tmp_path: Path, backend: str
+) -> None:
+    from weir.testing import KeyedOperatorHarness
+
+    records = keyed_records(0, 400, 20)  # seq doubles as event time
+    location = tmp_path / "weir"
+    write_file(tmp_path / "in", records[:200], KEYED)
+    write_file(tmp_path / "in", records[200:], KEYED)
+    sink = BatchSink()
+    events = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(
+        str(tmp_path / "in"))
+    query = (weir.spark.process(events, key_by="key", function=Sessions(),
+                                output_schema="key string, t long, seen long", uid="sessions",
+                                checkpoint_location=str(location), parallelism=2,
+                                state_backend=backend, event_time="seq")
+             .writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "spark"))
+             .trigger(processingTime="300 milliseconds").start())
+    try:
+        _wait(lambda: len(sink.batches) >= 3, "the input and one more batch")
+        assert sink.rows() == []  # the last timers (seq + 1000) are beyond the watermark
+        target = weir.spark.stop_with_savepoint(query, str(location), str(tmp_path / "sp"),
+                                                drain=True)
+    finally:
+        query.stop()
+    fired = sink.rows()
+    last = {r["key"]: r["seq"] for r in records}
+    # every key's timer fired exactly once, at its newest record + 1000, with all records
+    assert sorted((k, t) for k, t, _ in fired) == sorted((k, s + 1000) for k, s in last.items())
+    assert sum(n for _, _, n in fired) == 400
+    for i in range(2):
+        with KeyedOperatorHarness.restore(Sessions(), lambda v: v["key"],
+                                          weir.load_checkpoint(target), uid="sessions",
+                                          parallelism=2, subtask_index=i) as h:
+            assert h.event_time_timers() == []  # nothing left to fire
+
+
 # ------------------------------------------------------------------ 13. flags that do something
 
 SHORT = weir.ValueStateDescriptor[int]("short", ttl=weir.StateTtlConfig(ttl_ms=1))

@@ -28,6 +28,7 @@ from spark_support import (  # type: ignore[import-not-found]
     write_file,
 )
 from weir.errors import OutputSchemaError, RestoreError
+from weir.runtime.spark.epochs import DRAIN_FILE, SPARK_FILE
 from weir.runtime.spark.records import to_record_batch
 from weir.runtime.spark.routing import route_table
 from weir.state.keygroups import assign_key_to_parallel_operator
@@ -171,7 +172,8 @@ def _unreferenced(location: Path) -> list[str]:
     for query in location.glob("stages/*/queries/*"):
         coordinator = weir.CheckpointCoordinator(query, clean_up=False)
         keep = coordinator.referenced_files()
-        out += [f for f in coordinator.storage.walk_files() if f not in keep]
+        out += [f for f in coordinator.storage.walk_files()
+                if f not in keep and f not in (SPARK_FILE, DRAIN_FILE)]
     return out
 
 

@@ -52,6 +52,11 @@ it returns; a batch's checkpoint completes once Spark committed the batch.
   :class:`~weir.errors.IncompleteBatchError`; none falls back to older or empty state.
   :func:`recover` is the explicit way on. Late or speculative task attempts never
   replace the attempt a batch's checkpoint chose.
+* **Savepoints and drain.** :func:`savepoint` copies every stage's newest completed
+  checkpoint (pinned while it copies) with Spark's source offsets of that batch;
+  :func:`stop_with_savepoint` stops a running query with a final savepoint, with
+  ``drain=True`` after one more batch at the final watermark, so every event-time
+  timer fires (Flink's ``--drain``).
 * **Bad records** — a key that cannot be computed (null, unhashable), a malformed input
   line (Spark's ``_corrupt_record`` column is set; its raw text is kept), a null or
   invalid ``event_time``, or a record for which the function raises one of
@@ -70,16 +75,10 @@ it returns; a batch's checkpoint completes once Spark committed the batch.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import json
 import logging
-import posixpath
-import re
-import threading
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -92,14 +91,21 @@ from weir.checkpoint.coordinator import CompletedCheckpoint, load_checkpoint
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import (
     ConfigurationError,
-    IncompleteBatchError,
-    NoCheckpointError,
     RestoreError,
 )
 from weir.runtime.operator import StateBackendKind
+from weir.runtime.spark.durations import duration_ms
 from weir.runtime.spark.epochs import EpochStore
 from weir.runtime.spark.keys import check_key_types
-from weir.runtime.spark.lineage import QUERY, Claim, Lineage
+from weir.runtime.spark.lifecycle import (
+    finish,
+    read_dead_letters,
+    recover,
+    savepoint,
+    stop_with_savepoint,
+)
+from weir.runtime.spark.lineage import Lineage
+from weir.runtime.spark.listener import Stage, completion
 from weir.runtime.spark.plan import lineage_state
 from weir.runtime.spark.routing import (
     BROADCAST_PREFIX,
@@ -120,14 +126,12 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["finish", "process", "read_dead_letters", "recover", "savepoint", "session"]
+__all__ = [
+    "finish", "process", "read_dead_letters", "recover", "savepoint", "session",
+    "stop_with_savepoint",
+]
 
 log = logging.getLogger(__name__)
-_UNITS_MS = {
-    "ms": 1, "millisecond": 1, "milliseconds": 1, "s": 1000, "second": 1000,
-    "seconds": 1000, "sec": 1000, "m": 60_000, "min": 60_000, "minute": 60_000,
-    "minutes": 60_000, "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000,
-}
 
 
 def session(master: str = "local[*]", app_name: str = "weir", **conf: str) -> SparkSession:
@@ -147,20 +151,6 @@ def session(master: str = "local[*]", app_name: str = "weir", **conf: str) -> Sp
     return builder.getOrCreate()
 
 
-def _duration_ms(value: int | str | timedelta, what: str) -> int:
-    if isinstance(value, timedelta) and value >= timedelta(0):
-        return int(value / timedelta(milliseconds=1))
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    if isinstance(value, str):
-        match = re.fullmatch(r"\s*(\d+)\s*([a-z]+)\s*", value.lower())
-        if match and match.group(2) in _UNITS_MS:
-            return int(match.group(1)) * _UNITS_MS[match.group(2)]
-    raise ConfigurationError(
-        f"{what} must be milliseconds (int >= 0), a timedelta or a string like '10 seconds', "
-        f"got {value!r}"
-    )
-
 
 def _output_schema(spark: SparkSession, schema: str | StructType) -> tuple[Any, Any]:
     from pyspark.sql.pandas.types import to_arrow_schema
@@ -179,132 +169,6 @@ def _with_internal(struct: StructType) -> StructType:
         *struct.fields, StructField(ROUTE, IntegerType()),
         StructField(KIND, ByteType()), StructField(ORDER, LongType()),
     ])
-
-
-# ---------------------------------------------------------------- completion
-
-
-@dataclass
-class _Stage:
-    """A stage registered with the driver's listener."""
-
-    store: EpochStore
-    lineage: Lineage
-    parallelism: int
-    #: completion and release of this stage are serialized in the driver
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-class _Completion:
-    """Completes a batch's checkpoint once Spark reports the batch done, and gives a
-    stage up when its query stops (a streaming query listener, one per SparkSession)."""
-
-    def __init__(self) -> None:
-        self.stages: dict[tuple[str, str], _Stage] = {}
-        self.lock = threading.Lock()
-        #: (query, stage) pairs whose Spark checkpoint location is recorded
-        self.recorded: set[tuple[str, tuple[str, str]]] = set()
-
-    def _owned(self, query: str) -> list[tuple[_Stage, Claim]]:
-        with self.lock:
-            stages = list(self.stages.values())
-        out = []
-        for stage in stages:
-            head = stage.lineage.head()
-            if head is not None and head.kind == QUERY and head.query == query:
-                out.append((stage, head))
-        return out
-
-    def on_progress(
-        self, query: str, batch: int, *, raise_errors: bool = False,
-        spark_checkpoint: Any = None,
-    ) -> None:
-        """Complete ``batch`` of ``query`` for every stage the query owns (and record,
-        once, where the query's Spark checkpoint is: ``spark_checkpoint`` is a callable
-        that finds it)."""
-        for stage, head in self._owned(query):
-            if batch < (head.batch or 0):
-                continue
-            marker = (query, (stage.store.location.location, stage.store.uid))
-            if spark_checkpoint is not None and marker not in self.recorded:
-                root = spark_checkpoint()
-                if root:
-                    stage.store.record_spark_checkpoint(query, root)
-                    self.recorded.add(marker)
-            if stage.store.is_empty(query, batch):
-                continue  # no row for the stage in this batch: nothing to complete
-            with stage.lock:
-                try:
-                    stage.store.complete(query, batch, stage.parallelism)
-                    stage.lineage.renew(head.token)
-                except IncompleteBatchError as exc:
-                    log.error("weir: %s", exc)
-                    if stage.store.read_parts(query, batch):  # some subtasks ran it
-                        stage.store.mark_incomplete(query, batch, str(exc))
-                    if raise_errors:
-                        raise
-                except Exception:
-                    log.exception("weir: completing batch %s of query %s failed", batch, query)
-                    if raise_errors:
-                        raise
-
-    def on_terminated(self, query: str) -> None:
-        """Give up every stage ``query`` owns: another query may claim them at once."""
-        for stage, head in self._owned(query):
-            with stage.lock:
-                stage.lineage.release(head.token)
-
-
-_COMPLETIONS: dict[int, _Completion] = {}
-
-
-def _spark_checkpoint(query: Any) -> str | None:
-    """Where a running query keeps Spark's checkpoint (None if unknown)."""
-    try:
-        return str(query._jsq.streamingQuery().resolvedCheckpointRoot())
-    except Exception:  # not a classic (py4j) query, or gone
-        return None
-
-
-def _completion(spark: SparkSession) -> _Completion:
-    from pyspark.sql.streaming.listener import StreamingQueryListener
-
-    key = id(spark.sparkContext)
-    found = _COMPLETIONS.get(key)
-    if found is not None:
-        return found
-    completion = _Completion()
-
-    class Listener(StreamingQueryListener):
-        def onQueryStarted(self, event: Any) -> None:
-            pass
-
-        def onQueryProgress(self, event: Any) -> None:
-            query = str(event.progress.id)
-            completion.on_progress(query, int(event.progress.batchId),
-                                   spark_checkpoint=lambda: _spark_checkpoint(
-                                       spark.streams.get(query)))
-
-        def onQueryIdle(self, event: Any) -> None:
-            pass
-
-        def onQueryTerminated(self, event: Any) -> None:
-            try:
-                completion.on_terminated(str(event.id))
-            except Exception:
-                log.exception("weir: releasing the stages of query %s failed", event.id)
-
-    listener = Listener()
-    spark.streams.addListener(listener)
-    _COMPLETIONS[key] = completion
-
-    def remove() -> None:  # no callbacks into an exiting interpreter
-        with contextlib.suppress(Exception):  # the session may be gone already
-            spark.streams.removeListener(listener)
-
-    atexit.register(remove)
-    return completion
-
 
 # ---------------------------------------------------------------- process
 
@@ -368,6 +232,16 @@ def _resolve_max_parallelism(
         _log_positions(source, uid)
     else:
         source = lineage_state(store, lineage)[0]
+        if lineage.head() is None and not allow_non_restored_state:
+            others = [d for d in EpochStore.stage_dirs(store.location)
+                      if d != store.stage.root.rsplit("/", 1)[-1]]
+            if others:
+                log.warning(
+                    "weir: operator %r has no state in %s, which holds state of other "
+                    "stages (%s); it starts empty. If it was renamed, give it its old uid "
+                    "(state is never moved between uids); pass allow_non_restored_state=True "
+                    "to silence this", uid, store.location.url, ", ".join(others),
+                )
     op = source.metadata.operators.get(uid) if source is not None else None
     if op is None:
         return requested if requested is not None else compute_default_max_parallelism(
@@ -476,7 +350,7 @@ def process(
     out_struct, out_arrow = _output_schema(spark, output_schema)
     storage = CheckpointStorage(checkpoint_location, storage_options=storage_options)
     store = EpochStore(storage, uid, retained=retained)
-    lease_ms = _duration_ms(lease_timeout, "lease_timeout")
+    lease_ms = duration_ms(lease_timeout, "lease_timeout")
     lineage = Lineage(store.stage, lease_ms)
     max_parallelism = _resolve_max_parallelism(
         store, lineage, max_parallelism, p, restore_from, allow_non_restored_state,
@@ -490,7 +364,7 @@ def process(
         broadcast_columns=tuple(broadcast.columns) if broadcast is not None else (),
         broadcast_state_descriptors=tuple(broadcast_state_descriptors),
         output_schema=out_arrow, event_time=event_time,
-        watermark_delay_ms=_duration_ms(watermark_delay, "watermark_delay"),
+        watermark_delay_ms=duration_ms(watermark_delay, "watermark_delay"),
         record_format=record_format, bad_record_exceptions=tuple(bad_record_exceptions),
         late_records=late_records,
         restore_from=restore_from, allow_non_restored_state=allow_non_restored_state,
@@ -525,142 +399,9 @@ def process(
         # Trigger.AvailableNow over several sources (the heartbeat's rate source cannot
         # bound itself) honours maxFilesPerTrigger & co. only through Spark's wrapper
         spark.conf.set("spark.sql.streaming.triggerAvailableNowWrapper.enabled", "true")
-        completion = _completion(spark)
-        with completion.lock:
-            completion.stages[(storage.location, uid)] = _Stage(store, lineage, p)
+        listener = completion(spark)
+        with listener.lock:
+            listener.stages[(storage.location, uid)] = Stage(store, lineage, p)
     return routed.repartition(p, ROUTE).mapInArrow(process_pass(spec), out_struct)
 
 
-# ---------------------------------------------------------------- after the fact
-
-
-def finish(query: Any) -> int | None:
-    """Complete the checkpoint of the last batch ``query`` committed, now; and if the
-    query is no longer active, give up its stages so that another query may take them
-    over at once. The query listener does both asynchronously; call ``finish`` after
-    ``stop()`` or ``awaitTermination()`` so that the final batch is complete before the
-    process exits, a savepoint is taken or a new query starts. Raises
-    :class:`~weir.errors.IncompleteBatchError` if Spark committed that batch with some
-    subtasks' output never computed. Returns the batch id (None if the query ran no
-    batch)."""
-    progress = query.lastProgress
-    batch = int(progress["batchId"]) if progress else None
-    query_id = str(query.id)
-    for completion in list(_COMPLETIONS.values()):
-        if batch is not None:
-            completion.on_progress(query_id, batch, raise_errors=True,
-                                   spark_checkpoint=lambda: _spark_checkpoint(query))
-        if not query.isActive:
-            completion.on_terminated(query_id)
-    return batch
-
-
-def read_dead_letters(
-    checkpoint_location: str, *, storage_options: dict[str, Any] | None = None
-) -> list[dict[str, Any]]:
-    """Every dead-lettered record of a stage's ``checkpoint_location``: dicts with
-    ``uid``, ``query``, ``batch``, ``subtask``, ``reason`` and ``record``. Batches
-    that Spark replayed were rewritten in place, so each bad record appears once per
-    query run that committed it."""
-    storage = CheckpointStorage(checkpoint_location, storage_options=storage_options)
-    out: list[dict[str, Any]] = []
-    if not storage.exists("dead-letter"):
-        return out
-    for path in sorted(storage.walk_files("dead-letter")):
-        if not path.endswith(".jsonl"):
-            continue
-        for line in storage.read_bytes(path, path).splitlines():
-            if line.strip():
-                out.append(json.loads(line))
-    out.sort(key=lambda d: (d["query"], d["batch"], d["subtask"]))
-    return out
-
-
-def savepoint(
-    checkpoint_location: str,
-    target: str,
-    *,
-    uid: str | None = None,
-    storage_options: dict[str, Any] | None = None,
-) -> str:
-    """Write a self-contained, backend-independent savepoint into ``target`` of every
-    stage in ``checkpoint_location`` (or only of ``uid``), each from its latest
-    completed checkpoint (of a running query: its state as of the latest completed
-    batch; of a stopped one: its final state). Start a query from it with
-    ``process(..., restore_from=target)``. Returns the savepoint's URL."""
-    from weir.runtime.spark.savepoints import spark_offsets, write_savepoint
-
-    storage = CheckpointStorage(checkpoint_location, storage_options=storage_options)
-    if uid is not None:
-        stores = [EpochStore(storage, uid)]
-    else:
-        stores = [EpochStore.at(storage, d) for d in EpochStore.stage_dirs(storage)]
-    checkpoints: list[CompletedCheckpoint] = []
-    offsets: dict[str, dict[str, Any]] = {}
-    pins: list[tuple[EpochStore, str]] = []
-    try:
-        for store in stores:
-            found = _pinned_state(store, pins)
-            if found is None:
-                continue
-            checkpoints.append(found)
-            query = posixpath.basename(found.storage.root.rstrip("/"))
-            root = store.spark_checkpoint(query) if found.directory else None
-            sources = spark_offsets(root, found.checkpoint_id) if root else None
-            for op_uid in found.metadata.operators:
-                offsets[op_uid] = {"source_offsets": sources} if sources else {}
-        if not checkpoints:
-            raise NoCheckpointError(
-                f"{checkpoint_location} has no completed checkpoint"
-                + (f" of operator {uid!r}" if uid is not None else "")
-                + " to take a savepoint from; run the query until a batch completes"
-            )
-        return write_savepoint(checkpoints, target, storage_options=storage_options,
-                               stage_positions=offsets)
-    finally:
-        for store, pin in pins:
-            store.unpin(pin)
-
-
-def _pinned_state(
-    store: EpochStore, pins: list[tuple[EpochStore, str]]
-) -> CompletedCheckpoint | None:
-    """The stage's current state, pinned against retention while a savepoint copies
-    it (re-resolved if retention removed it between finding and pinning)."""
-    lineage = Lineage(store.stage)
-    for _ in range(5):
-        found = lineage_state(store, lineage)[0]
-        if found is None or not found.directory:  # empty, or a savepoint (not retained)
-            return found
-        pin = store.pin(found)
-        pins.append((store, pin))
-        if found.storage.exists(f"{found.directory}/_metadata"):
-            return found
-    raise NoCheckpointError(  # pragma: no cover - retention won 5 races in a row
-        f"{store.location.url}: the stage's checkpoints were subsumed while the savepoint "
-        f"tried to pin one; retry"
-    )
-
-
-def recover(
-    checkpoint_location: str,
-    uid: str,
-    source: str = "latest",
-    *,
-    force: bool = False,
-    storage_options: dict[str, Any] | None = None,
-) -> str:
-    """Choose explicitly what stage ``uid`` continues from when it cannot go on by
-    itself (its previous state is missing or corrupt, or a batch was only partly
-    computed — the error says so and names this call). ``source`` is ``"latest"``
-    (the newest completed checkpoint whose files all verify), ``"empty"``, or a
-    checkpoint/savepoint URL. The next query that runs the stage — the same one
-    restarted, or a new one — continues from it. Refused while the stage's owner query
-    may still be running, unless ``force``. Returns what the stage continues from and
-    which batches' state that drops."""
-    from weir.runtime.spark.recovery import recover_stage
-
-    done = recover_stage(checkpoint_location, uid, source, force=force,
-                         storage_options=storage_options)
-    log.warning("weir: %s", done.message)
-    return done.message

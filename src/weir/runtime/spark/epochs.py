@@ -27,6 +27,8 @@ Layout under a ``checkpoint_location`` (any :class:`CheckpointStorage` URL)::
                                               missing (written by the driver's listener)
       queries/<query id>/_spark.json          {"checkpoint": Spark's checkpoint location of
                                               the query} (its offset log, for savepoints)
+      queries/<query id>/_drain.json          {"from_batch": B}: batches >= B run at the
+                                              final watermark (stop_with_savepoint drain)
       queries/<query id>/shared/<uid-dir>/<batch>-<uuid>.sst
                                               incremental RocksDB files
     dead-letter/<query id>/batch=<batch>/<uid-dir>-<subtask>.jsonl
@@ -81,6 +83,7 @@ _CHK = re.compile(r"^chk-(\d+)$")
 _PART = re.compile(r"^(\d+)-([0-9a-f]+)\.part$")
 INCOMPLETE_FILE = "_incomplete"
 SPARK_FILE = "_spark.json"
+DRAIN_FILE = "_drain.json"
 PIN_EXPIRY_MS = 6 * 3_600_000
 EMPTY_FILE = "_empty"
 
@@ -321,6 +324,21 @@ class EpochStore:
             return str(json.loads(storage.read_bytes(SPARK_FILE, SPARK_FILE))["checkpoint"])
         except (ValueError, KeyError, TypeError, CorruptCheckpointError):
             return None
+
+    def request_drain(self, query: str, from_batch: int) -> None:
+        """Ask every batch of ``query`` from ``from_batch`` on to run at the final
+        watermark (+inf), so every event-time timer fires (Flink's drain). Written
+        before ``from_batch`` starts, so every attempt of a batch agrees."""
+        self.query_storage(query).write(
+            DRAIN_FILE, json.dumps({"from_batch": from_batch}).encode()
+        )
+
+    def drain_from(self, query: str) -> int | None:
+        """The first batch of ``query`` that drains, if a drain was requested."""
+        storage = self.query_storage(query)
+        if not storage.exists(DRAIN_FILE):
+            return None
+        return int(json.loads(storage.read_bytes(DRAIN_FILE, DRAIN_FILE))["from_batch"])
 
     def mark_empty(self, query: str, batch: int) -> None:
         """Record that the stage had no row at all in ``batch`` (idempotent)."""

@@ -43,6 +43,7 @@ from weir.checkpoint.snapshotter import SnapshotMode, SubtaskCheckpointer
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import CorruptCheckpointError, FencedError, TaskPlacementError
 from weir.runtime.operator import (
+    MAX_WATERMARK,
     MIN_WATERMARK,
     KeyedOperator,
     NonKeyedOperator,
@@ -344,6 +345,10 @@ class _Task:
         max_event = positions.get("max_event_time")
         if max_event is not None:
             watermark = max(watermark, int(max_event) - spec.watermark_delay_ms)
+        if self.batch is not None and isinstance(op, KeyedOperator):
+            drain = self.store.drain_from(self.query)
+            if drain is not None and self.batch >= drain:
+                watermark = MAX_WATERMARK  # drained: every event-time timer fires now
         self.watermark, self.max_event = watermark, max_event
         batch_time = None
         if table is not None:

@@ -1,0 +1,161 @@
+"""The driver's side of the Spark runtime: a streaming query listener that completes
+each batch's checkpoint once Spark committed it, records where the query's Spark
+checkpoint is, and gives a stage up when its query stops (one per SparkSession).
+Completion and release of one stage are serialized in the driver; across processes
+:meth:`EpochStore.complete` has exactly one winner."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from weir.errors import IncompleteBatchError
+from weir.runtime.spark.epochs import EpochStore
+from weir.runtime.spark.lineage import QUERY, Claim, Lineage
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["COMPLETIONS", "Completion", "Stage", "completion", "spark_checkpoint"]
+
+log = logging.getLogger("weir.spark")
+
+
+@dataclass
+class Stage:
+    """A stage registered with the driver's listener."""
+
+    store: EpochStore
+    lineage: Lineage
+    parallelism: int
+    #: completion and release of this stage are serialized in the driver
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Completion:
+    """Completes a batch's checkpoint once Spark reports the batch done, and gives a
+    stage up when its query stops (a streaming query listener, one per SparkSession)."""
+
+    def __init__(self) -> None:
+        #: stages built by process() whose query may still run
+        self.stages: dict[tuple[str, str], Stage] = {}
+        #: stages of stopped queries, by query (finish() still completes their last batch)
+        self.retired: dict[str, list[Stage]] = {}
+        self.lock = threading.Lock()
+        #: (query, stage) pairs whose Spark checkpoint location is recorded
+        self.recorded: set[tuple[str, tuple[str, str]]] = set()
+
+    def _owned(self, query: str) -> list[tuple[Stage, Claim]]:
+        with self.lock:
+            stages = [*self.stages.values(), *self.retired.get(query, ())]
+        out = []
+        for stage in stages:
+            head = stage.lineage.head()
+            if head is not None and head.kind == QUERY and head.query == query:
+                out.append((stage, head))
+        return out
+
+    def on_progress(
+        self, query: str, batch: int, *, raise_errors: bool = False,
+        spark_checkpoint: Any = None,
+    ) -> None:
+        """Complete ``batch`` of ``query`` for every stage the query owns (and record,
+        once, where the query's Spark checkpoint is: ``spark_checkpoint`` is a callable
+        that finds it)."""
+        for stage, head in self._owned(query):
+            if batch < (head.batch or 0):
+                continue
+            marker = (query, (stage.store.location.location, stage.store.uid))
+            if spark_checkpoint is not None and marker not in self.recorded:
+                root = spark_checkpoint()
+                if root:
+                    stage.store.record_spark_checkpoint(query, root)
+                    self.recorded.add(marker)
+            if stage.store.is_empty(query, batch):
+                continue  # no row for the stage in this batch: nothing to complete
+            with stage.lock:
+                try:
+                    stage.store.complete(query, batch, stage.parallelism)
+                    stage.lineage.renew(head.token)
+                except IncompleteBatchError as exc:
+                    log.error("weir: %s", exc)
+                    if stage.store.read_parts(query, batch):  # some subtasks ran it
+                        stage.store.mark_incomplete(query, batch, str(exc))
+                    if raise_errors:
+                        raise
+                except Exception:
+                    log.exception("weir: completing batch %s of query %s failed", batch, query)
+                    if raise_errors:
+                        raise
+
+    def on_terminated(self, query: str) -> None:
+        """Give up every stage ``query`` owns: another query may claim them at once.
+        They leave the listener's active stages (so a long session does not read the
+        claims of every stage it ever ran at each batch); a restart registers them
+        again through process()."""
+        owned = self._owned(query)
+        for stage, head in owned:
+            with stage.lock:
+                stage.lineage.release(head.token)
+        with self.lock:
+            for stage, _ in owned:
+                key = (stage.store.location.location, stage.store.uid)
+                if self.stages.get(key) is stage:
+                    del self.stages[key]
+                if stage not in self.retired.setdefault(query, []):
+                    self.retired[query].append(stage)
+
+
+COMPLETIONS: dict[int, Completion] = {}
+
+
+def spark_checkpoint(query: Any) -> str | None:
+    """Where a running query keeps Spark's checkpoint (None if unknown)."""
+    try:
+        return str(query._jsq.streamingQuery().resolvedCheckpointRoot())
+    except Exception:  # not a classic (py4j) query, or gone
+        return None
+
+
+def completion(spark: SparkSession) -> Completion:
+    from pyspark.sql.streaming.listener import StreamingQueryListener
+
+    key = id(spark.sparkContext)
+    found = COMPLETIONS.get(key)
+    if found is not None:
+        return found
+    completion = Completion()
+
+    class Listener(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            query = str(event.progress.id)
+            completion.on_progress(query, int(event.progress.batchId),
+                                   spark_checkpoint=lambda: spark_checkpoint(
+                                       spark.streams.get(query)))
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            try:
+                completion.on_terminated(str(event.id))
+            except Exception:
+                log.exception("weir: releasing the stages of query %s failed", event.id)
+
+    listener = Listener()
+    spark.streams.addListener(listener)
+    COMPLETIONS[key] = completion
+
+    def remove() -> None:  # no callbacks into an exiting interpreter
+        with contextlib.suppress(Exception):  # the session may be gone already
+            spark.streams.removeListener(listener)
+
+    atexit.register(remove)
+    return completion
