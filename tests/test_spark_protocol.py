@@ -66,6 +66,34 @@ def _query_dirs(location: Path, uid_prefix: str = "count") -> list[Path]:
     return sorted(location.glob(f"stages/{uid_prefix}-*/queries/*"))
 
 
+def _start(spark: Any, source: Path, build: Callable[[Any], Any], spark_dir: Path,
+           sink: Callable[[Any, int], None], *, once: bool = False, schema: str = SCHEMA,
+           reader: Callable[[Any], Any] | None = None) -> Any:
+    """Start ``build`` over the files in ``source``, one file per batch, into ``sink``
+    (foreachBatch): until the input is consumed if ``once``, else every 300 ms."""
+    stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1)
+    events = reader(stream) if reader is not None else stream.parquet(str(source))
+    writer = (build(events).writeStream.foreachBatch(sink)
+              .option("checkpointLocation", str(spark_dir)))
+    trigger = {"availableNow": True} if once else {"processingTime": "300 milliseconds"}
+    return writer.trigger(**trigger).start()
+
+
+def _first_run(
+    spark: Any, tmp_path: Path, total: int, batches: int, **stage: Any
+) -> tuple[list[dict[str, Any]], Path, Callable[[Any], Any], BatchSink]:
+    """``total`` records over 30 keys; the first ``batches`` files of 300 of them run
+    through a count stage in ``tmp_path/weir`` to the end. Returns (records, location,
+    the stage builder, the sink)."""
+    records = keyed_records(0, total, 30)
+    location = tmp_path / "weir"
+    build = _stage(location, **stage)
+    for b in range(batches):
+        write_file(tmp_path / "in", records[b * 300:(b + 1) * 300], KEYED)
+    return records, location, build, run(spark, tmp_path / "in", SCHEMA, build,
+                                         tmp_path / "spark")
+
+
 def _error_text(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
     return str(excinfo.value)
 
@@ -77,12 +105,7 @@ def _error_text(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
 def test_1_a_deleted_location_fails_with_the_ways_out_and_recover_empty_is_explicit(
     spark: Any, tmp_path: Path, backend: str
 ) -> None:
-    records = keyed_records(0, 900, 30)
-    location = tmp_path / "weir"
-    build = _stage(location, state_backend=backend)
-    for start in (0, 300):
-        write_file(tmp_path / "in", records[start:start + 300], KEYED)
-    sink = run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark")
+    records, location, build, sink = _first_run(spark, tmp_path, 900, 2, state_backend=backend)
     assert sorted(sink.batches) == [0, 1]
     shutil.rmtree(location)  # the injected fault: weir's state is gone, Spark's stays
     write_file(tmp_path / "in", records[600:], KEYED)
@@ -105,12 +128,7 @@ def test_1_a_deleted_location_fails_with_the_ways_out_and_recover_empty_is_expli
 def test_1_a_newest_checkpoint_deleted_by_hand_fails_and_recover_latest_says_what_it_drops(
     spark: Any, tmp_path: Path
 ) -> None:
-    records = keyed_records(0, 1200, 30)
-    location = tmp_path / "weir"
-    build = _stage(location)
-    for start in (0, 300, 600):
-        write_file(tmp_path / "in", records[start:start + 300], KEYED)
-    sink = run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark")
+    records, location, build, sink = _first_run(spark, tmp_path, 1200, 3)
     (query,) = _query_dirs(location)
     shutil.rmtree(query / "chk-2")  # the injected fault
     write_file(tmp_path / "in", records[900:], KEYED)
@@ -168,14 +186,6 @@ def test_2_two_stages_share_a_location_through_restart_rescale_and_a_new_query(
 
 
 # ------------------------------------------------------------------ 3. two queries at once
-
-
-def _start(spark: Any, source: Path, build: Callable[[Any], Any], spark_dir: Path,
-           sink: BatchSink) -> Any:
-    events = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(source))
-    return (build(events).writeStream.foreachBatch(sink)
-            .option("checkpointLocation", str(spark_dir))
-            .trigger(processingTime="300 milliseconds").start())
 
 
 def _wait(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
@@ -251,12 +261,7 @@ def test_3_a_query_whose_lease_expired_is_fenced_off_when_a_new_one_takes_over(
 def test_4_a_late_attempt_published_after_completion_never_replaces_the_acknowledged_state(
     spark: Any, tmp_path: Path, backend: str
 ) -> None:
-    records = keyed_records(0, 900, 30)
-    location = tmp_path / "weir"
-    build = _stage(location, state_backend=backend)
-    for start in (0, 300):
-        write_file(tmp_path / "in", records[start:start + 300], KEYED)
-    sink = run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark")
+    records, location, build, sink = _first_run(spark, tmp_path, 900, 2, state_backend=backend)
     # a zombie: another run's part of batch 1 (other state) published late under a
     # new attempt id, with the earliest timestamp, and files that were swept
     other = tmp_path / "other"
@@ -299,11 +304,7 @@ def test_5_an_output_only_partly_computed_fails_naming_the_cause_and_the_fix(
     def take_one(df: Any, batch: int) -> None:  # computes only the first partition
         taken[batch] = len(df.take(1))
 
-    events = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(
-        str(tmp_path / "in"))
-    query = (build(events).writeStream.foreachBatch(take_one)
-             .option("checkpointLocation", str(tmp_path / "spark"))
-             .trigger(availableNow=True).start())
+    query = _start(spark, tmp_path / "in", build, tmp_path / "spark", take_one, once=True)
     with pytest.raises(Exception) as excinfo:
         query.awaitTermination(120)
     text = _error_text(excinfo)
@@ -433,12 +434,8 @@ def test_7_a_subtask_without_rows_sees_the_batch_time_and_a_replay_sees_the_same
                                   output_schema="kind string, key string, t long, subtask int",
                                   uid="clocked", checkpoint_location=str(tmp_path / "weir"),
                                   parallelism=2, heartbeat=False)
-    events = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(
-        str(tmp_path / "in"))
     for _ in range(2):  # the injected sink failure stops the first run in batch 1
-        query = (build(events).writeStream.foreachBatch(sink)
-                 .option("checkpointLocation", str(tmp_path / "spark"))
-                 .trigger(availableNow=True).start())
+        query = _start(spark, tmp_path / "in", build, tmp_path / "spark", sink, once=True)
         first_run = not sink.attempts.get(1)
         with pytest.raises(Exception, match="injected sink failure") if first_run else (
                 contextlib.nullcontext()):
@@ -468,12 +465,8 @@ def test_8_a_savepoint_pins_what_it_copies_records_sparks_offsets_and_leaves_not
     from weir.runtime.spark.epochs import EpochStore
     from weir.runtime.spark.savepoints import write_savepoint
 
-    records = keyed_records(0, 1500, 30)
-    location = tmp_path / "weir"
-    build = _stage(location, state_backend=backend, retained=1)
-    for start in (0, 300):
-        write_file(tmp_path / "in", records[start:start + 300], KEYED)
-    run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark")
+    records, location, build, _ = _first_run(spark, tmp_path, 1500, 2, state_backend=backend,
+                                             retained=1)
     store = EpochStore(weir.CheckpointStorage(str(location)), "count")
     (query,) = _query_dirs(location)
     chk1 = weir.load_checkpoint(str(query / "chk-1"), verify=False)
@@ -523,12 +516,7 @@ def test_8_a_savepoint_pins_what_it_copies_records_sparks_offsets_and_leaves_not
 def test_9_a_corrupt_newest_checkpoint_names_the_file_and_the_option_that_goes_on(
     spark: Any, tmp_path: Path, backend: str
 ) -> None:
-    records = keyed_records(0, 1200, 30)
-    location = tmp_path / "weir"
-    for start in (0, 300, 600):
-        write_file(tmp_path / "in", records[start:start + 300], KEYED)
-    sink = run(spark, tmp_path / "in", SCHEMA, _stage(location, state_backend=backend),
-               tmp_path / "spark")
+    records, location, _, sink = _first_run(spark, tmp_path, 1200, 3, state_backend=backend)
     (query,) = _query_dirs(location)
     meta = weir.load_checkpoint(str(query / "chk-2"), verify=False).metadata
     victim = query / max((f for s in meta.operators["count"].subtasks for f in s.files()
@@ -569,11 +557,8 @@ def test_14_completion_by_the_listener_and_finish_at_once_leaves_one_clean_check
     for start in range(0, 1200, 300):
         write_file(tmp_path / "in", records[start:start + 300], KEYED)
     sink = BatchSink()
-    events = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(
-        str(tmp_path / "in"))
-    query = (_stage(location)(events).writeStream.foreachBatch(sink)
-             .option("checkpointLocation", str(tmp_path / "spark"))
-             .trigger(availableNow=True).start())
+    query = _start(spark, tmp_path / "in", _stage(location), tmp_path / "spark", sink,
+                   once=True)
     query.awaitTermination()
     # the listener completes the last batch now; so do eight finish() calls at once
     threads = [threading.Thread(target=weir.spark.finish, args=(query,)) for _ in range(8)]
@@ -627,15 +612,15 @@ def test_11_late_null_time_and_malformed_records_follow_the_policy_and_are_count
     ])
     schema = "key string, ts long, _corrupt_record string"
     sink = BatchSink()
-    events = (spark.readStream.schema(schema).option("maxFilesPerTrigger", 1)
-              .option("mode", "PERMISSIVE")
-              .option("columnNameOfCorruptRecord", "_corrupt_record").json(str(tmp_path / "in")))
-    query = (weir.spark.process(events, key_by="key", function=Seen(),
-                                output_schema="key string, ts long, watermark long",
-                                uid="late", checkpoint_location=str(location), parallelism=2,
-                                event_time="ts", late_records=policy, heartbeat=False)
-             .writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "spark"))
-             .trigger(availableNow=True).start())
+    query = _start(
+        spark, tmp_path / "in", lambda events: weir.spark.process(
+            events, key_by="key", function=Seen(),
+            output_schema="key string, ts long, watermark long", uid="late",
+            checkpoint_location=str(location), parallelism=2, event_time="ts",
+            late_records=policy, heartbeat=False),
+        tmp_path / "spark", sink, once=True, schema=schema,
+        reader=lambda stream: stream.option("mode", "PERMISSIVE").option(
+            "columnNameOfCorruptRecord", "_corrupt_record").json(str(tmp_path / "in")))
     query.awaitTermination()
     weir.spark.finish(query)
     seen = sorted(r[0] for r in sink.batches[1])
@@ -692,14 +677,10 @@ def test_12_stop_with_savepoint_drain_fires_every_event_time_timer_once_into_the
     write_file(tmp_path / "in", records[:200], KEYED)
     write_file(tmp_path / "in", records[200:], KEYED)
     sink = BatchSink()
-    events = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(
-        str(tmp_path / "in"))
-    query = (weir.spark.process(events, key_by="key", function=Sessions(),
-                                output_schema="key string, t long, seen long", uid="sessions",
-                                checkpoint_location=str(location), parallelism=2,
-                                state_backend=backend, event_time="seq")
-             .writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "spark"))
-             .trigger(processingTime="300 milliseconds").start())
+    query = _start(spark, tmp_path / "in", lambda events: weir.spark.process(
+        events, key_by="key", function=Sessions(), output_schema="key string, t long, seen long",
+        uid="sessions", checkpoint_location=str(location), parallelism=2,
+        state_backend=backend, event_time="seq"), tmp_path / "spark", sink)
     try:
         _wait(lambda: len(sink.batches) >= 3, "the input and one more batch")
         assert sink.rows() == []  # the last timers (seq + 1000) are beyond the watermark
@@ -745,14 +726,10 @@ def test_13_rocksdb_ttl_compaction_filter_cleanup_runs_in_the_spark_runtime(
     write_file(tmp_path / "in", keyed_records(0, 200, 50), KEYED)
     write_file(tmp_path / "in", [{"key": "late", "seq": 999}], KEYED)
     sink = AttemptSink(fail_batch=-1, pause_s=0.05)  # batch 1 runs 50 ms later: all expired
-    events = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(
-        str(tmp_path / "in"))
-    query = (weir.spark.process(events, key_by="key", function=Remember(),
-                                output_schema=COUNT_OUT, uid="ttl",
-                                checkpoint_location=str(location), parallelism=2,
-                                state_backend="rocksdb", heartbeat=False)
-             .writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "spark"))
-             .trigger(availableNow=True).start())
+    query = _start(spark, tmp_path / "in", lambda events: weir.spark.process(
+        events, key_by="key", function=Remember(), output_schema=COUNT_OUT, uid="ttl",
+        checkpoint_location=str(location), parallelism=2, state_backend="rocksdb",
+        heartbeat=False), tmp_path / "spark", sink, once=True)
     query.awaitTermination()
     weir.spark.finish(query)
     assert sorted(sink.attempts) == [0, 1]
