@@ -216,7 +216,10 @@ def _kill(pid: int, started: int | None) -> None:
 class Driver:
     """One run of the job as a child process (stdout/stderr to files in its work dir)."""
 
-    def __init__(self, paths: Any, run: int, pauses: list[str]) -> None:
+    def __init__(self, paths: Any, run: int, pauses: list[str], *, job_path: Path = JOB_PATH,
+                 master: str = MASTER) -> None:
+        """Start ``job_path`` (``fault_job.py``, or another job with its command line)
+        on ``master``."""
         import pyspark
 
         self.paths = paths
@@ -226,8 +229,8 @@ class Driver:
         env.update(SPARK_HOME=os.path.dirname(pyspark.__file__),
                    PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
         paths.status.unlink(missing_ok=True)
-        cmd = [sys.executable, str(JOB_PATH), "--work", str(paths.work),
-               "--backend", ",".join(BACKENDS), "--master", MASTER,
+        cmd = [sys.executable, str(job_path), "--work", str(paths.work),
+               "--backend", ",".join(BACKENDS), "--master", master,
                *(a for p in pauses for a in ("--pause", p))]
         with open(self.log, "wb") as out, open(self.err, "wb") as err:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env,
@@ -441,6 +444,14 @@ def oracle(files: list[list[tuple[str, int, int, int]]]) -> tuple[Rows, State]:
     return rows, state
 
 
+def unreferenced_files(coordinator: CheckpointCoordinator) -> list[str]:
+    """Files of a query's checkpoint directory that no retained completed checkpoint
+    references (parts and ``_spark.json`` aside)."""
+    keep = coordinator.referenced_files()
+    return [f for f in coordinator.storage.walk_files()
+            if f not in keep and "/_parts/" not in f and f != SPARK_FILE]
+
+
 def check_checkpoints(location: Path) -> tuple[int, int, int, int]:
     """(completed checkpoints, how many of them are corrupt, newest checkpoint id,
     files that no completed checkpoint references, parts aside)."""
@@ -451,9 +462,7 @@ def check_checkpoints(location: Path) -> tuple[int, int, int, int]:
             warnings.simplefilter("ignore")  # an unreadable _metadata is skipped, counted below
             coordinator = CheckpointCoordinator(CheckpointStorage(query.as_uri()),
                                                 clean_up=False)
-        keep = coordinator.referenced_files()
-        unreferenced += sum(1 for f in coordinator.storage.walk_files()
-                            if f not in keep and "/_parts/" not in f and f != SPARK_FILE)
+        unreferenced += len(unreferenced_files(coordinator))
         with_metadata = [d for d in query.iterdir() if (d / "_metadata").exists()]
         corrupt += len(with_metadata) - len(coordinator.completed_checkpoints)
         for checkpoint in coordinator.completed_checkpoints:
@@ -493,7 +502,7 @@ class Result:
 
 
 def evaluate(paths: Any, backend: str, rows_expected: Rows, state_expected: State,
-             work: Path, status: dict[str, Any]) -> Result:
+             work: Path, status: dict[str, Any], files: int = FILES) -> Result:
     from weir.connectors import committed_file_batches, read_file_sink
 
     out = paths.out(backend)
@@ -523,8 +532,8 @@ def evaluate(paths: Any, backend: str, rows_expected: Rows, state_expected: Stat
     wrong_state = {k for k in set(state) | set(state_expected)
                    if state.get(k) != state_expected.get(k)}
     batches = committed_file_batches(str(out))
-    complete = (batches == list(range(FILES)) and newest == FILES - 1
-                and status.get(f"last_batch_{backend}") == FILES - 1)
+    complete = (batches == list(range(files)) and newest == files - 1
+                and status.get(f"last_batch_{backend}") == files - 1)
     detail = (
         f"{backend}: output rows={len(rows)} unknown={unknown} keys with wrong output="
         f"{len(wrong_output)} wrong state={len(wrong_state)} sink batches="

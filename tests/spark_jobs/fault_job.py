@@ -208,8 +208,11 @@ def report(backend: str, query: Any, reported: int) -> int:
     return reported
 
 
-def start_query(spark: Any, paths: Paths, backend: str, pauses: dict[Any, float]) -> Any:
-    """One query: the input files through the weir stage into its ``weir-files`` sink."""
+def start_query(
+    spark: Any, paths: Paths, backend: str, pauses: dict[Any, float], function: Any = None,
+) -> Any:
+    """One query: the input files through the weir stage (``function``, by default a
+    :class:`Tracker` with ``pauses``) into its ``weir-files`` sink."""
     import weir.spark
 
     events = (
@@ -218,7 +221,9 @@ def start_query(spark: Any, paths: Paths, backend: str, pauses: dict[Any, float]
         .json(str(paths.input))
     )
     out = weir.spark.process(
-        events, key_by="key", function=Tracker(str(paths.markers), backend, pauses),
+        events, key_by="key",
+        function=function if function is not None else Tracker(str(paths.markers), backend,
+                                                                pauses),
         output_schema=OUTPUT_SCHEMA, uid=UID,
         checkpoint_location=paths.weir_chk(backend).as_uri(), parallelism=PARALLELISM,
         max_parallelism=MAX_PARALLELISM, state_backend=backend, heartbeat=False,
