@@ -196,6 +196,12 @@ def _wait(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> No
         time.sleep(0.1)
 
 
+def _committed(query: Any) -> int:
+    """The last batch Spark reported as committed (-1 before the first)."""
+    progress = query.lastProgress
+    return int(progress["batchId"]) if progress else -1
+
+
 @pytest.mark.spark
 def test_3_a_second_query_on_a_running_stage_is_refused_naming_the_running_one(
     spark: Any, tmp_path: Path
@@ -218,7 +224,9 @@ def test_3_a_second_query_on_a_running_stage_is_refused_naming_the_running_one(
         assert second_sink.batches == {}  # the refused query emitted nothing
         # the running one is untouched and goes on
         write_file(tmp_path / "a", records[600:], KEYED)
-        _wait(lambda: 1 in first_sink.batches, "the first query's batch 1")
+        # Spark committed batch 1 (not only ran its sink): else stop() may interrupt it
+        # before the commit, and the batch, rightly, never completes
+        _wait(lambda: _committed(first) >= 1, "the first query's batch 1 committed")
         assert first.isActive
     finally:
         first.stop()
