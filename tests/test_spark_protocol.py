@@ -94,6 +94,19 @@ def _first_run(
                                          tmp_path / "spark")
 
 
+def _own_largest_file(query: Path, batch: int) -> Path:
+    """The largest state file checkpoint ``batch`` references and ``batch - 1`` does
+    not (a full snapshot, a changelog delta, RocksDB files it uploaded)."""
+    def files(n: int) -> dict[str, int]:
+        if not (query / f"chk-{n}" / "_metadata").exists():
+            return {}
+        meta = weir.load_checkpoint(str(query / f"chk-{n}"), verify=False).metadata
+        return {f.path: f.size for f in meta.files()}
+    previous = files(batch - 1)
+    own = {p: n for p, n in files(batch).items() if p not in previous}
+    return query / max(own, key=lambda p: own[p])
+
+
 def _error_text(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
     return str(excinfo.value)
 
@@ -490,9 +503,7 @@ def test_8_a_savepoint_pins_what_it_copies_records_sparks_offsets_and_leaves_not
     assert not (query / "chk-1").exists()  # unpinned: retention took it
 
     # a failed savepoint leaves no partial target (the injected failure: a corrupt file)
-    meta = weir.load_checkpoint(str(query / "chk-4"), verify=False).metadata
-    victim = query / max((f for s in meta.operators["count"].subtasks for f in s.files()
-                          if f.path.startswith("chk-4/")), key=lambda f: f.size).path
+    victim = _own_largest_file(query, 4)
     good = victim.read_bytes()
     victim.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
     with pytest.raises(weir.CorruptCheckpointError):
@@ -526,9 +537,7 @@ def test_9_a_corrupt_newest_checkpoint_names_the_file_and_the_option_that_goes_o
 ) -> None:
     records, location, _, sink = _first_run(spark, tmp_path, 1200, 3, state_backend=backend)
     (query,) = _query_dirs(location)
-    meta = weir.load_checkpoint(str(query / "chk-2"), verify=False).metadata
-    victim = query / max((f for s in meta.operators["count"].subtasks for f in s.files()
-                          if f.path.startswith("chk-2/")), key=lambda f: f.size).path
+    victim = _own_largest_file(query, 2)
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF  # the injected fault: one flipped bit in a state file
     victim.write_bytes(bytes(data))

@@ -82,7 +82,11 @@ def checkpoint_inspect(
     """Show a checkpoint's or savepoint's operators, subtasks, key groups, sizes and
     states, and verify its files. Exits with 1 if a file is missing or corrupt."""
     from weir.checkpoint.coordinator import load_checkpoint
-    from weir.checkpoint.format import KeyedFullHandle, KeyedIncrementalHandle
+    from weir.checkpoint.format import (
+        KeyedChangelogHandle,
+        KeyedFullHandle,
+        KeyedIncrementalHandle,
+    )
     from weir.errors import WeirError
 
     console = Console()
@@ -118,6 +122,10 @@ def checkpoint_inspect(
         for sub in op.subtasks:
             if isinstance(sub.keyed, KeyedIncrementalHandle):
                 keyed = f"rocksdb incremental ({len(sub.keyed.shared)} shared SST)"
+            elif isinstance(sub.keyed, KeyedChangelogHandle):
+                keyed = (f"changelog (base {sub.keyed.base.file.size} B, "
+                         f"{len(sub.keyed.deltas)} deltas "
+                         f"{sum(d.file.size for d in sub.keyed.deltas)} B)")
             elif isinstance(sub.keyed, KeyedFullHandle):
                 keyed = f"full ({len(sub.keyed.key_groups)} key groups with data)"
             else:

@@ -281,6 +281,7 @@ def process(
     retained: int = 3,
     storage_options: dict[str, Any] | None = None,
     lease_timeout: int | str | timedelta = "60 s",
+    materialization_interval: int | str | timedelta = "10 min",
 ) -> DataFrame:
     """Run ``function`` over ``df`` as a weir stage; returns the output DataFrame
     (streaming if ``df`` is). See the module documentation for the semantics.
@@ -290,9 +291,16 @@ def process(
     through :class:`~weir.CheckpointedFunction`). ``broadcast`` is a second DataFrame
     (streaming iff ``df`` is) whose rows reach ``process_broadcast_element`` of a
     :class:`~weir.KeyedBroadcastProcessFunction` on every subtask, before the keyed
-    records of the same batch. ``snapshot_mode`` applies to RocksDB ("incremental":
-    only new SST files are uploaded per batch; the hash map always writes full
-    snapshots)."""
+    records of the same batch.
+
+    ``snapshot_mode="incremental"`` (the default) makes each batch's checkpoint follow
+    the change, not the state: RocksDB uploads only new SST files; the hash map writes
+    a changelog (the keys and timers the batch changed; nothing for an idle batch) and
+    materializes its whole state in the background once the changes since the last
+    materialization are as large as it, 50 batches changed it, or
+    ``materialization_interval`` passed (restore reads the last materialization and
+    the changes since: at most about twice the state). ``"full"`` writes the whole
+    state every batch."""
     from pyspark.sql import Column
     from pyspark.sql import functions as F
 
@@ -351,6 +359,7 @@ def process(
     storage = CheckpointStorage(checkpoint_location, storage_options=storage_options)
     store = EpochStore(storage, uid, retained=retained)
     lease_ms = duration_ms(lease_timeout, "lease_timeout")
+    materialize_ms = duration_ms(materialization_interval, "materialization_interval")
     lineage = Lineage(store.stage, lease_ms)
     max_parallelism = _resolve_max_parallelism(
         store, lineage, max_parallelism, p, restore_from, allow_non_restored_state,
@@ -369,6 +378,7 @@ def process(
         late_records=late_records,
         restore_from=restore_from, allow_non_restored_state=allow_non_restored_state,
         retained=retained, storage_options=storage_options, lease_timeout_ms=lease_ms,
+        materialize_interval_ms=materialize_ms,
         instance=uuid.uuid4().hex,
     )
 

@@ -35,10 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from weir.checkpoint.changelog import replay
 from weir.checkpoint.format import (
     METADATA_FILE,
     CheckpointKind,
     CheckpointMetadata,
+    KeyedChangelogHandle,
     KeyedFullHandle,
     KeyedIncrementalHandle,
     OperatorHandle,
@@ -195,6 +197,9 @@ class CompletedCheckpoint:
         full: KeyedFullHandle | None = None
         if isinstance(handle.keyed, KeyedFullHandle):
             full = handle.keyed
+        elif isinstance(handle.keyed, KeyedChangelogHandle) and len(overlap):
+            groups = replay(lambda ref: self.storage.read(ref, where), handle.keyed, overlap,
+                            handle.metas, where)
         elif isinstance(handle.keyed, KeyedIncrementalHandle):
             full = handle.keyed.timers
             if len(overlap):
@@ -248,6 +253,8 @@ def _data_files(sub: SubtaskStateHandle) -> list[FileRef]:
         out.append(sub.keyed.file)
     elif isinstance(sub.keyed, KeyedIncrementalHandle) and sub.keyed.timers is not None:
         out.append(sub.keyed.timers.file)
+    elif isinstance(sub.keyed, KeyedChangelogHandle):
+        out.extend(sub.keyed.files())
     return out
 
 

@@ -12,6 +12,11 @@ storage; nothing else writes there. Layout under a checkpoint storage root::
     shared/<uid-dir>/<id>-<uuid>.sst        RocksDB SST files shared by incremental
                                             checkpoints, reference counted; <id> is
                                             the checkpoint that uploaded the file
+    shared/<uid-dir>/<id>-<uuid>.{keyed,delta,op}
+    shared/<uid-dir>/m<id>-<uuid>.keyed     changelog checkpoints of the hash map: a
+                                            base, per-checkpoint deltas, operator
+                                            state, materializations (format in
+                                            ``weir.checkpoint.changelog``)
 
 A savepoint directory has the same layout without ``shared/`` (it is
 self-contained, always in the canonical full format, and relocatable: every path in
@@ -46,7 +51,8 @@ version, the 32-byte SHA-256 of the body, and the body: UTF-8 JSON (never pickle
          "keyed": null
                 | {"kind": "full", "file": REF, "key_groups": [[g, off, len], ...]}
                 | {"kind": "rocksdb-incremental", "shared": {local: REF},
-                   "private": {local: REF}, "timers": null | FULL},
+                   "private": {local: REF}, "timers": null | FULL}
+                | {"kind": "changelog", "base": FULL, "deltas": [FULL, ...]},
          "operator_states": [{"name", "mode", "serializer"}],
          "broadcast_states": [{"name", "serializers"}],
          "operator_file": null | REF,
@@ -83,7 +89,9 @@ __all__ = [
     "CheckpointKind",
     "CheckpointMetadata",
     "check_data_header",
+    "KeyedChangelogHandle",
     "KeyedFullHandle",
+    "KeyedHandle",
     "KeyedIncrementalHandle",
     "OperatorHandle",
     "SubtaskStateHandle",
@@ -157,6 +165,22 @@ class KeyedIncrementalHandle:
     timers: KeyedFullHandle | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class KeyedChangelogHandle:
+    """Hash-map keyed state as a changelog: a full ``base`` (``.keyed``) and the
+    ``deltas`` written since, oldest first (``weir.checkpoint.changelog``)."""
+
+    base: KeyedFullHandle
+    deltas: tuple[KeyedFullHandle, ...] = ()
+
+    def files(self) -> list[FileRef]:
+        """The base file, then every delta file."""
+        return [self.base.file, *(d.file for d in self.deltas)]
+
+
+KeyedHandle = KeyedFullHandle | KeyedIncrementalHandle | KeyedChangelogHandle
+
+
 @dataclass(frozen=True)
 class SubtaskStateHandle:
     """Where the state of one operator subtask lives, and what it is."""
@@ -165,7 +189,7 @@ class SubtaskStateHandle:
     key_group_range: KeyGroupRange
     metas: Mapping[str, StateMeta]
     timer_states: tuple[str, ...]
-    keyed: KeyedFullHandle | KeyedIncrementalHandle | None
+    keyed: KeyedHandle | None
     operator_states: Mapping[str, tuple[RedistributionMode, str]] = field(default_factory=dict)
     broadcast_states: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     operator_file: FileRef | None = None
@@ -181,6 +205,8 @@ class SubtaskStateHandle:
             out.extend(self.keyed.private.values())
             if self.keyed.timers is not None:
                 out.append(self.keyed.timers.file)
+        elif isinstance(self.keyed, KeyedChangelogHandle):
+            out.extend(self.keyed.files())
         if self.operator_file is not None:
             out.append(self.operator_file)
         return out
@@ -214,14 +240,9 @@ class CheckpointMetadata:
         return [f for op in self.operators.values() for s in op.subtasks for f in s.files()]
 
     def shared_files(self) -> set[str]:
-        """Paths of the shared (reference-counted) files it references."""
-        return {
-            ref.path
-            for op in self.operators.values()
-            for s in op.subtasks
-            if isinstance(s.keyed, KeyedIncrementalHandle)
-            for ref in s.keyed.shared.values()
-        }
+        """Paths of the shared (reference-counted) files it references: everything
+        under ``shared/``."""
+        return {ref.path for ref in self.files() if ref.path.startswith("shared/")}
 
     @property
     def total_bytes(self) -> int:
@@ -368,6 +389,9 @@ def _subtask_json(s: SubtaskStateHandle) -> dict[str, Any]:
             "private": {k: r.to_json() for k, r in sorted(s.keyed.private.items())},
             "timers": None if s.keyed.timers is None else _full_json(s.keyed.timers),
         }
+    elif isinstance(s.keyed, KeyedChangelogHandle):
+        keyed = {"kind": "changelog", "base": _full_json(s.keyed.base),
+                 "deltas": [_full_json(d) for d in s.keyed.deltas]}
     return {
         "subtask_index": s.subtask_index,
         "key_group_range": [s.key_group_range.start, s.key_group_range.end],
@@ -486,7 +510,7 @@ def _full_from(doc: Any, where: str) -> KeyedFullHandle:
 
 def _subtask_from(doc: Any, where: str) -> SubtaskStateHandle:
     keyed_doc = doc["keyed"]
-    keyed: KeyedFullHandle | KeyedIncrementalHandle | None = None
+    keyed: KeyedHandle | None = None
     if keyed_doc is not None:
         if keyed_doc["kind"] == "full":
             keyed = _full_from(keyed_doc, where)
@@ -496,6 +520,11 @@ def _subtask_from(doc: Any, where: str) -> SubtaskStateHandle:
                 {k: FileRef.from_json(r, where) for k, r in keyed_doc["shared"].items()},
                 {k: FileRef.from_json(r, where) for k, r in keyed_doc["private"].items()},
                 None if timers is None else _full_from(timers, where),
+            )
+        elif keyed_doc["kind"] == "changelog":
+            keyed = KeyedChangelogHandle(
+                _full_from(keyed_doc["base"], where),
+                tuple(_full_from(d, where) for d in keyed_doc["deltas"]),
             )
         else:
             raise CheckpointFormatError(f"{where}: unknown keyed state kind {keyed_doc['kind']!r}")

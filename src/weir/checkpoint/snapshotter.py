@@ -5,6 +5,14 @@
   ``HashMapStateBackend.frozen_sources``), RocksDB takes a RocksDB snapshot per column
   family — and captures timers, operator and broadcast state. A worker thread then
   encodes the canonical entries and uploads them while processing goes on.
+* **Changelog** (hash-map checkpoints, ``weir.checkpoint.changelog``): the first
+  checkpoint writes the keyed state in full as the base; each later one writes only
+  the keys and timers changed since the previous one (nothing when nothing changed)
+  and operator state only when it changed; a background thread materializes the
+  state now and then, and later checkpoints use it as their base. A changelog
+  checkpointer assumes each checkpoint completes or the subtask restarts from the
+  last completed one (the Spark runtime's rule); an aborted checkpoint makes the
+  next one write a new base.
 * **Incremental** (RocksDB checkpoints): the synchronous part is a native RocksDB
   checkpoint (memtables flushed, SST files hard-linked into a local directory). The
   worker uploads each SST file that the last *completed* checkpoint did not already
@@ -24,18 +32,30 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import os
 import shutil
 import tempfile
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
+from weir.checkpoint.changelog import (
+    ChangelogPolicy,
+    chain_after,
+    digest,
+    encode_delta,
+)
 from weir.checkpoint.format import (
+    FORMAT_VERSION,
+    KeyedChangelogHandle,
     KeyedFullHandle,
+    KeyedHandle,
     KeyedIncrementalHandle,
     SubtaskStateHandle,
     SubtaskStats,
@@ -46,9 +66,13 @@ from weir.checkpoint.format import (
 from weir.checkpoint.storage import CheckpointStorage, FileRef
 from weir.errors import ConfigurationError
 from weir.runtime.operator import KeyedOperator, NonKeyedOperator
+from weir.state.hashmap import HashMapStateBackend
 from weir.state.keygroups import KeyGroupRange
 from weir.state.rocksdb import RocksDBStateBackend
 from weir.state.snapshot import OperatorSubtaskSnapshot
+
+log = logging.getLogger(__name__)
+_DATA_HEADER = b"WEIRDATA" + FORMAT_VERSION.to_bytes(2, "big")
 
 __all__ = ["PendingSnapshot", "SnapshotMode", "SubtaskCheckpointer", "write_snapshot"]
 
@@ -58,6 +82,7 @@ class SnapshotMode(enum.Enum):
 
     FULL = "full"
     INCREMENTAL = "incremental"
+    CHANGELOG = "changelog"
 
 
 @dataclass
@@ -84,6 +109,7 @@ class SubtaskCheckpointer:
         *,
         mode: SnapshotMode | str = SnapshotMode.FULL,
         asynchronous: bool = True,
+        changelog: ChangelogPolicy | None = None,
     ) -> None:
         self.operator = operator
         self.storage = storage
@@ -91,8 +117,34 @@ class SubtaskCheckpointer:
             self.mode = SnapshotMode(mode)
         except ValueError:
             raise ConfigurationError(
-                f"unknown snapshot mode {mode!r}; choose 'full' or 'incremental'"
+                f"unknown snapshot mode {mode!r}; choose 'full', 'incremental' or 'changelog'"
             ) from None
+        if self.mode is SnapshotMode.CHANGELOG and not (
+            isinstance(operator, KeyedOperator)
+            and isinstance(operator.backend, HashMapStateBackend)
+        ):
+            raise ConfigurationError(
+                f"{operator.config.describe()}: changelog snapshots need a keyed operator "
+                f"on the hash-map backend (RocksDB checkpoints are incremental natively)"
+            )
+        self.policy = changelog or ChangelogPolicy(background=asynchronous)
+        if self.mode is SnapshotMode.CHANGELOG:
+            owner = getattr(operator, "changelog_owner", None)
+            if owner is not None and owner() is not None:
+                raise ConfigurationError(
+                    f"{operator.config.describe()} already has a changelog checkpointer: "
+                    f"the operator's record of changes serves one changelog; close() that "
+                    f"checkpointer first"
+                )
+            operator.changelog_owner = weakref.ref(self)  # type: ignore[union-attr]
+        #: the changelog this subtask's next checkpoint extends (None: write a base)
+        self._chain: KeyedChangelogHandle | None = None
+        self._op_file: FileRef | None = None
+        #: (checkpoint id, generation, upload) of the running materialization
+        self._materializing: tuple[int, int, Future[KeyedFullHandle]] | None = None
+        self._generation = 0
+        self._materialized_at = time.monotonic()
+        self._mat_pool: ThreadPoolExecutor | None = None
         self._asynchronous = asynchronous
         self._pool: ThreadPoolExecutor | None = None
         #: local SST file name -> shared file, as of the last completed checkpoint (or
@@ -128,6 +180,8 @@ class SubtaskCheckpointer:
         """Take the synchronous part now and start the upload (into ``target``, the
         savepoint's storage, when given; else this checkpointer's storage)."""
         storage = target if target is not None else self.storage
+        if self.mode is SnapshotMode.CHANGELOG and not savepoint:
+            return self._snapshot_changelog(checkpoint_id, timestamp, storage)
         started = time.perf_counter()
         native_dir: str | None = None
         if self._incremental(savepoint):
@@ -147,22 +201,178 @@ class SubtaskCheckpointer:
         def work() -> SubtaskStateHandle:
             return self._write(finish, storage, base + name, sync_ms, native_dir)
 
+        return self._pending_snapshot(checkpoint_id, sync_ms, work)
+
+    def _pending_snapshot(
+        self, checkpoint_id: int, sync_ms: float, work: Callable[[], SubtaskStateHandle]
+    ) -> PendingSnapshot:
         future: Future[SubtaskStateHandle]
         if self._asynchronous:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"weir-snapshot-{self.uid}")
             future = self._pool.submit(work)
         else:
-            future = Future()
-            try:
-                future.set_result(work())
-            except BaseException as exc:
-                future.set_exception(exc)
-                if not isinstance(exc, Exception):
-                    raise
+            future = _run_now(work)
         return PendingSnapshot(
             checkpoint_id, self.operator.config.subtask_index, sync_ms, future
         )
+
+    # changelog --------------------------------------------------------------------------
+    def adopt(self, handle: SubtaskStateHandle, storage: CheckpointStorage) -> bool:
+        """After restoring exactly ``handle`` (a changelog checkpoint in ``storage``,
+        this subtask's key groups): go on with its changelog instead of writing a new
+        base. Returns whether it was adopted."""
+        keyed = handle.keyed
+        if (
+            self.mode is not SnapshotMode.CHANGELOG
+            or not isinstance(keyed, KeyedChangelogHandle)
+            or storage.root != self.storage.root
+            or handle.key_group_range != self._range()
+        ):
+            return False
+        assert isinstance(self.operator, KeyedOperator)
+        self.operator.track_changes()
+        self._chain = keyed
+        self._op_file = handle.operator_file
+        self._generation += 1
+        return True
+
+    def _snapshot_changelog(
+        self, checkpoint_id: int, timestamp: int, storage: CheckpointStorage
+    ) -> PendingSnapshot:
+        op = self.operator
+        assert isinstance(op, KeyedOperator)
+        started = time.perf_counter()
+        prefix = f"shared/{uid_dir(self.uid)}/{checkpoint_id}-{uuid.uuid4().hex[:12]}"
+        chain = self._chain
+        if chain is None:  # the base: the whole state, as a full snapshot does
+            finish = op.prepare_snapshot(checkpoint_id, timestamp)
+            op.track_changes()
+            self._generation += 1
+            self._materialized_at = time.monotonic()
+            sync_ms = (time.perf_counter() - started) * 1000
+
+            def base() -> SubtaskStateHandle:
+                handle = write_snapshot(finish(), storage, prefix, self._range(), sync_ms)
+                assert isinstance(handle.keyed, KeyedFullHandle)
+                self._chain = KeyedChangelogHandle(handle.keyed)
+                self._op_file = handle.operator_file
+                return dataclasses.replace(handle, keyed=self._chain)
+
+            return self._pending_snapshot(checkpoint_id, sync_ms, base)
+        chain = self._adopt_materialization(checkpoint_id, chain)
+        snap, changes = op.snapshot_changes(checkpoint_id, timestamp)
+        changed = sum(len(k) + len(v) for per in changes.values()
+                      for _, entries in per.values() for k, v in entries)
+        self._maybe_materialize(checkpoint_id, chain, storage, bool(changes), changed)
+        sync_ms = (time.perf_counter() - started) * 1000
+
+        def delta() -> SubtaskStateHandle:
+            written = time.perf_counter()
+            new_bytes = 0
+            data, index, replaced = encode_delta(_DATA_HEADER, changes)
+            keyed = chain
+            if index:
+                ref = storage.write(prefix + ".delta", data)
+                new_bytes += ref.size
+                keyed = KeyedChangelogHandle(chain.base, (*chain.deltas,
+                                                          KeyedFullHandle(ref, index)))
+            op_file = None
+            if snap.operator_states or snap.broadcast_states:
+                data = encode_operator_file(
+                    {n: st.elements for n, st in snap.operator_states.items()},
+                    {n: b.entries for n, b in snap.broadcast_states.items()},
+                )
+                op_file = self._op_file
+                if op_file is None or op_file.sha256 != digest(data):
+                    op_file = storage.write(prefix + ".op", data)
+                    new_bytes += op_file.size
+            self._chain, self._op_file = keyed, op_file
+            assert snap.keyed is not None
+            handle = SubtaskStateHandle(
+                subtask_index=snap.subtask_index,
+                key_group_range=self._range(),
+                metas=snap.keyed.metas,
+                timer_states=snap.keyed.timer_states,
+                keyed=keyed,
+                operator_states={n: (st.mode, st.serializer)
+                                 for n, st in snap.operator_states.items()},
+                broadcast_states={n: b.serializers for n, b in snap.broadcast_states.items()},
+                operator_file=op_file,
+            )
+            stats = SubtaskStats(sum(f.size for f in handle.files()), new_bytes, sync_ms,
+                                 (time.perf_counter() - written) * 1000, replaced)
+            return dataclasses.replace(handle, stats=stats)
+
+        return self._pending_snapshot(checkpoint_id, sync_ms, delta)
+
+    def _adopt_materialization(
+        self, checkpoint_id: int, chain: KeyedChangelogHandle
+    ) -> KeyedChangelogHandle:
+        """The changelog to extend: on the finished materialization, if there is one."""
+        running = self._materializing
+        if running is None or not running[2].done():
+            return chain
+        self._materializing = None
+        materialized_id, generation, future = running
+        if generation != self._generation:
+            return chain  # it copied a state this changelog no longer extends
+        try:
+            base = future.result()
+        except Exception:
+            log.warning("%s: materializing checkpoint %s failed; the changelog goes on from "
+                        "its current base", self.operator.config.describe(), materialized_id,
+                        exc_info=True)
+            return chain
+        lag = self.policy.max_lag
+        if lag is not None and checkpoint_id - materialized_id > lag:
+            log.warning("%s: the materialization of checkpoint %s finished %s checkpoints "
+                        "later (more than %s); it is not used", self.operator.config.describe(),
+                        materialized_id, checkpoint_id - materialized_id, lag)
+            return chain
+        self._chain = KeyedChangelogHandle(base, chain_after(chain, materialized_id))
+        return self._chain
+
+    def _maybe_materialize(
+        self, checkpoint_id: int, chain: KeyedChangelogHandle, storage: CheckpointStorage,
+        changed: bool, changed_bytes: int,
+    ) -> None:
+        """Start a materialization of the state as of now (``checkpoint_id``'s) if one
+        is due by the policy (counting this checkpoint's delta: ``changed``, about
+        ``changed_bytes``) and none is running."""
+        policy = self.policy
+        deltas = len(chain.deltas) + changed
+        if self._materializing is not None or not deltas:
+            return
+        delta_bytes = sum(d.file.size for d in chain.deltas) + changed_bytes
+        elapsed_ms = (time.monotonic() - self._materialized_at) * 1000
+        if not (
+            deltas >= policy.max_deltas
+            or delta_bytes >= policy.size_ratio * chain.base.file.size
+            or (policy.interval_ms is not None and elapsed_ms >= policy.interval_ms)
+        ):
+            return
+        assert isinstance(self.operator, KeyedOperator)
+        freeze = self.operator.prepare_materialization()
+        self._materialized_at = time.monotonic()
+        path = f"shared/{uid_dir(self.uid)}/m{checkpoint_id}-{uuid.uuid4().hex[:12]}.keyed"
+
+        def work() -> KeyedFullHandle:
+            data, index, _ = encode_keyed(freeze().groups)
+            return KeyedFullHandle(storage.write(path, data), index)
+
+        if policy.background:
+            if self._mat_pool is None:
+                self._mat_pool = ThreadPoolExecutor(
+                    1, thread_name_prefix=f"weir-materialize-{self.uid}")
+            future = self._mat_pool.submit(work)
+        else:
+            future = _run_now(work)
+        self._materializing = (checkpoint_id, self._generation, future)
+
+    def materialization(self) -> Future[KeyedFullHandle] | None:
+        """The running (or finished, not yet used) materialization, if any."""
+        return None if self._materializing is None else self._materializing[2]
 
     def _write(
         self,
@@ -221,14 +431,40 @@ class SubtaskCheckpointer:
             del self._pending[older]
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
-        """Checkpoint ``checkpoint_id`` will never complete: forget its uploads."""
+        """Checkpoint ``checkpoint_id`` will never complete: forget its uploads (a
+        changelog starts over with a new base, as the aborted delta may be gone)."""
         self._pending.pop(checkpoint_id, None)
+        if self.mode is SnapshotMode.CHANGELOG:
+            self._chain = None
+            self._generation += 1
 
     def close(self) -> None:
-        """Wait for running uploads and stop the worker thread."""
+        """Wait for running uploads and stop the worker threads (a materialization
+        not started yet is cancelled)."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self._mat_pool is not None:
+            self._mat_pool.shutdown(wait=True, cancel_futures=True)
+            self._mat_pool = None
+        owner = getattr(self.operator, "changelog_owner", None)
+        if owner is not None and owner() is self:
+            self.operator.changelog_owner = None
+
+
+_T = TypeVar("_T")
+
+
+def _run_now(work: Callable[[], _T]) -> Future[_T]:
+    """``work()`` run in this thread, as a finished future."""
+    future: Future[_T] = Future()
+    try:
+        future.set_result(work())
+    except BaseException as exc:
+        future.set_exception(exc)
+        if not isinstance(exc, Exception):
+            raise
+    return future
 
 
 NativeUpload = Callable[[str], tuple[dict[str, FileRef], dict[str, FileRef], int]]
@@ -246,7 +482,7 @@ def write_snapshot(
     native RocksDB checkpoint and returns its shared and private files); the handle
     to acknowledge."""
     started = time.perf_counter()
-    keyed: KeyedFullHandle | KeyedIncrementalHandle | None = None
+    keyed: KeyedHandle | None = None
     new_bytes = 0
     entries = 0
     metas = snap.keyed.metas if snap.keyed is not None else {}

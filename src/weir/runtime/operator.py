@@ -310,6 +310,8 @@ class KeyedOperator(_OperatorBase, KeyedContext, TimerService):
         self.keyed_state = KeyedStateStore(self.backend, self.clock, config.describe())
         self.event_timers = TimerQueue()
         self.processing_timers = TimerQueue()
+        #: the changelog checkpointer recording this operator's changes (a weakref)
+        self.changelog_owner: Any = None
         self._time_domain: TimeDomain | None = None
 
     def _make_backend(self) -> KeyedStateBackend:
@@ -456,6 +458,45 @@ class KeyedOperator(_OperatorBase, KeyedContext, TimerService):
             )
 
         return finish
+
+    # changelog snapshots -------------------------------------------------------------
+    def track_changes(self) -> None:
+        """Start recording keyed-state and timer changes (hash map only): the state as
+        of now is the base of the next :meth:`snapshot_changes`."""
+        self.backend.track_changes()
+        self.event_timers.track_changes()
+        self.processing_timers.track_changes()
+
+    def snapshot_changes(
+        self, checkpoint_id: int, timestamp: int | None = None
+    ) -> tuple[OperatorSubtaskSnapshot, dict[int, dict[str, Any]]]:
+        """A changelog snapshot: operator and broadcast state in full, keyed state as
+        the changes since the last snapshot (``KeyedStateStore.changes``; the
+        snapshot's ``keyed`` holds the state metadata and no entries)."""
+        self._require_open()
+        ts = self.clock() if timestamp is None else timestamp
+        common = self._snapshot_common(checkpoint_id, ts)
+        changes = self.keyed_state.changes({
+            EVENT_TIMERS: self.event_timers.take_changes(),
+            PROCESSING_TIMERS: self.processing_timers.take_changes(),
+        })
+        cfg = self.config
+        keyed = KeyedStateSnapshot(cfg.max_parallelism, cfg.key_group_range,
+                                   self.keyed_state.metas, (EVENT_TIMERS, PROCESSING_TIMERS), {})
+        return OperatorSubtaskSnapshot(
+            cfg.uid, checkpoint_id, ts, cfg.parallelism, cfg.subtask_index,
+            cfg.max_parallelism, keyed, **common,
+        ), changes
+
+    def prepare_materialization(self) -> Callable[[], KeyedStateSnapshot]:
+        """Freeze the keyed state and timers now (no ``snapshot_state`` call); the
+        result encodes them when called, off the processing path."""
+        self._require_open()
+        timers = {
+            EVENT_TIMERS: self.event_timers.snapshot_entries(),
+            PROCESSING_TIMERS: self.processing_timers.snapshot_entries(),
+        }
+        return self.keyed_state.prepare_snapshot(timers, self.config.key_group_range)
 
     # KeyedContext -------------------------------------------------------------------
     def _get(self, descriptor: Any, expected: type[Any], method: str) -> Any:

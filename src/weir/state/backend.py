@@ -36,7 +36,7 @@ from typing import Any
 
 import msgpack
 
-from weir.errors import StateSerializationError
+from weir.errors import StateError, StateSerializationError
 from weir.state.keycontext import KeyContext
 from weir.state.serializers import Serializer
 from weir.state.snapshot import NativeRocksDBState
@@ -353,6 +353,20 @@ class KeyedStateBackend(ABC):
         for name, entries in self.snapshot_sources() if sources is None else sources:
             add_to_groups(groups, name, entries, filters.get(name))
         return groups
+
+    def track_changes(self) -> None:
+        """Start recording which keys are written (changelog snapshots): the state as
+        of now is the base that :meth:`take_changes` reports changes against. Only
+        the hash map tracks changes (RocksDB checkpoints are incremental natively)."""
+        raise StateError(f"the {self.name} backend does not record changes; changelog "
+                         f"snapshots need the hash-map backend")
+
+    def take_changes(
+        self,
+    ) -> Iterable[tuple[str, Iterable[tuple[bytes, Iterable[tuple[bytes, bytes]]]]]]:
+        """Per state with changes since the last call: ``(name, ((prefixed key, its
+        canonical entries now — none if deleted), ...))``; the record starts over."""
+        raise StateError(f"the {self.name} backend does not record changes")
 
     def restore_native(self, natives: Sequence[NativeRocksDBState]) -> None:
         """Load native RocksDB checkpoints (downloaded, already clipped to this backend's

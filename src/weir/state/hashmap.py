@@ -55,6 +55,8 @@ class _HashMapTable:
         self._data: dict[bytes, Any] = {}
         #: types of values loaded from snapshots (never passed through the write check)
         self._loaded_types: set[type] = set()
+        #: prefixed keys written since the last ``take_changes`` (None: not tracked)
+        self._dirty: set[bytes] | None = None
 
     def _values_immutable(self) -> bool:
         return self._check is not _no_check and (self._ok | self._loaded_types) <= _IMMUTABLE
@@ -68,6 +70,25 @@ class _HashMapTable:
 
     def clear_at(self, key: bytes) -> None:
         self._data.pop(key, None)
+        if self._dirty is not None:
+            self._dirty.add(key)
+
+    def track_changes(self) -> None:
+        """Record the keys written from now on (for changelog snapshots)."""
+        if self._dirty is None:
+            self._dirty = set()
+
+    def take_changes(self) -> Iterator[tuple[bytes, Iterable[tuple[bytes, bytes]]]]:
+        """``(prefixed key, its canonical entries now)`` of every key written since the
+        last call (no entry: deleted); the tracked set starts over."""
+        dirty, self._dirty = self._dirty or set(), set()
+        entries = self.entries_at
+        for key in dirty:
+            yield key, entries(key)
+
+    def entries_at(self, key: bytes) -> list[tuple[bytes, bytes]]:
+        """The canonical snapshot entries of one prefixed key (empty if absent)."""
+        raise NotImplementedError
 
     def _current(self) -> bytes:
         key = self._ctx.key_bytes
@@ -101,9 +122,12 @@ class _ValueTable(_HashMapTable, ValueTable, ValueState[Any]):
                 return
             self._check(value)
         try:
-            self._data[self._ctx.key_bytes] = value
+            key = self._ctx.key_bytes
+            self._data[key] = value
         except TypeError as exc:
             raise self._key_error(exc) from None
+        if self._dirty is not None:
+            self._dirty.add(key)
 
     def reduce_add(self, function: Any, value: Any) -> None:
         """Reducing state without TTL: store ``function(current, value)`` (or
@@ -118,6 +142,8 @@ class _ValueTable(_HashMapTable, ValueTable, ValueState[Any]):
         if type(result) not in self._ok:
             self._check(result)
         data[key] = result
+        if self._dirty is not None:
+            self._dirty.add(key)
 
     def aggregate_add(self, add: Any, create: Any, value: Any) -> None:
         """Aggregating state without TTL: store ``add(value, accumulator)`` in one
@@ -132,16 +158,24 @@ class _ValueTable(_HashMapTable, ValueTable, ValueState[Any]):
         if type(result) not in self._ok:
             self._check(result)
         data[key] = result
+        if self._dirty is not None:
+            self._dirty.add(key)
 
     def clear(self) -> None:
         # _current checks the key: dict.pop on an empty dict would not notice NO_KEY
-        self._data.pop(self._current(), None)
+        self.clear_at(self._current())
 
     def value_at(self, key: bytes) -> Any:
         return self._data.get(key)
 
     def update_at(self, key: bytes, value: Any) -> None:
         self._data[key] = value
+        if self._dirty is not None:
+            self._dirty.add(key)
+
+    def entries_at(self, key: bytes) -> list[tuple[bytes, bytes]]:
+        value = self._data.get(key)
+        return [] if value is None else [(key, self._encode(value))]
 
     def snapshot_entries(self) -> Iterator[tuple[bytes, bytes]]:
         encode = self._encode
@@ -188,17 +222,22 @@ class _ListTable(_HashMapTable, ListTable, ListState[Any]):
             data[key] = [value]
         else:
             stored.append(value)
+        if self._dirty is not None:
+            self._dirty.add(key)
 
     def add_all(self, values: Iterable[Any]) -> None:
         values = self._checked(values)
         if values:
-            self._data.setdefault(self._current(), []).extend(values)
+            key = self._current()
+            self._data.setdefault(key, []).extend(values)
+            if self._dirty is not None:
+                self._dirty.add(key)
 
     def update(self, values: Iterable[Any]) -> None:
         self.update_at(self._current(), self._checked(values))
 
     def clear(self) -> None:
-        self._data.pop(self._current(), None)
+        self.clear_at(self._current())
 
     def _checked(self, values: Iterable[Any]) -> list[Any]:
         out = list(values)
@@ -216,6 +255,15 @@ class _ListTable(_HashMapTable, ListTable, ListState[Any]):
             self._data[key] = list(values)
         else:
             self._data.pop(key, None)
+        if self._dirty is not None:
+            self._dirty.add(key)
+
+    def entries_at(self, key: bytes) -> list[tuple[bytes, bytes]]:
+        values = self._data.get(key)
+        if not values:
+            return []
+        encode = self._encode
+        return [(key, frame([encode(v) for v in values], self._inline))]
 
     def snapshot_entries(self) -> Iterator[tuple[bytes, bytes]]:
         encode = self._encode
@@ -297,6 +345,8 @@ class _MapTable(_HashMapTable, MapTable, MapState[Any, Any]):
             data[key] = {identity: (user_key, value)}
         else:
             entries[identity] = (user_key, value)
+        if self._dirty is not None:
+            self._dirty.add(key)
 
     def remove(self, user_key: Any) -> None:
         self.remove_at(self._current(), user_key)
@@ -314,7 +364,7 @@ class _MapTable(_HashMapTable, MapTable, MapState[Any, Any]):
         return not self._data.get(self._current())
 
     def clear(self) -> None:
-        self._data.pop(self._current(), None)
+        self.clear_at(self._current())
 
     def items_at(self, key: bytes) -> list[tuple[Any, Any]]:
         entries = self._data.get(key)
@@ -326,10 +376,22 @@ class _MapTable(_HashMapTable, MapTable, MapState[Any, Any]):
             entries.pop(user_key if type(user_key) is str else self._identity(user_key), None)
             if not entries:
                 del self._data[key]
+            if self._dirty is not None:
+                self._dirty.add(key)
 
     def put_at(self, key: bytes, user_key: Any, value: Any) -> None:
         identity = user_key if type(user_key) is str else self._identity(user_key)
         self._data.setdefault(key, {})[identity] = (user_key, value)
+        if self._dirty is not None:
+            self._dirty.add(key)
+
+    def entries_at(self, key: bytes) -> list[tuple[bytes, bytes]]:
+        entries = self._data.get(key)
+        if not entries:
+            return []
+        encode, name, kser = self._encode, self.name, self._key_serializer
+        return [(key + encode_checked(name, kser, user_key), encode(value))
+                for user_key, value in entries.values()]
 
     def snapshot_entries(self) -> Iterator[tuple[bytes, bytes]]:
         encode, name, kser = self._encode, self.name, self._key_serializer
@@ -369,11 +431,31 @@ class HashMapStateBackend(KeyedStateBackend):
         super().__init__(key_context)
         self._tables: dict[str, _AnyTable] = {}
         self._restored: dict[str, list[tuple[bytes, bytes]]] = defaultdict(list)
+        self._tracking = False
 
     def _register(self, table: _AnyTable) -> Any:
         table.load(self._restored.pop(table.name, ()))
+        if self._tracking:  # what it loaded is in the snapshot changes apply to
+            table.track_changes()
         self._tables[table.name] = table
         return table
+
+    def track_changes(self) -> None:
+        """Start (or start over) recording which keys are written: the state as of now
+        is the base that :meth:`take_changes` reports changes against."""
+        self._tracking = True
+        for table in self._tables.values():
+            table._dirty = set()
+
+    def take_changes(
+        self,
+    ) -> Iterator[tuple[str, Iterator[tuple[bytes, Iterable[tuple[bytes, bytes]]]]]]:
+        """Per state with changes since the last call (or :meth:`track_changes`):
+        ``(name, ((prefixed key, its canonical entries now), ...))`` — no entry for a
+        deleted key. Each table's record starts over as it is read."""
+        for name, table in self._tables.items():
+            if table._dirty:
+                yield name, table.take_changes()
 
     def create_value_table(
         self, name: str, serializer: Serializer[Any], check_writes: bool = True

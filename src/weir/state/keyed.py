@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -259,6 +260,35 @@ class KeyedStateStore:
         sources = self.backend.frozen_sources()
         filters = {name: make() for name, make in self._snapshot_filters.items()}
         return lambda: self._build(timer_entries, key_group_range, sources, filters)
+
+    def changes(
+        self, timer_changes: Mapping[str, Iterable[tuple[bytes, Iterable[tuple[bytes, bytes]]]]],
+    ) -> dict[int, dict[str, tuple[list[bytes], list[tuple[bytes, bytes]]]]]:
+        """What changed since the last call (or the backend's ``track_changes``), by
+        key group and state: the primary keys changed and their canonical entries now
+        (after the full-snapshot TTL filter) — the body of a changelog delta."""
+        filters = {name: make() for name, make in self._snapshot_filters.items()}
+        out: dict[int, dict[str, tuple[list[bytes], list[tuple[bytes, bytes]]]]] = {}
+        sources = itertools.chain(self.backend.take_changes(), timer_changes.items())
+        for name, changed in sources:
+            keep = filters.get(name)
+            for primary, entries in changed:
+                group = (primary[0] << 8) | primary[1]
+                per = out.get(group)
+                if per is None:
+                    per = out[group] = {}
+                slot = per.get(name)
+                if slot is None:
+                    slot = per[name] = ([], [])
+                slot[0].append(primary)
+                for key, data in entries:
+                    if keep is not None:
+                        kept = keep(key, data)
+                        if kept is None:
+                            continue
+                        data = kept
+                    slot[1].append((key, data))
+        return out
 
     def native_snapshot(
         self,

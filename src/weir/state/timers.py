@@ -22,11 +22,14 @@ PROCESSING_TIMERS = "__weir_timers/processing"
 class TimerQueue:
     """Timers of one time domain of one subtask."""
 
-    __slots__ = ("_heap", "_live")
+    __slots__ = ("_dirty", "_heap", "_live")
 
     def __init__(self) -> None:
         self._heap: list[tuple[int, bytes]] = []
         self._live: set[tuple[int, bytes]] = set()
+        #: timers registered, deleted or fired since the last ``take_changes`` (None:
+        #: not tracked)
+        self._dirty: set[tuple[int, bytes]] | None = None
 
     def __len__(self) -> int:
         return len(self._live)
@@ -37,10 +40,16 @@ class TimerQueue:
         if timer not in self._live:
             self._live.add(timer)
             heapq.heappush(self._heap, timer)
+            if self._dirty is not None:
+                self._dirty.add(timer)
 
     def delete(self, timestamp: int, key: bytes) -> None:
         """Remove a timer if present."""
-        self._live.discard((timestamp, key))
+        timer = (timestamp, key)
+        if timer in self._live:
+            self._live.discard(timer)
+            if self._dirty is not None:
+                self._dirty.add(timer)
 
     def pop_due(self, time: int) -> tuple[int, bytes] | None:
         """The earliest timer with ``timestamp <= time``, removed; None if none is due."""
@@ -49,8 +58,27 @@ class TimerQueue:
             timer = heapq.heappop(heap)
             if timer in live:
                 live.discard(timer)
+                if self._dirty is not None:
+                    self._dirty.add(timer)
                 return timer
         return None
+
+    def track_changes(self) -> None:
+        """Start (or start over) recording which timers change: the timers as of now
+        are the base that :meth:`take_changes` reports changes against."""
+        self._dirty = set()
+
+    def take_changes(self) -> list[tuple[bytes, list[tuple[bytes, bytes]]]]:
+        """``(entry key, [its canonical entry] or [] if gone)`` of every timer
+        registered, deleted or fired since the last call; the record starts over."""
+        dirty, self._dirty = self._dirty or set(), set()
+        live = self._live
+        out = []
+        for timer in dirty:
+            ts, key = timer
+            composite = key + ts.to_bytes(8, "big", signed=True)
+            out.append((composite, [(composite, b"")] if timer in live else []))
+        return out
 
     def timers(self) -> list[tuple[int, bytes]]:
         """All pending timers in firing order."""

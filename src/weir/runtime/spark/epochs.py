@@ -76,7 +76,14 @@ from weir.errors import CorruptCheckpointError, IncompleteBatchError
 from weir.runtime.operator import MIN_WATERMARK
 from weir.runtime.spark.lineage import wall_ms
 
-__all__ = ["EMPTY_FILE", "EpochPart", "EpochStore", "INCOMPLETE_FILE", "epoch_positions"]
+__all__ = [
+    "EMPTY_FILE",
+    "INCOMPLETE_FILE",
+    "MATERIALIZATION_MAX_LAG",
+    "EpochPart",
+    "EpochStore",
+    "epoch_positions",
+]
 
 log = logging.getLogger(__name__)
 _CHK = re.compile(r"^chk-(\d+)$")
@@ -85,6 +92,10 @@ INCOMPLETE_FILE = "_incomplete"
 SPARK_FILE = "_spark.json"
 DRAIN_FILE = "_drain.json"
 PIN_EXPIRY_MS = 6 * 3_600_000
+#: a hash-map changelog materialization (``shared/<uid-dir>/m<batch>-*``) is used only
+#: by a batch at most this many batches after the one it copies; unreferenced ones
+#: older than that are swept (a running one is never swept under its writer)
+MATERIALIZATION_MAX_LAG = 100
 EMPTY_FILE = "_empty"
 
 
@@ -377,8 +388,14 @@ class EpochStore:
         for name in storage.list_dir(directory):
             head = name.split("-", 1)[0]
             path = f"{directory}/{name}"
-            if head.isdigit() and int(head) <= batch and path not in keep:
+            if path in keep:
+                continue
+            if head.isdigit() and int(head) <= batch:
                 storage.delete(path)
+            elif head[:1] == "m" and head[1:].isdigit() and (
+                int(head[1:]) < batch - MATERIALIZATION_MAX_LAG
+            ):
+                storage.delete(path)  # no later batch can use it any more
 
 
 def choose_parts(

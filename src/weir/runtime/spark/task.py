@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from weir.api.functions import KeyedBroadcastProcessFunction
+from weir.checkpoint.changelog import ChangelogPolicy
 from weir.checkpoint.coordinator import CompletedCheckpoint
 from weir.checkpoint.format import uid_dir
 from weir.checkpoint.snapshotter import SnapshotMode, SubtaskCheckpointer
@@ -49,7 +50,7 @@ from weir.runtime.operator import (
     NonKeyedOperator,
     OperatorConfig,
 )
-from weir.runtime.spark.epochs import EpochStore
+from weir.runtime.spark.epochs import MATERIALIZATION_MAX_LAG, EpochStore
 from weir.runtime.spark.keys import keys_of
 from weir.runtime.spark.lineage import Lineage, wall_ms
 from weir.runtime.spark.plan import lineage_state, plan_batch, recover_hint
@@ -104,6 +105,9 @@ class StageSpec:
     retained: int = 3
     storage_options: dict[str, Any] | None = None
     lease_timeout_ms: int = 60_000
+    #: the hash map's changelog materializes at least this often (snapshot_mode
+    #: "incremental")
+    materialize_interval_ms: int = 600_000
     #: records behind the watermark: "process" (Flink's default), "drop", "dead_letter"
     late_records: str = "process"
     #: unique per ``process()`` call: a worker-local subtask of another call (older
@@ -218,9 +222,14 @@ def _new_live(spec: StageSpec, subtask: int, storage: CheckpointStorage) -> _Liv
     else:
         operator = NonKeyedOperator(spec.function, config, clock=clock)
     mode = SnapshotMode(spec.snapshot_mode)
-    if spec.state_backend != "rocksdb" or not spec.keyed:
+    if not spec.keyed:
         mode = SnapshotMode.FULL
-    checkpointer = SubtaskCheckpointer(operator, storage, mode=mode, asynchronous=False)
+    elif spec.state_backend != "rocksdb" and mode is SnapshotMode.INCREMENTAL:
+        mode = SnapshotMode.CHANGELOG
+    policy = ChangelogPolicy(interval_ms=spec.materialize_interval_ms,
+                             max_lag=MATERIALIZATION_MAX_LAG, background=True)
+    checkpointer = SubtaskCheckpointer(operator, storage, mode=mode, asynchronous=False,
+                                       changelog=policy)
     return _Live((spec.location, spec.uid, subtask), spec.parallelism, operator,
                  checkpointer, clock, key, rocksdb_dir, instance=spec.instance)
 
@@ -294,10 +303,19 @@ class _Task:
                 positions = _positions(completed, spec.uid)
                 live.clock.now = max(live.clock.now, int(positions.get("batch_time") or 0))
             live.operator.open()
+            if completed is not None:
+                self._adopt(live, completed)
         except BaseException:
             live.close()
             raise
         return live, positions
+
+    def _adopt(self, live: _Live, completed: CompletedCheckpoint) -> None:
+        """A hash-map changelog restored at the same parallelism from this query's
+        own checkpoint goes on (the next batch writes only its changes)."""
+        op = completed.metadata.operators.get(self.spec.uid)
+        if op is not None and op.parallelism == self.spec.parallelism:
+            live.checkpointer.adopt(op.subtasks[self.subtask], completed.storage)
 
     def _load(self, completed: CompletedCheckpoint) -> list[Any]:
         """Subtask ``i``'s snapshots from ``completed``; a corrupt file says how to go on."""

@@ -1,0 +1,214 @@
+"""Changelog checkpoints of the hash-map backend (checkpoint format version 1).
+
+A hash-map subtask in changelog mode (``SnapshotMode.CHANGELOG``) writes its keyed
+state once in full (the *base*), then per checkpoint only what changed since the
+previous one (a *delta*), and every so often, in the background, a new full copy (a
+*materialization*) that later checkpoints use as their base instead of the base and
+the deltas before it — Flink's changelog state backend, and Spark's HDFS state store
+(a delta file per batch, a snapshot every few). A checkpoint that changed nothing
+writes no keyed file at all. Files (all under ``shared/``, so that later checkpoints
+can reference them; reference counted like RocksDB's SST files)::
+
+    shared/<uid-dir>/<id>-<uuid>.keyed     the base a subtask wrote in checkpoint <id>
+    shared/<uid-dir>/<id>-<uuid>.delta     the changes of checkpoint <id>
+    shared/<uid-dir>/m<id>-<uuid>.keyed    the state as of checkpoint <id>, written in
+                                           the background (referenced by a later one)
+    shared/<uid-dir>/<id>-<uuid>.op        operator and broadcast state, written by
+                                           checkpoint <id> when it changed
+
+A subtask's metadata (``format.KeyedChangelogHandle``) names its base and its deltas,
+oldest first: ``{"kind": "changelog", "base": FULL, "deltas": [FULL, ...]}``, each
+``FULL`` a file reference with its key-group index, as for ``.keyed`` files.
+
+**Delta files** have the data-file header of ``weir.checkpoint.format`` (magic
+``WEIRDATA``, ``uint16_be`` version) and then one msgpack map per key group (the
+index in the metadata gives each group's offset and length)::
+
+    {state name: [[primary key, ...], [key0, value0, key1, value1, ...]]}
+
+Replaying a delta, for each state: every entry whose *primary key* is in the first
+list is removed, then the entries of the second list are added. The primary key of
+an entry is its key (value and list states, timers: ``prefixed key + int64_be(ts)``),
+for a map state the prefixed key without the user key — so a changed key's whole
+map is replaced. Deleted keys are listed with no entry. Entries are canonical
+snapshot entries (``weir.state.backend``), after the state's full-snapshot TTL
+filter. Restoring reads the base and the deltas of the key groups the new subtask
+owns only, at any parallelism.
+
+**Materialization** (``ChangelogPolicy``) starts when the deltas since the base are
+as large as the base, or ``max_deltas`` long, or ``interval_ms`` after the last one
+— the trade-off between bytes written per checkpoint and bytes read on restore
+(at most about twice the state, and ``max_deltas`` + 1 files per subtask). A
+materialization older than ``max_lag`` checkpoints when it finishes is dropped: a
+runtime may delete unreferenced ``m<id>`` files older than that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import msgpack
+
+from weir.api.descriptors import StateKind
+from weir.checkpoint.format import (
+    KeyedChangelogHandle,
+    KeyedFullHandle,
+    check_data_header,
+    decode_keyed,
+)
+from weir.checkpoint.storage import FileRef
+from weir.errors import CorruptCheckpointError
+from weir.state.backend import split_map_key
+from weir.state.keygroups import KeyGroupRange
+from weir.state.snapshot import StateMeta
+
+__all__ = [
+    "ChangelogPolicy",
+    "Changes",
+    "checkpoint_of",
+    "encode_delta",
+    "decode_delta",
+    "replay",
+]
+
+#: key group -> state name -> (primary keys replaced, their entries now)
+Changes = Mapping[int, Mapping[str, tuple[list[bytes], list[tuple[bytes, bytes]]]]]
+Entries = tuple[tuple[bytes, bytes], ...]
+_HEADER_LEN = 10  # magic (8) + version (2), as in weir.checkpoint.format
+_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+@dataclass(frozen=True)
+class ChangelogPolicy:
+    """When a changelog subtask materializes its state in the background: once the
+    deltas since its base hold ``size_ratio`` times the base's bytes, or number
+    ``max_deltas``, or ``interval_ms`` passed since the last materialization (None:
+    never by time). A materialization that finishes more than ``max_lag``
+    checkpoints after the one it copies is dropped (None: never)."""
+
+    interval_ms: int | None = 600_000
+    max_deltas: int = 50
+    size_ratio: float = 1.0
+    max_lag: int | None = None
+    #: write materializations in a background thread (False: inside the checkpoint,
+    #: for deterministic tests)
+    background: bool = True
+
+
+def checkpoint_of(ref: FileRef) -> int:
+    """The checkpoint id a changelog file was written for (``<id>-`` or ``m<id>-``)."""
+    head = ref.path.rsplit("/", 1)[-1].split("-", 1)[0].removeprefix("m")
+    return int(head) if head.isdigit() else -1
+
+
+def encode_delta(header: bytes, changes: Changes) -> tuple[bytes, dict[int, tuple[int, int]], int]:
+    """A ``.delta`` file (``header`` is the data-file header): the bytes, the key-group
+    index and the number of keys replaced."""
+    parts = [header]
+    index: dict[int, tuple[int, int]] = {}
+    offset = 0
+    replaced = 0
+    for group in sorted(changes):
+        per_state = {}
+        for name, (keys, entries) in changes[group].items():
+            if keys:
+                per_state[name] = [keys, [x for pair in entries for x in pair]]
+                replaced += len(keys)
+        if not per_state:
+            continue
+        blob = _packb(per_state)
+        index[group] = (offset, len(blob))
+        offset += len(blob)
+        parts.append(blob)
+    return b"".join(parts), index, replaced
+
+
+def decode_delta(
+    data: bytes, index: Mapping[int, tuple[int, int]], key_groups: KeyGroupRange | None,
+    where: str,
+) -> dict[int, dict[str, tuple[list[bytes], Entries]]]:
+    """The key groups of a ``.delta`` file that fall in ``key_groups`` (all if None)."""
+    check_data_header(data, where)
+    body = memoryview(data)[_HEADER_LEN:]
+    out: dict[int, dict[str, tuple[list[bytes], Entries]]] = {}
+    for group, (offset, length) in index.items():
+        if key_groups is not None and group not in key_groups:
+            continue
+        if offset < 0 or offset + length > len(body):
+            raise CorruptCheckpointError(f"{where}: key group {group} lies outside the file")
+        try:
+            per_state = msgpack.unpackb(body[offset : offset + length], raw=False)
+            decoded = {}
+            for name, (keys, flat) in per_state.items():
+                it = iter(flat)
+                decoded[name] = (list(keys), tuple(zip(it, it, strict=True)))
+        except (ValueError, TypeError, AttributeError, msgpack.UnpackException) as exc:
+            raise CorruptCheckpointError(
+                f"{where}: key group {group} of a changelog delta cannot be decoded ({exc})"
+            ) from exc
+        out[group] = decoded
+    return out
+
+
+def replay(
+    read: Callable[[FileRef], bytes],
+    handle: KeyedChangelogHandle,
+    key_groups: KeyGroupRange,
+    metas: Mapping[str, StateMeta],
+    where: str,
+) -> dict[int, dict[str, Entries]]:
+    """The keyed state of ``key_groups`` in ``handle``: its base with every delta
+    applied in order. ``read`` returns a file's verified bytes. Only key groups that a
+    delta touches are rebuilt; the cost is the base plus the changes."""
+    base = handle.base
+    groups = decode_keyed(read(base.file), base.key_groups, key_groups,
+                          f"{where}: {base.file.path}")
+    maps = {name for name, meta in metas.items() if meta.kind is StateKind.MAP}
+    #: key group -> state -> primary key -> entries (only the groups a delta touches)
+    live: dict[int, dict[str, dict[bytes, list[tuple[bytes, bytes]]]]] = {}
+    for delta in handle.deltas:
+        if not any(g in key_groups for g in delta.key_groups):
+            continue
+        changes = decode_delta(read(delta.file), delta.key_groups, key_groups,
+                               f"{where}: {delta.file.path}")
+        for group, per_state in changes.items():
+            states = live.get(group)
+            if states is None:
+                states = live[group] = {
+                    name: _by_primary(entries, name in maps)
+                    for name, entries in groups.get(group, {}).items()
+                }
+            for name, (keys, entries) in per_state.items():
+                table = states.setdefault(name, {})
+                for key in keys:
+                    table.pop(key, None)
+                is_map = name in maps
+                for key, value in entries:
+                    primary = split_map_key(key)[0] if is_map else key
+                    table.setdefault(primary, []).append((key, value))
+    for group, states in live.items():
+        rebuilt = {name: tuple(e for entries in table.values() for e in entries)
+                   for name, table in states.items()}
+        groups[group] = {name: entries for name, entries in rebuilt.items() if entries}
+    return {g: per for g, per in groups.items() if per}
+
+
+def _by_primary(
+    entries: Iterable[tuple[bytes, bytes]], is_map: bool
+) -> dict[bytes, list[tuple[bytes, bytes]]]:
+    out: dict[bytes, list[tuple[bytes, bytes]]] = {}
+    for key, value in entries:
+        out.setdefault(split_map_key(key)[0] if is_map else key, []).append((key, value))
+    return out
+
+
+def digest(data: bytes) -> str:
+    """The SHA-256 a ``FileRef`` of ``data`` carries (to reuse an unchanged file)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def chain_after(handle: KeyedChangelogHandle, checkpoint_id: int) -> tuple[KeyedFullHandle, ...]:
+    """The deltas of ``handle`` written after checkpoint ``checkpoint_id``."""
+    return tuple(d for d in handle.deltas if checkpoint_of(d.file) > checkpoint_id)

@@ -1,0 +1,459 @@
+"""Changelog checkpoints of the hash map (weir.checkpoint.changelog): what each
+checkpoint writes, restore from a base plus deltas at any parallelism (a model test),
+materialization racing processing, a crash at every write step of a checkpoint that
+switches to a materialization, and the one-checkpointer rule."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import rule, run_state_machine_as_test
+
+from test_state_model import SETTINGS, ApplyCommand, ClusterMachine, key_of
+from weir import (
+    CheckpointCoordinator,
+    CheckpointStorage,
+    ConfigurationError,
+    KeyedProcessFunction,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    StateTtlConfig,
+    SubtaskCheckpointer,
+    ValueStateDescriptor,
+    load_checkpoint,
+    take_checkpoint,
+)
+from weir.checkpoint.changelog import ChangelogPolicy, decode_delta
+from weir.checkpoint.format import KeyedChangelogHandle
+from weir.state.keygroups import assign_key_to_parallel_operator
+from weir.testing import KeyedOperatorHarness
+from weir.testing.faults import WHEN, FaultInjectingFileSystem, InjectedCrash
+
+COUNT = ValueStateDescriptor("count")
+SEEN = ListStateDescriptor("seen")
+LAST = MapStateDescriptor("last")
+MAXP = 32
+SYNC = ChangelogPolicy(interval_ms=None, max_deltas=1_000, size_ratio=1e9, background=False)
+
+
+class Tracker(KeyedProcessFunction[Any, Any]):
+    """Element ``(key, n)``: count, the list of every n, map n % 4 -> n, an event-time
+    timer at 1000 + n (fired timers emit); n < 0 clears the key (its timers stay)."""
+
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(COUNT)
+        self.seen = ctx.get_list_state(SEEN)
+        self.last = ctx.get_map_state(LAST)
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        _, n = value
+        if n < 0:
+            self.count.clear()
+            self.seen.clear()
+            self.last.clear()
+            return
+        self.count.update((self.count.value() or 0) + 1)
+        self.seen.add(n)
+        self.last.put(n % 4, n)
+        ctx.timer_service.register_event_time_timer(1000 + n)
+        if n % 7 == 0:
+            ctx.timer_service.delete_event_time_timer(1000 + n)
+
+    def on_timer(self, timestamp: int, ctx: Any) -> Any:
+        yield (ctx.current_key, timestamp)
+
+
+def _cluster(p: int, restore: Any = None) -> list[KeyedOperatorHarness]:
+    out = []
+    for i in range(p):
+        if restore is None:
+            h = KeyedOperatorHarness(Tracker(), lambda v: v[0], max_parallelism=MAXP,
+                                     parallelism=p, subtask_index=i)
+            h.open()
+        else:
+            h = KeyedOperatorHarness.restore(Tracker(), lambda v: v[0], restore,
+                                             parallelism=p, subtask_index=i,
+                                             max_parallelism=MAXP)
+        out.append(h)
+    return out
+
+
+def _send(cluster: list[KeyedOperatorHarness], records: list[tuple[str, int]]) -> None:
+    for key, n in records:
+        cluster[assign_key_to_parallel_operator(key, MAXP, len(cluster))].process_element(
+            (key, n))
+
+
+def _state(cluster: list[KeyedOperatorHarness], keys: list[str]) -> dict[str, Any]:
+    timers: dict[Any, list[int]] = {}
+    for h in cluster:
+        for t, k in h.event_time_timers():
+            timers.setdefault(k, []).append(t)
+    out: dict[str, Any] = {}
+    for key in keys:
+        h = cluster[assign_key_to_parallel_operator(key, MAXP, len(cluster))]
+        out[key] = (h.state_of(key, COUNT), h.state_of(key, SEEN), h.state_of(key, LAST),
+                    sorted(timers.get(key, [])))
+    return out
+
+
+def _checkpointers(
+    cluster: list[KeyedOperatorHarness], storage: CheckpointStorage, policy: ChangelogPolicy
+) -> list[SubtaskCheckpointer]:
+    return [SubtaskCheckpointer(h.operator, storage, mode="changelog", asynchronous=False,
+                                changelog=policy) for h in cluster]
+
+
+def _close(cluster: list[KeyedOperatorHarness], checkpointers: list[SubtaskCheckpointer]) -> None:
+    for c in checkpointers:
+        c.close()
+    for h in cluster:
+        h.close()
+
+
+def _keyed(completed: Any, subtask: int = 0) -> KeyedChangelogHandle:
+    handle = completed.metadata.operators["operator"].subtasks[subtask]
+    assert isinstance(handle.keyed, KeyedChangelogHandle)
+    return handle.keyed
+
+
+# ---------------------------------------------------------------- bytes per checkpoint
+
+
+def test_checkpoint_bytes_follow_the_change_not_the_state(tmp_path: Path) -> None:
+    keys = [f"key-{i}" for i in range(5_000)]
+    coordinator = CheckpointCoordinator(str(tmp_path), retained=2)
+    cluster = _cluster(1)
+    checkpointers = _checkpointers(cluster, coordinator.storage, SYNC)
+    try:
+        _send(cluster, [(k, 7 * i + 1) for i, k in enumerate(keys)])
+        base = take_checkpoint(coordinator, checkpointers)
+        base_bytes = base.metadata.total_bytes
+        idle = take_checkpoint(coordinator, checkpointers)  # nothing changed
+        _send(cluster, [(k, 3) for k in keys[:50]])  # 1% of the keys
+        churn = take_checkpoint(coordinator, checkpointers)
+        _send(cluster, [(keys[0], -1)])  # one key deleted
+        deleted = take_checkpoint(coordinator, checkpointers)
+        want = _state(cluster, keys)
+    finally:
+        _close(cluster, checkpointers)
+    stats = [c.metadata.operators["operator"].subtasks[0].stats for c in (idle, churn, deleted)]
+    assert stats[0].new_bytes == 0 and _keyed(idle) == _keyed(base)  # idle: no file at all
+    assert 0 < stats[1].new_bytes <= 0.05 * base_bytes, (stats[1].new_bytes, base_bytes)
+    assert stats[2].new_bytes < 200
+    assert [d.file.path for d in _keyed(deleted).deltas] == [
+        d.file.path for d in _keyed(churn).deltas] + [_keyed(deleted).deltas[-1].file.path]
+    # the delete is recorded: the key is gone after a restore (its timers stay)
+    restored = _cluster(1, load_checkpoint(deleted.url))
+    try:
+        assert _state(restored, keys) == want
+        assert want[keys[0]][:3] == (None, [], {})
+    finally:
+        _close(restored, [])
+
+
+# ---------------------------------------------------------------- model, any parallelism
+
+
+def test_a_changelog_restores_base_plus_deltas_at_any_parallelism(tmp_path: Path) -> None:
+    keys = [f"k{i}" for i in range(40)]
+    coordinator = CheckpointCoordinator(str(tmp_path), retained=3)
+    cluster = _cluster(2)
+    checkpointers = _checkpointers(cluster, coordinator.storage, SYNC)
+    expected = {}
+    try:
+        for step in range(6):
+            _send(cluster, [(k, step * 100 + i) for i, k in enumerate(keys) if i % (step + 2)])
+            if step == 3:
+                _send(cluster, [(k, -1) for k in keys[:5]])
+                cluster[0].advance_watermark(1000 + 150)  # fire (and remove) some timers
+                cluster[1].advance_watermark(1000 + 150)
+            completed = take_checkpoint(coordinator, checkpointers)
+            expected[completed.checkpoint_id] = _state(cluster, keys)
+    finally:
+        _close(cluster, checkpointers)
+    latest = coordinator.latest()
+    assert latest is not None and len(_keyed(latest).deltas) == 5
+    for p in (1, 2, 3, 5):
+        restored = _cluster(p, load_checkpoint(latest.url))
+        try:
+            assert _state(restored, keys) == expected[latest.checkpoint_id], p
+        finally:
+            _close(restored, [])
+
+
+class ChangelogMachine(ClusterMachine):
+    """The cluster of test_state_model on the hash map with changelog checkpoints:
+    each subtask checkpoints through a durable changelog (materializing every 1-3
+    deltas), and a rescale restores the newest checkpoint at a new parallelism;
+    at the same parallelism the new subtasks adopt the changelog and go on with it."""
+
+    start_backend = "hashmap"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.root = Path(tempfile.mkdtemp(prefix="weir-changelog-model-"))
+        self.coordinator = CheckpointCoordinator(str(self.root), retained=2)
+        self.checkpointers: list[SubtaskCheckpointer] = []
+        self.policy = SYNC
+
+    def _checkpointers(self) -> list[SubtaskCheckpointer]:
+        if not self.checkpointers:
+            self.checkpointers = _checkpointers(self.cluster, self.coordinator.storage,
+                                                self.policy)
+        return self.checkpointers
+
+    @rule(max_deltas=st.integers(1, 3))
+    def checkpoint(self, max_deltas: int) -> None:
+        self.policy = ChangelogPolicy(interval_ms=None, max_deltas=max_deltas,
+                                      background=False)
+        for c in self._checkpointers():
+            c.policy = self.policy
+        take_checkpoint(self.coordinator, self._checkpointers())
+
+    def rescale_once(self, data: st.DataObject) -> None:
+        new_p = data.draw(st.integers(1, min(8, self.max_parallelism)), label="new p")
+        take_checkpoint(self.coordinator, self._checkpointers())
+        latest = self.coordinator.latest()
+        assert latest is not None
+        old_p = len(self.cluster)
+        self.close_all()
+        self.cluster = [
+            KeyedOperatorHarness.restore(ApplyCommand(), key_of, latest, parallelism=new_p,
+                                         subtask_index=i, state_backend="hashmap")
+            for i in range(new_p)
+        ]
+        if new_p == old_p:  # go on with the restored changelog
+            handles = latest.metadata.operators["operator"].subtasks
+            for c, handle in zip(self._checkpointers(), handles, strict=True):
+                assert c.adopt(handle, latest.storage)
+        self.rescales += 1
+
+    def close_all(self) -> None:
+        checkpointers, self.checkpointers = self.checkpointers, []
+        for c in checkpointers:
+            c.close()
+        super().close_all()
+
+    def teardown(self) -> None:
+        super().teardown()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def test_changelog_checkpoints_match_the_model_across_rescales() -> None:
+    run_state_machine_as_test(ChangelogMachine, settings=SETTINGS)
+
+
+# ---------------------------------------------------------------- materialization
+
+
+def test_a_background_materialization_racing_processing_copies_one_consistent_state(
+    tmp_path: Path,
+) -> None:
+    keys = [f"k{i}" for i in range(3_000)]
+    coordinator = CheckpointCoordinator(str(tmp_path), retained=50)
+    cluster = _cluster(1)
+    policy = ChangelogPolicy(interval_ms=None, max_deltas=1, background=True)
+    checkpointers = _checkpointers(cluster, coordinator.storage, policy)
+    expected: dict[int, Any] = {}
+    switched = 0
+    try:
+        _send(cluster, [(k, 1) for k in keys])
+        first = take_checkpoint(coordinator, checkpointers)
+        expected[first.checkpoint_id] = _state(cluster, keys)
+        base = _keyed(first).base
+        for step in range(2, 40):
+            # writes to every key (lists and maps change in place) while the copy of the
+            # previous checkpoint's state is encoded in the background
+            _send(cluster, [(k, step) for k in keys])
+            completed = take_checkpoint(coordinator, checkpointers)
+            expected[completed.checkpoint_id] = _state(cluster, keys)
+            if _keyed(completed).base != base:
+                base = _keyed(completed).base
+                assert "/m" in base.file.path
+                switched += 1
+            if switched >= 2:
+                break
+        running = checkpointers[0].materialization()
+        if running is not None:
+            running.result(60)
+    finally:
+        _close(cluster, checkpointers)
+    assert switched >= 2, "no checkpoint used a materialization"
+    for completed in CheckpointCoordinator(str(tmp_path)).completed_checkpoints:
+        restored = _cluster(1, load_checkpoint(completed.url))
+        try:
+            assert _state(restored, keys) == expected[completed.checkpoint_id]
+        finally:
+            _close(restored, [])
+
+
+def test_a_materialization_older_than_max_lag_is_not_used(tmp_path: Path) -> None:
+    coordinator = CheckpointCoordinator(str(tmp_path), retained=1)
+    cluster = _cluster(1)
+    policy = ChangelogPolicy(interval_ms=None, max_deltas=1, max_lag=2, background=True)
+    [checkpointer] = _checkpointers(cluster, coordinator.storage, policy)
+    gate = threading.Event()
+    original = checkpointer.storage.write
+
+    def slow_write(path: str, data: bytes) -> Any:
+        if "/m" in path:
+            gate.wait(30)  # the materialization upload hangs
+        return original(path, data)
+
+    checkpointer.storage.write = slow_write  # type: ignore[method-assign]
+    try:
+        for step in range(6):
+            _send(cluster, [("a", step), ("b", step)])
+            completed = take_checkpoint(coordinator, [checkpointer])
+            if step == 4:
+                gate.set()
+                future = checkpointer.materialization()
+                assert future is not None
+                future.result(30)
+        assert "/m" not in _keyed(completed).base.file.path  # too late: not used
+        want = _state(cluster, ["a", "b"])
+    finally:
+        gate.set()
+        _close(cluster, [checkpointer])
+    restored = _cluster(1, load_checkpoint(completed.url))
+    try:
+        assert _state(restored, ["a", "b"]) == want
+    finally:
+        _close(restored, [])
+
+
+def test_one_operator_has_one_changelog_checkpointer(tmp_path: Path) -> None:
+    storage = CheckpointStorage(str(tmp_path))
+    [h] = _cluster(1)
+    try:
+        first = SubtaskCheckpointer(h.operator, storage, mode="changelog")
+        with pytest.raises(ConfigurationError, match="already has a changelog checkpointer"):
+            SubtaskCheckpointer(h.operator, storage, mode="changelog")
+        first.close()
+        SubtaskCheckpointer(h.operator, storage, mode="changelog").close()  # free again
+    finally:
+        h.close()
+    rocks = KeyedOperatorHarness(Tracker(), lambda v: v[0], state_backend="rocksdb")
+    try:
+        with pytest.raises(ConfigurationError, match="hash-map backend"):
+            SubtaskCheckpointer(rocks.operator, storage, mode="changelog")
+    finally:
+        rocks.close()
+
+
+def test_delta_files_apply_ttl_filters_and_record_timer_changes(tmp_path: Path) -> None:
+    descriptor = ValueStateDescriptor(
+        "v", ttl=StateTtlConfig(ttl_ms=1_000).cleanup_in_full_snapshot())
+
+    class Ttl(KeyedProcessFunction[Any, Any]):
+        def open(self, ctx: Any) -> None:
+            self.v = ctx.get_state(descriptor)
+
+        def process_element(self, value: Any, ctx: Any) -> Any:
+            self.v.update(value[1])
+            ctx.timer_service.register_event_time_timer(50)
+
+    coordinator = CheckpointCoordinator(str(tmp_path))
+    h = KeyedOperatorHarness(Ttl(), lambda v: v[0], max_parallelism=MAXP)
+    h.open()
+    [c] = _checkpointers([h], coordinator.storage, SYNC)
+    try:
+        take_checkpoint(coordinator, [c])  # the (empty) base
+        h.process_element(("old", 1))
+        h.clock.set(900)
+        h.process_element(("new", 2))
+        h.clock.set(1_500)  # "old" expired, "new" not
+        h.advance_watermark(100)  # both timers fire
+        completed = take_checkpoint(coordinator, [c])
+    finally:
+        c.close()
+        h.close()
+    [delta] = _keyed(completed).deltas
+    data = coordinator.storage.read(delta.file, "test")
+    changes = decode_delta(data, delta.key_groups, None, "test")
+    states: dict[str, tuple[int, int]] = {}
+    for per in changes.values():
+        for name, (replaced, entries) in per.items():
+            a, b = states.get(name, (0, 0))
+            states[name] = (a + len(replaced), b + len(entries))
+    # both keys changed, only "new" is written; the timers were registered and fired
+    assert states["v"] == (2, 1)
+    assert states["__weir_timers/event"] == (2, 0)
+
+
+# ---------------------------------------------------------------- crash points
+
+
+def _three_checkpoints(
+    root: Path, crash_at: int | None, when: str
+) -> tuple[Any, dict[int, Any], bool]:
+    """Checkpoints 1 (base), 2 (a delta; materializes) and 3 (on the materialization,
+    releasing the old base and delta), each subtask writing synchronously; a crash at
+    step ``crash_at`` of checkpoint 3. Returns (fs, the state at 2 and 3, crashed)."""
+    fs = FaultInjectingFileSystem(fsspec.filesystem("file"))
+    storage = CheckpointStorage(str(root), fs=fs)
+    coordinator = CheckpointCoordinator(storage, retained=1)
+    policy = ChangelogPolicy(interval_ms=None, max_deltas=1, background=False)
+    cluster = _cluster(2)
+    checkpointers = _checkpointers(cluster, storage, policy)
+    keys = [f"k{i}" for i in range(12)]
+    try:
+        _send(cluster, [(k, i) for i, k in enumerate(keys)])
+        take_checkpoint(coordinator, checkpointers)
+        _send(cluster, [(k, 20 + i) for i, k in enumerate(keys[:6])])
+        take_checkpoint(coordinator, checkpointers)
+        state = {2: _state(cluster, keys)}
+        _send(cluster, [(k, 40 + i) for i, k in enumerate(keys[3:9])] + [(keys[11], -1)])
+        state[3] = _state(cluster, keys)
+        fs.arm(crash_at, when)
+        crashed = False
+        try:
+            take_checkpoint(coordinator, checkpointers)
+        except InjectedCrash:
+            crashed = True
+    finally:
+        _close(cluster, checkpointers)
+    return fs, state, crashed
+
+
+def test_a_crash_at_any_step_of_a_checkpoint_switching_to_a_materialization(
+    tmp_path: Path,
+) -> None:
+    keys = [f"k{i}" for i in range(12)]
+    fs, want, crashed = _three_checkpoints(tmp_path / "dry", None, "before")
+    assert not crashed
+    steps = [(op, p.removeprefix(str(tmp_path / "dry") + "/")) for op, p in fs.steps]
+    dry = load_checkpoint(str(tmp_path / "dry" / "chk-3"))
+    for i in range(2):
+        assert "/m2-" in _keyed(dry, i).base.file.path and len(_keyed(dry, i).deltas) == 1
+    released = [p for op, p in steps if op == "delete" and "shared/" in p]
+    assert any("/1-" in p and p.endswith(".keyed") for p in released)  # the old base
+    runs = injected = restored_new = 0
+    for crash_at in range(len(steps)):
+        for when in WHEN:
+            if when == "during" and steps[crash_at][0] != "write":
+                continue
+            root = tmp_path / f"{crash_at}-{when}"
+            _, _, crashed = _three_checkpoints(root, crash_at, when)
+            runs += 1
+            injected += crashed
+            latest = CheckpointCoordinator(str(root)).latest()  # restart: clean-up too
+            assert latest is not None and latest.checkpoint_id in (2, 3)
+            restored = _cluster(3, load_checkpoint(latest.url))
+            try:
+                got = _state(restored, keys)
+            finally:
+                _close(restored, [])
+            restored_new += latest.checkpoint_id == 3
+            assert got == want[latest.checkpoint_id], (crash_at, when)
+    print(f"changelog switch crash points: steps={len(steps)} runs={runs} "
+          f"injected={injected} restored chk-3={restored_new}")
+    assert injected == runs and 0 < restored_new < runs
