@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup java demo test soak lint bench-state-ops bench-checkpoint bench-spark clean
+.PHONY: setup java demo test soak lint bench-state-ops bench-checkpoint bench-spark bench-large-state clean
 
 setup: java $(STAMP)
 
@@ -46,6 +46,9 @@ bench-checkpoint: setup
 bench-spark: setup
 	$(PY) -m bench.spark_keyed_count
 	$(PY) -m bench.spark_keyed_count --latency
+
+bench-large-state: setup
+	$(PY) -m bench.spark_large_state
 
 
 clean:

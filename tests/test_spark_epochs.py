@@ -215,3 +215,30 @@ def test_weir_spark_recover_on_the_command_line(tmp_path: Path) -> None:
                                "--from", "empty"])
     assert done.exit_code == 0 and "continues from empty state" in done.output
     assert lineage.head() is not None and lineage.head().kind == "recovery"  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------------ changelog sweeping
+
+
+def test_completion_sweeps_unused_materializations_only_once_no_batch_can_use_them(
+    tmp_path: Path,
+) -> None:
+    from weir.checkpoint.format import uid_dir
+    from weir.runtime.spark.epochs import MATERIALIZATION_MAX_LAG
+
+    store, _ = _store(tmp_path)
+    query = "q"
+    shared = store.query_storage(query)
+    batch = MATERIALIZATION_MAX_LAG + 10
+    names = {
+        "old": f"shared/{uid_dir('op')}/m9-aa.keyed",  # 9 < batch - lag: no batch uses it
+        "young": f"shared/{uid_dir('op')}/m10-bb.keyed",  # a batch up to 10 + lag may
+        "delta": f"shared/{uid_dir('op')}/{batch}-cc.delta",  # an attempt not chosen
+        "later": f"shared/{uid_dir('op')}/{batch + 1}-dd.delta",  # the running batch's
+    }
+    for path in names.values():
+        shared.write(path, b"x")
+    _publish(store, query, batch, 2)
+    store.complete(query, batch)
+    left = {k for k, path in names.items() if shared.exists(path)}
+    assert left == {"young", "later"}

@@ -601,3 +601,37 @@ def test_completion_chooses_one_part_per_subtask_in_subtask_order_at_any_paralle
     assert [p.handle.subtask_index for p in chosen] == list(range(12))
     assert [p.epoch["attempt"] for p in chosen] == [f"a{i:02d}" for i in range(12)]
     assert store.read_parts("q", 4) == []
+
+
+# ------------------------------------------------------------------ checkpoint bytes
+
+
+@pytest.mark.spark
+def test_hashmap_batches_write_their_changes_and_an_idle_subtask_writes_no_state_file(
+    spark: Any, tmp_path: Path
+) -> None:
+    records = keyed_records(0, 4000, 2000)  # batch 0: 2000 keys
+    owner = {r["key"]: assign_key_to_parallel_operator(r["key"], 128, 2) for r in records}
+    busy = [k for k in sorted(owner) if owner[k] == 0]
+    write_file(tmp_path / "in", records, KEYED)
+    write_file(tmp_path / "in", [{"key": k, "seq": 5000 + i} for i, k in enumerate(busy[:20])],
+               KEYED)  # batch 1: 1% of the keys, all of subtask 0's
+    location = tmp_path / "weir"
+
+    def build(events: Any) -> Any:
+        return weir.spark.process(events, key_by="key", function=Count(),
+                                  output_schema=COUNT_OUT, uid="count",
+                                  checkpoint_location=str(location), parallelism=2,
+                                  heartbeat=False)
+
+    run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark")
+    (query,) = location.glob("stages/*/queries/*")
+    first, second = (weir.load_checkpoint(str(query / f"chk-{b}")).metadata for b in (0, 1))
+    full = first.total_bytes
+    written = [s.stats.new_bytes for s in second.operators["count"].subtasks]
+    assert 0 < written[0] <= 0.05 * full, (written, full)  # 1% of the keys changed
+    assert written[1] == 0  # subtask 1 had only clock rows: no state file at all
+    idle_before, idle_after = (m.operators["count"].subtasks[1].keyed for m in (first, second))
+    assert idle_after == idle_before
+    counts = _state_counts(location, tmp_path / "sp")
+    assert counts == _oracle(records + [{"key": k} for k in busy[:20]])
