@@ -198,6 +198,37 @@ def test_2_two_stages_share_a_location_through_restart_rescale_and_a_new_query(
     assert len(_query_dirs(location, "a")) == 2 and len(_query_dirs(location, "b")) == 2
 
 
+@pytest.mark.spark
+def test_1_a_new_query_whose_first_batches_are_empty_takes_the_stage_over_later(
+    spark: Any, tmp_path: Path
+) -> None:
+    records, location, _, _ = _first_run(spark, tmp_path, 600, 2)
+    (tmp_path / "empty").mkdir()
+    sink = BatchSink()
+    # the heartbeat's rate source has no row in the new query's batch 0: no task of the
+    # stage runs it; the stage's first rows come in a later batch
+    query = _start(spark, tmp_path / "empty", _stage(location, heartbeat=True),
+                   tmp_path / "spark-2", sink)
+    try:
+        _wait(lambda: _committed(query) >= 2, "two batches of the new query", timeout=90)
+        assert query.isActive, query.exception()
+    finally:
+        query.stop()
+    weir.spark.finish(query)
+    from weir.runtime.spark.epochs import EpochStore
+    from weir.runtime.spark.lineage import Lineage
+
+    store = EpochStore(weir.CheckpointStorage(str(location)), "count")
+    mine = [c for c in Lineage(store.stage, 60_000).claims() if c.query == str(query.id)]
+    # the injected situation: its first batch had no row for the stage (no task ran it,
+    # so nothing claimed the stage), and a later batch took it over
+    assert len(mine) == 1 and (mine[0].batch or 0) >= 1
+    more = keyed_records(600, 630, 30)
+    write_file(tmp_path / "more", more, KEYED)
+    third = run(spark, tmp_path / "more", SCHEMA, _stage(location), tmp_path / "spark-3")
+    assert last_counts(third.rows()) == _oracle(records + more)  # nothing lost or reset
+
+
 # ------------------------------------------------------------------ 3. two queries at once
 
 

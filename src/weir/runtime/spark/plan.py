@@ -137,7 +137,7 @@ def _take(
                 f"checkpoint_location, or, if that query is gone, wait "
                 f"{lineage.lease_timeout_ms / 1000:.0f} s after its last batch"
             )
-    if batch > 0:
+    if batch > 0 and not _only_empty_before(store, query, batch):
         note = lineage_state(store, lineage, head)[1] if head is not None else ""
         state = (f"The stage's state here is {note}" if head is not None else
                  "The location holds no state of this stage at all")
@@ -165,6 +165,14 @@ def _take(
         token, QUERY, query, batch, None if current is None else current.url, note,
         f"new query after query {head.query} ({'released' if lineage.released(head) else 'gone'})",
     )
+
+
+def _only_empty_before(store: EpochStore, query: str, batch: int) -> bool:
+    """Whether every batch of ``query`` before ``batch`` had no row for the stage (a
+    new query whose first batches were empty, e.g. the heartbeat's rate source starts
+    at 0 rows): no task of it ran, so it never claimed the stage and takes it now."""
+    present = set(store.batches(query))
+    return all(b in present and store.is_empty(query, b) for b in range(batch))
 
 
 def _own(
