@@ -213,6 +213,12 @@ def _run(spark: Any, peer: str, source: Path, location: Path, spark_dir: Path,
     return out
 
 
+def _from_first_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The batches from the first one with rows (the first the stage's tasks run)."""
+    first = next((i for i, b in enumerate(runs) if b["rows"]), len(runs) - 1)
+    return runs[first:]
+
+
 def measure(spark: Any, peer: str, keys: int, work: Path, idle: int, seed: int
             ) -> dict[str, Any]:
     source = work / "in"
@@ -232,11 +238,13 @@ def measure(spark: Any, peer: str, keys: int, work: Path, idle: int, seed: int
         empty = work / "empty"  # new queries: no input, only the heartbeat
         empty.mkdir()
         runs = _run(spark, peer, empty, location, work / "spark-idle", 2,
-                    idle_batches=idle + 1)
+                    idle_batches=idle + 3)
+        runs = _from_first_rows(runs)  # the rate source's first batch has no row
         doc["restore_seconds"] = runs[0]["seconds"]  # a new query: restores first
+        doc["restore_bytes"] = runs[0]["bytes"]  # (and writes a new base)
         doc["idle"] = runs[1:]
-        rescale = _run(spark, peer, empty, location, work / "spark-rescale", 3,
-                       idle_batches=1)
+        rescale = _from_first_rows(_run(spark, peer, empty, location,
+                                        work / "spark-rescale", 3, idle_batches=3))
         doc["rescale_seconds"] = rescale[0]["seconds"]
     return doc
 

@@ -15,7 +15,8 @@ The task of batch N of query Q (:func:`plan_batch`):
    (:class:`OwnershipError`); a query that ran batches before without this stage's
    state (N > 0) is refused (:class:`MissingStateError`: the location was deleted,
    moved, restored from an older backup, or the stage is new in an old query); a new
-   query (N = 0) claims the stage — compare-and-set, one winner — from
+   query (N = 0, or every batch before N marked ``_empty``: no row reached the
+   stage yet) claims the stage — compare-and-set, one winner — from
    ``restore_from`` or the previous owner's newest completed checkpoint.
 """
 
