@@ -159,6 +159,132 @@ def test_checkpoint_bytes_follow_the_change_not_the_state(tmp_path: Path) -> Non
         _close(restored, [])
 
 
+@pytest.mark.parametrize("backend,mode", [("hashmap", "changelog"), ("rocksdb", "incremental")])
+def test_a_subtask_restored_from_its_own_checkpoint_goes_on_without_rewriting_it(
+    tmp_path: Path, backend: str, mode: str
+) -> None:
+    """As the Spark runtime does after a worker-cache miss: operator and checkpointer
+    made first, then restored from the subtask's own newest checkpoint and ``adopt``-ed:
+    the next checkpoint writes what changed, not the whole state again (the hash map
+    extends the changelog; RocksDB references the restored SST files)."""
+    keys = [f"key-{i}" for i in range(5_000)]
+    coordinator = CheckpointCoordinator(str(tmp_path), retained=3)
+
+    def subtask() -> tuple[KeyedOperatorHarness, SubtaskCheckpointer]:
+        h = KeyedOperatorHarness(Tracker(), lambda v: v[0], max_parallelism=MAXP,
+                                 state_backend=backend)
+        return h, SubtaskCheckpointer(h.operator, coordinator.storage, mode=mode,
+                                      asynchronous=False, changelog=SYNC)
+
+    h, c = subtask()
+    h.open()
+    try:
+        _send([h], [(k, 7 * i + 1) for i, k in enumerate(keys)])
+        first = take_checkpoint(coordinator, [c])
+        want = _state([h], keys)
+    finally:
+        _close([h], [c])
+    h, c = subtask()
+    try:
+        handle = first.metadata.operators["operator"].subtasks[0]
+        h.operator.restore(first.load("operator", 1, 0))
+        h.open()
+        assert c.adopt(handle, first.storage)
+        idle = take_checkpoint(coordinator, [c])
+        assert _state([h], keys) == want
+    finally:
+        _close([h], [c])
+    written = idle.metadata.operators["operator"].subtasks[0].stats.new_bytes
+    assert written <= 0.05 * first.metadata.total_bytes, (written, first.metadata.total_bytes)
+    assert first.metadata.shared_files() & idle.metadata.shared_files()
+    restored = _cluster(1, load_checkpoint(idle.url))
+    try:
+        assert _state(restored, keys) == want
+    finally:
+        _close(restored, [])
+
+
+def test_rocksdb_timers_go_on_from_their_column_families_across_restores(
+    tmp_path: Path,
+) -> None:
+    """Incremental RocksDB checkpoints carry timers in column families that follow
+    the timer queues by their changes: through five restore-and-adopt cycles (timers
+    registered, deleted and fired in each) every restore has exactly the timers and
+    state of the checkpoint, at the same parallelism, at p = 2 and on the hash map."""
+    keys = [f"k{i}" for i in range(40)]
+    coordinator = CheckpointCoordinator(str(tmp_path), retained=2)
+    latest: Any = None
+    want: Any = None
+    fired: list[Any] = []
+    for cycle in range(5):
+        h = KeyedOperatorHarness(Tracker(), lambda v: v[0], max_parallelism=MAXP,
+                                 state_backend="rocksdb")
+        c = SubtaskCheckpointer(h.operator, coordinator.storage, mode="incremental",
+                                asynchronous=False)
+        try:
+            if latest is not None:
+                h.operator.restore(latest.load("operator", 1, 0))
+            h.open()
+            if latest is not None:
+                assert c.adopt(latest.metadata.operators["operator"].subtasks[0],
+                               latest.storage)
+                assert (_state([h], keys), h.event_time_timers()) == want, cycle
+            _send([h], [(k, 30 * cycle + i % 30) for i, k in enumerate(keys)])
+            fired += h.advance_watermark(1000 + 30 * cycle + 10)
+            latest = take_checkpoint(coordinator, [c])
+            want = (_state([h], keys), h.event_time_timers())
+        finally:
+            _close([h], [c])
+    assert fired and want[1], "timers fired, and some are still pending"
+    timers = {t for t, _ in want[1]}
+    for p, backend in ((2, "rocksdb"), (1, "hashmap")):
+        cluster = [KeyedOperatorHarness.restore(Tracker(), lambda v: v[0], latest,
+                                                parallelism=p, subtask_index=i,
+                                                max_parallelism=MAXP, state_backend=backend)
+                   for i in range(p)]
+        try:
+            assert _state(cluster, keys) == want[0]
+            assert {t for h in cluster for t, _ in h.event_time_timers()} == timers
+        finally:
+            _close(cluster, [])
+
+
+def test_native_checkpoints_hard_link_sst_files_next_to_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The native RocksDB checkpoint of an incremental snapshot is made on the working
+    directory's filesystem (a sibling directory), so its SST files are hard links,
+    never copies; a restore downloads into the ``local_dir`` it is given."""
+    work = tmp_path / "local" / "db"
+    seen: list[tuple[Path, list[int]]] = []
+    upload = SubtaskCheckpointer._upload_native
+
+    def spy(self: Any, storage: Any, prefix: str, native_dir: str, cid: int) -> Any:
+        ssts = [p for p in Path(native_dir).iterdir() if p.suffix == ".sst"]
+        seen.append((Path(native_dir).parent.parent, [p.stat().st_nlink for p in ssts]))
+        return upload(self, storage, prefix, native_dir, cid)
+
+    monkeypatch.setattr(SubtaskCheckpointer, "_upload_native", spy)
+    coordinator = CheckpointCoordinator(str(tmp_path / "chk"))
+    h = KeyedOperatorHarness(Tracker(), lambda v: v[0], max_parallelism=MAXP,
+                             state_backend="rocksdb", rocksdb_path=work)
+    c = SubtaskCheckpointer(h.operator, coordinator.storage, mode="incremental",
+                            asynchronous=False)
+    h.open()
+    try:
+        _send([h], [(f"k{i}", i) for i in range(200)])
+        completed = take_checkpoint(coordinator, [c])
+    finally:
+        _close([h], [c])
+    ((parent, links),) = seen
+    assert parent == work.parent and links and all(n >= 2 for n in links)
+    assert sorted(p.name for p in work.parent.iterdir()) == ["db"]  # native dir removed
+    restore_to = tmp_path / "restore-local"
+    snaps = completed.load("operator", 1, 0, local_dir=str(restore_to))
+    native = snaps[0].keyed.native if snaps[0].keyed is not None else None
+    assert native is not None and Path(native.path).parent == restore_to
+
+
 # ---------------------------------------------------------------- model, any parallelism
 
 

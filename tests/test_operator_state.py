@@ -470,3 +470,33 @@ def test_keyed_function_with_operator_state_rescales_both(backend: str) -> None:
             totals.update({k: r.state_of(k, TOTAL) for k in owned})
     assert logs == [keys[:5], keys[5:]]
     assert totals == {k: i for i, k in enumerate(keys)}
+
+
+def test_a_subtask_restores_from_its_own_snapshot_alone_unless_it_needs_others() -> None:
+    """At the old parallelism a subtask's own snapshot holds all it restores (its own
+    even-split lists; the Spark runtime's tasks read only their own part); a single
+    snapshot of another subtask, of another parallelism, or with union state (which
+    needs every old subtask's list) is an incomplete set and refused."""
+    snaps = []
+    for index in range(3):
+        with CheckpointedFunctionHarness(ManyLists(), parallelism=3, subtask_index=index) as h:
+            for name in ManyLists.NAMES:
+                h.process_element((name, f"{name}{index}"))
+            snaps.append(h.snapshot())
+    for index in range(3):
+        alone, together = ManyLists(), ManyLists()
+        CheckpointedFunctionHarness.restore(alone, [snaps[index]], parallelism=3,
+                                            subtask_index=index).close()
+        CheckpointedFunctionHarness.restore(together, snaps, parallelism=3,
+                                            subtask_index=index).close()
+        assert alone.restored == together.restored == {
+            n: [f"{n}{index}"] for n in ManyLists.NAMES}
+    for wrong in ({"parallelism": 3, "subtask_index": 1}, {"parallelism": 2, "subtask_index": 0}):
+        with pytest.raises(RestoreError, match="expected one snapshot per subtask"):
+            CheckpointedFunctionHarness.restore(ManyLists(), [snaps[0]], **wrong)
+    with CheckpointedFunctionHarness(BufferingSink(), parallelism=2, subtask_index=0) as h:
+        h.process_element(1)
+        union = h.snapshot()
+    with pytest.raises(RestoreError, match="expected one snapshot per subtask"):
+        CheckpointedFunctionHarness.restore(BufferingSink(), [union], parallelism=2,
+                                            subtask_index=0)

@@ -81,6 +81,7 @@ from weir.errors import (
 )
 from weir.runtime.operator import OperatorConfig, StateBackendKind
 from weir.state.keygroups import KeyGroupRange
+from weir.state.rocksdb import RocksDBMemory
 from weir.state.serializers import (
     BytesSerializer,
     FloatSerializer,
@@ -137,6 +138,7 @@ __all__ = [
     "MsgpackSerializer",
     "NoKeyContextError",
     "OperatorConfig",
+    "RocksDBMemory",
     "OperatorStateStore",
     "OperatorSubtaskSnapshot",
     "PickleSerializer",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import posixpath
 import re
 import shutil
@@ -156,12 +157,15 @@ class CompletedCheckpoint:
             )
 
     def load(
-        self, uid: str, parallelism: int, subtask_index: int
+        self, uid: str, parallelism: int, subtask_index: int, local_dir: str | None = None
     ) -> list[OperatorSubtaskSnapshot]:
         """What subtask ``subtask_index`` of ``parallelism`` of operator ``uid`` needs to
         restore: every old subtask's operator and broadcast state, and the keyed state
-        of the key groups it now owns (only those are decoded or downloaded). Empty if
-        the checkpoint has no state for ``uid``."""
+        of the key groups it now owns (only those are decoded or downloaded; native
+        RocksDB files into a new directory under ``local_dir``, default the system's
+        temporary directory: put it on the filesystem of the RocksDB working
+        directory, so adopting it is a rename). Empty if the checkpoint has no state
+        for ``uid``."""
         op = self.metadata.operators.get(uid)
         if op is None:
             return []
@@ -179,7 +183,7 @@ class CompletedCheckpoint:
         try:
             for handle in op.subtasks:
                 out.append(self._load_subtask(op, handle, mine, f"{where} subtask "
-                                              f"{handle.subtask_index}"))
+                                              f"{handle.subtask_index}", local_dir))
         except BaseException:
             for snap in out:
                 if snap.keyed is not None and snap.keyed.native is not None:
@@ -188,7 +192,8 @@ class CompletedCheckpoint:
         return out
 
     def _load_subtask(
-        self, op: OperatorHandle, handle: SubtaskStateHandle, mine: Any, where: str
+        self, op: OperatorHandle, handle: SubtaskStateHandle, mine: Any, where: str,
+        local_dir: str | None = None,
     ) -> OperatorSubtaskSnapshot:
         overlap = handle.key_group_range.intersection(mine)
         keyed = None
@@ -204,7 +209,8 @@ class CompletedCheckpoint:
             full = handle.keyed.timers
             if len(overlap):
                 native = NativeRocksDBState(
-                    self._download_native(handle.keyed, where), handle.key_group_range,
+                    self._download_native(handle.keyed, where, local_dir),
+                    handle.key_group_range,
                     (self.storage.location, dict(handle.keyed.shared)),
                 )
         if full is not None and len(overlap):
@@ -235,8 +241,12 @@ class CompletedCheckpoint:
             handle.subtask_index, op.max_parallelism, keyed, operator_states, broadcast_states,
         )
 
-    def _download_native(self, handle: KeyedIncrementalHandle, where: str) -> str:
-        target = Path(tempfile.mkdtemp(prefix="weir-restore-"))
+    def _download_native(
+        self, handle: KeyedIncrementalHandle, where: str, local_dir: str | None
+    ) -> str:
+        if local_dir is not None:
+            os.makedirs(local_dir, exist_ok=True)
+        target = Path(tempfile.mkdtemp(prefix="weir-restore-", dir=local_dir))
         try:
             for files in (handle.shared, handle.private):
                 for name, ref in files.items():

@@ -5,13 +5,17 @@ storage; nothing else writes there. Layout under a checkpoint storage root::
 
     chk-<id>/_metadata                      published last: the checkpoint is complete
     chk-<id>/<uid-dir>/<subtask>-<attempt>.keyed     full keyed state of one subtask
-    chk-<id>/<uid-dir>/<subtask>-<attempt>.timers    timers (incremental RocksDB only)
+    chk-<id>/<uid-dir>/<subtask>-<attempt>.timers    timers (incremental RocksDB
+                                                     checkpoints written before the
+                                                     timer column families; read only)
     chk-<id>/<uid-dir>/<subtask>-<attempt>.op        operator + broadcast state
     chk-<id>/<uid-dir>/<subtask>-<attempt>/<name>    private RocksDB files (MANIFEST,
                                                      CURRENT, OPTIONS, ...)
     shared/<uid-dir>/<id>-<uuid>.sst        RocksDB SST files shared by incremental
                                             checkpoints, reference counted; <id> is
                                             the checkpoint that uploaded the file
+    shared/<uid-dir>/<id>-options-<uuid>    RocksDB's OPTIONS file, shared by content
+                                            (named as a private file in the metadata)
     shared/<uid-dir>/<id>-<uuid>.{keyed,delta,op}
     shared/<uid-dir>/m<id>-<uuid>.keyed     changelog checkpoints of the hash map: a
                                             base, per-checkpoint deltas, operator

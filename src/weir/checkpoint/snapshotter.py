@@ -17,11 +17,15 @@
   checkpoint (memtables flushed, SST files hard-linked into a local directory). The
   worker uploads each SST file that the last *completed* checkpoint did not already
   upload to ``shared/`` (once; later checkpoints reference it), and the small private
-  files (MANIFEST, CURRENT, OPTIONS) to the checkpoint's own directory. Which files
+  files (MANIFEST, CURRENT) to the checkpoint's own directory; the OPTIONS file goes
+  to ``shared/`` once per distinct content. Timers are in the SST files too: before
+  the native checkpoint the operator writes the timers changed since the last one
+  into timer column families (``KeyedOperator._mirror_timers``). Which files
   are shared is learnt only from completed checkpoints (``notify_checkpoint_complete``),
   so a file of an aborted or subsumed checkpoint is never referenced again; after a
   restore, the SST files of the adopted checkpoint are referenced, not re-uploaded,
-  when the new checkpoints go to the same storage.
+  when the new checkpoints go to the same storage (a checkpointer made before the
+  restore learns them from ``adopt``, as the Spark runtime's tasks do).
 
 Run one checkpoint at a time per subtask (Flink's default of one concurrent
 checkpoint): a snapshot's files are referenced by the coordinator only once it
@@ -186,7 +190,12 @@ class SubtaskCheckpointer:
         native_dir: str | None = None
         if self._incremental(savepoint):
             assert isinstance(self.operator, KeyedOperator)
-            native_dir = os.path.join(tempfile.mkdtemp(prefix="weir-native-"), "db")
+            # next to the working directory: the same filesystem, so hard links
+            assert isinstance(self.operator.backend, RocksDBStateBackend)
+            db = self.operator.backend.path
+            native_dir = os.path.join(
+                tempfile.mkdtemp(prefix=f"{db.name}.native-", dir=db.parent), "db"
+            )
             finish = self.operator.prepare_snapshot(
                 checkpoint_id, timestamp, native_dir=native_dir
             )
@@ -219,15 +228,27 @@ class SubtaskCheckpointer:
 
     # changelog --------------------------------------------------------------------------
     def adopt(self, handle: SubtaskStateHandle, storage: CheckpointStorage) -> bool:
-        """After restoring exactly ``handle`` (a changelog checkpoint in ``storage``,
-        this subtask's key groups): go on with its changelog instead of writing a new
-        base. Returns whether it was adopted."""
+        """After restoring exactly ``handle`` (this subtask's key groups, in
+        ``storage``): go on from it instead of writing the whole state again - a
+        changelog goes on with its deltas; incremental RocksDB references the SST files
+        it restored. Returns whether it was adopted."""
         keyed = handle.keyed
-        if (
-            self.mode is not SnapshotMode.CHANGELOG
-            or not isinstance(keyed, KeyedChangelogHandle)
-            or storage.root != self.storage.root
-            or handle.key_group_range != self._range()
+        if storage.root != self.storage.root or handle.key_group_range != self._range():
+            return False
+        if self._incremental(False) and isinstance(keyed, KeyedIncrementalHandle):
+            assert isinstance(self.operator, KeyedOperator)
+            assert isinstance(self.operator.backend, RocksDBStateBackend)
+            adopted = self.operator.backend.adopted_shared
+            if adopted is None or adopted[0] != storage.location:
+                return False
+            self._uploaded = dict(adopted[1])
+            self._uploaded.update(
+                (_by_content(ref.sha256), ref) for ref in keyed.private.values()
+                if ref.path.startswith("shared/")
+            )
+            return True
+        if self.mode is not SnapshotMode.CHANGELOG or not isinstance(
+            keyed, KeyedChangelogHandle
         ):
             return False
         assert isinstance(self.operator, KeyedOperator)
@@ -387,10 +408,7 @@ class SubtaskCheckpointer:
             native = None
             if native_dir is not None:
                 def native(prefix: str) -> tuple[dict[str, FileRef], dict[str, FileRef], int]:
-                    shared, private, uploaded = self._upload_native(
-                        storage, prefix, native_dir, snap.checkpoint_id)
-                    self._pending[snap.checkpoint_id] = dict(shared)
-                    return shared, private, uploaded
+                    return self._upload_native(storage, prefix, native_dir, snap.checkpoint_id)
             return write_snapshot(snap, storage, prefix, self._range(), sync_ms, native)
         finally:
             if native_dir is not None:
@@ -402,23 +420,37 @@ class SubtaskCheckpointer:
     def _upload_native(
         self, storage: CheckpointStorage, prefix: str, native_dir: str, checkpoint_id: int
     ) -> tuple[dict[str, FileRef], dict[str, FileRef], int]:
+        """Upload a native checkpoint: SST files not uploaded before into ``shared/``,
+        the options file into ``shared/`` by content (it rarely changes), the rest
+        (MANIFEST, CURRENT, ...) under ``prefix``. Returns (shared, private, bytes
+        uploaded) and records what a later checkpoint may reference once this one
+        completes."""
         shared: dict[str, FileRef] = {}
         private: dict[str, FileRef] = {}
+        known: dict[str, FileRef] = {}
         uploaded = 0
+        new_name = f"shared/{uid_dir(self.uid)}/{checkpoint_id}-{{}}"
         for name in sorted(os.listdir(native_dir)):
             path = Path(native_dir) / name
             if name.endswith(".sst"):
                 ref = self._uploaded.get(name)
                 if ref is None:
-                    ref = storage.upload(
-                        f"shared/{uid_dir(self.uid)}/{checkpoint_id}-{uuid.uuid4().hex}.sst", path
-                    )
+                    ref = storage.upload(new_name.format(f"{uuid.uuid4().hex}.sst"), path)
                     uploaded += ref.size
-                shared[name] = ref
+                shared[name] = known[name] = ref
+            elif name.startswith("OPTIONS-"):
+                data = path.read_bytes()
+                ref = self._uploaded.get(_by_content(digest(data)))
+                if ref is None:
+                    # ("options-" sorts after the SST names: a deterministic delete order)
+                    ref = storage.write(new_name.format(f"options-{uuid.uuid4().hex}"), data)
+                    uploaded += ref.size
+                private[name] = known[_by_content(ref.sha256)] = ref
             else:
                 ref = storage.upload(f"{prefix}/{name}", path)
                 uploaded += ref.size
                 private[name] = ref
+        self._pending[checkpoint_id] = known
         return shared, private, uploaded
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
@@ -453,6 +485,11 @@ class SubtaskCheckpointer:
 
 
 _T = TypeVar("_T")
+
+
+def _by_content(sha256: str) -> str:
+    """The key of a file reused by content (not by local name) among uploaded files."""
+    return f"sha256:{sha256}"
 
 
 def _run_now(work: Callable[[], _T]) -> Future[_T]:

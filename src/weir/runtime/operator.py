@@ -56,7 +56,7 @@ from weir.state.keygroups import (
     key_group_range_for_operator,
 )
 from weir.state.operator_state import BroadcastStateStore, OperatorStateStoreImpl
-from weir.state.rocksdb import RocksDBStateBackend
+from weir.state.rocksdb import RocksDBMemory, RocksDBStateBackend
 from weir.state.snapshot import (
     KeyedStateSnapshot,
     OperatorSubtaskSnapshot,
@@ -105,6 +105,9 @@ class OperatorConfig:
     subtask_index: int = 0
     #: Directory of the RocksDB instance (a temporary one if None).
     rocksdb_path: str | Path | None = None
+    #: Block cache and write buffers of all RocksDB instances of the process (None:
+    #: ``RocksDBMemory()``, 256 MiB).
+    rocksdb_memory: RocksDBMemory | None = None
     #: Most stored entries one :meth:`KeyedOperator.run_background_cleanup` call
     #: filters (RocksDB TTL compaction-filter cleanup), so its cost per call is bounded.
     background_cleanup_entries: int = 10_000
@@ -242,7 +245,9 @@ class _OperatorBase(Context):
             self._restored_operator = assign_operator_state(
                 mine, cfg.parallelism, cfg.subtask_index
             )
-            self._restored_broadcast = assign_broadcast_state(mine, cfg.subtask_index)
+            self._restored_broadcast = assign_broadcast_state(
+                mine, cfg.subtask_index, cfg.parallelism
+            )
         return mine
 
     def _open_common(self) -> None:
@@ -310,13 +315,17 @@ class KeyedOperator(_OperatorBase, KeyedContext, TimerService):
         self.keyed_state = KeyedStateStore(self.backend, self.clock, config.describe())
         self.event_timers = TimerQueue()
         self.processing_timers = TimerQueue()
+        #: RocksDB: the timer column families hold the timers as of the last native
+        #: checkpoint and the queues record changes since (``_mirror_timers``)
+        self._timers_mirrored = False
         #: the changelog checkpointer recording this operator's changes (a weakref)
         self.changelog_owner: Any = None
         self._time_domain: TimeDomain | None = None
 
     def _make_backend(self) -> KeyedStateBackend:
         if self.config.state_backend is StateBackendKind.ROCKSDB:
-            return RocksDBStateBackend(self.key_context, self.config.rocksdb_path)
+            return RocksDBStateBackend(self.key_context, self.config.rocksdb_path,
+                                       self.config.rocksdb_memory)
         return HashMapStateBackend(self.key_context)
 
     # life cycle ---------------------------------------------------------------------
@@ -334,6 +343,11 @@ class KeyedOperator(_OperatorBase, KeyedContext, TimerService):
         timers = self.keyed_state.restore(keyed, (EVENT_TIMERS, PROCESSING_TIMERS))
         self.event_timers.restore_entries(timers[EVENT_TIMERS])
         self.processing_timers.restore_entries(timers[PROCESSING_TIMERS])
+        self._timers_mirrored = False
+        if self.keyed_state.timers_mirrored and isinstance(self.backend, RocksDBStateBackend):
+            self.event_timers.track_changes()  # the restored mirror is exact: go on
+            self.processing_timers.track_changes()
+            self._timers_mirrored = True
 
     def open(self) -> None:
         """Initialize operator state, then call the function's ``open``."""
@@ -435,20 +449,23 @@ class KeyedOperator(_OperatorBase, KeyedContext, TimerService):
         self._require_open()
         ts = self.clock() if timestamp is None else timestamp
         common = self._snapshot_common(checkpoint_id, ts)
-        timers = {
-            EVENT_TIMERS: self.event_timers.snapshot_entries(),
-            PROCESSING_TIMERS: self.processing_timers.snapshot_entries(),
-        }
         cfg = self.config
         if native_dir is not None:
             if not isinstance(self.backend, RocksDBStateBackend):
                 raise ConfigurationError(
                     f"{cfg.describe()}: incremental (native) snapshots need the RocksDB backend"
                 )
+            self._mirror_timers(self.backend)
             self.backend.native_checkpoint(native_dir)
-            native = self.keyed_state.native_snapshot(timers, cfg.key_group_range, native_dir)
+            native = self.keyed_state.native_snapshot(
+                {EVENT_TIMERS: [], PROCESSING_TIMERS: []}, cfg.key_group_range, native_dir
+            )
             encode: Callable[[], KeyedStateSnapshot] = lambda: native  # noqa: E731
         else:
+            timers = {
+                EVENT_TIMERS: self.event_timers.snapshot_entries(),
+                PROCESSING_TIMERS: self.processing_timers.snapshot_entries(),
+            }
             encode = self.keyed_state.prepare_snapshot(timers, cfg.key_group_range)
 
         def finish() -> OperatorSubtaskSnapshot:
@@ -458,6 +475,22 @@ class KeyedOperator(_OperatorBase, KeyedContext, TimerService):
             )
 
         return finish
+
+    def _mirror_timers(self, backend: RocksDBStateBackend) -> None:
+        """Bring the timer column families up to date before a native checkpoint:
+        the changes since the last one, or every timer the first time (or after a
+        restore the mirror does not hold exactly)."""
+        queues = ((EVENT_TIMERS, self.event_timers), (PROCESSING_TIMERS, self.processing_timers))
+        if self._timers_mirrored:
+            for name, queue in queues:
+                backend.write_timers(name, queue.take_changes())
+            return
+        for name, queue in queues:
+            backend.write_timers(
+                name, [(k, [(k, v)]) for k, v in queue.snapshot_entries()], reset=True
+            )
+            queue.track_changes()
+        self._timers_mirrored = True
 
     # changelog snapshots -------------------------------------------------------------
     def track_changes(self) -> None:

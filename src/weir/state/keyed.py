@@ -119,6 +119,10 @@ class KeyedStateStore:
         #: where run_compaction_filters continues: (state name, first key or None)
         self._compaction_cursor: tuple[str, bytes | None] = ("", None)
         self._tables: dict[str, Any] = {}
+        #: after :meth:`restore`: whether the timers restored all came from RocksDB
+        #: timer column families of at most one native checkpoint (then the backend's
+        #: mirror of them is exact)
+        self.timers_mirrored = False
 
     # registration -----------------------------------------------------------------
 
@@ -329,6 +333,7 @@ class KeyedStateStore:
     ) -> dict[str, list[tuple[bytes, bytes]]]:
         """Load keyed snapshots (already clipped to this subtask); returns timer entries."""
         timers: dict[str, list[tuple[bytes, bytes]]] = {n: [] for n in timer_names}
+        canonical_timers = False
         per_state: dict[str, list[tuple[bytes, bytes]]] = {}
         for snap in snapshots:
             for name, meta in snap.metas.items():
@@ -340,10 +345,21 @@ class KeyedStateStore:
                     )
             for per in snap.groups.values():
                 for name, entries in per.items():
+                    if name in timers:
+                        canonical_timers = True
                     target = timers if name in timers else per_state
                     target.setdefault(name, []).extend(entries)
         natives = [snap.native for snap in snapshots if snap.native is not None]
+        if natives:
+            from weir.state.rocksdb import TIMER_CF_PREFIX, scan_native
+        for native in natives:  # timers mirrored into column families (RocksDB backend)
+            for name, mirrored in scan_native(native, TIMER_CF_PREFIX):
+                if name in timers:
+                    timers[name].extend(mirrored)
         self.backend.restore_native(natives)
+        #: the RocksDB timer mirror holds exactly the restored timers (one native
+        #: checkpoint adopted, no timer from elsewhere): changes can go on from it
+        self.timers_mirrored = not canonical_timers and len(natives) <= 1
         for name, state_entries in per_state.items():
             self.backend.restore_entries(name, state_entries)
         return timers

@@ -21,13 +21,14 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import rocksdict
 
 from weir.api.state import ListState, MapState, ValueState
-from weir.errors import StateBackendError, StateError
+from weir.errors import ConfigurationError, StateBackendError, StateError
 from weir.state.backend import (
     EntryFilter,
     KeyedStateBackend,
@@ -47,9 +48,15 @@ from weir.state.keygroups import KeyGroupRange
 from weir.state.serializers import Serializer
 from weir.state.snapshot import NativeRocksDBState
 
-__all__ = ["RocksDBStateBackend", "list_column_families", "scan_native"]
+__all__ = [
+    "TIMER_CF_PREFIX", "RocksDBMemory", "RocksDBStateBackend", "list_column_families",
+    "scan_native", "shared_memory_usage",
+]
 
 _CF_PREFIX = "s:"
+#: column families mirroring the timers (the timer queues stay on the heap; the
+#: mirror makes incremental checkpoints carry timers as changed SST files)
+TIMER_CF_PREFIX = "t:"
 #: greater than every stored key (key groups are below 2**15, so prefixes below 0x80)
 _END = b"\xff\xff\xff"
 
@@ -59,24 +66,28 @@ def _range_bounds(key_groups: KeyGroupRange) -> tuple[bytes, bytes]:
     return key_groups.start.to_bytes(2, "big"), (key_groups.end + 1).to_bytes(2, "big")
 
 
-def list_column_families(path: str | Path) -> list[str]:
-    """State names that have a column family in the database at ``path``."""
+def list_column_families(path: str | Path, prefix: str = _CF_PREFIX) -> list[str]:
+    """State names (timer names with ``prefix=TIMER_CF_PREFIX``) that have a column
+    family in the database at ``path``."""
     try:
         names = rocksdict.Rdict.list_cf(str(path))
     except Exception:
         return []
-    return [n[len(_CF_PREFIX) :] for n in names if n.startswith(_CF_PREFIX)]
+    return [n[len(prefix) :] for n in names if n.startswith(prefix)]
 
 
-def scan_native(native: NativeRocksDBState) -> Iterator[tuple[str, list[tuple[bytes, bytes]]]]:
-    """``(state name, entries)`` of a native checkpoint within its key-group range."""
+def scan_native(
+    native: NativeRocksDBState, prefix: str = _CF_PREFIX
+) -> Iterator[tuple[str, list[tuple[bytes, bytes]]]]:
+    """``(state name, entries)`` of a native checkpoint within its key-group range
+    (``(timer name, entries)`` with ``prefix=TIMER_CF_PREFIX``)."""
     if not len(native.key_group_range):
         return
     low, high = _range_bounds(native.key_group_range)
     db = rocksdict.Rdict(native.path, _options(), access_type=rocksdict.AccessType.read_only())
     try:
-        for name in list_column_families(native.path):
-            cf = db.get_column_family(_CF_PREFIX + name)
+        for name in list_column_families(native.path, prefix):
+            cf = db.get_column_family(prefix + name)
             entries = []
             it = cf.iter()
             it.seek(low)
@@ -101,10 +112,74 @@ def _successor(prefix: bytes) -> bytes | None:
     return stripped[:-1] + bytes([stripped[-1] + 1])
 
 
-def _options() -> rocksdict.Options:
+@dataclass(frozen=True)
+class RocksDBMemory:
+    """The memory of every RocksDB instance of this process together (Flink's managed
+    memory for RocksDB): one LRU block cache of ``total_bytes`` shared by all of them,
+    with their memtables (write buffers) charged to it, at most ``write_buffer_ratio``
+    of it; RocksDB flushes memtables early rather than exceed that."""
+
+    total_bytes: int = 256 << 20
+    write_buffer_ratio: float = 0.5
+
+    def __post_init__(self) -> None:
+        if type(self.total_bytes) is not int or self.total_bytes < (8 << 20):
+            raise ConfigurationError(
+                f"RocksDB memory total_bytes={self.total_bytes!r} must be an int of at least "
+                f"8 MiB"
+            )
+        if not 0.05 <= self.write_buffer_ratio <= 0.9:
+            raise ConfigurationError(
+                f"RocksDB memory write_buffer_ratio={self.write_buffer_ratio!r} must be in "
+                f"[0.05, 0.9]"
+            )
+
+    @property
+    def write_buffer_bytes(self) -> int:
+        """The memtable budget (charged to the block cache)."""
+        return int(self.total_bytes * self.write_buffer_ratio)
+
+
+#: the process's shared block cache and write buffer manager, and their sizing
+_SHARED: dict[str, Any] = {}
+
+
+def _shared_memory(memory: RocksDBMemory) -> tuple[Any, Any]:
+    """The process-wide block cache and write buffer manager, resized to ``memory``."""
+    cache = _SHARED.get("cache")
+    if cache is None:
+        cache = rocksdict.Cache(memory.total_bytes)
+        manager = rocksdict.WriteBufferManager.new_write_buffer_manager_with_cache(
+            memory.write_buffer_bytes, False, cache
+        )
+        _SHARED.update(cache=cache, manager=manager, memory=memory)
+    elif _SHARED["memory"] != memory:
+        cache.set_capacity(memory.total_bytes)
+        _SHARED["manager"].set_buffer_size(memory.write_buffer_bytes)
+        _SHARED["memory"] = memory
+    return cache, _SHARED["manager"]
+
+
+def shared_memory_usage() -> tuple[int, int]:
+    """(block cache bytes in use, memtable bytes in use) of this process's RocksDB."""
+    if "cache" not in _SHARED:
+        return 0, 0
+    return int(_SHARED["cache"].get_usage()), int(_SHARED["manager"].get_usage())
+
+
+def _options(memory: RocksDBMemory | None = None) -> rocksdict.Options:
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
+    if memory is not None:
+        cache, manager = _shared_memory(memory)
+        table = rocksdict.BlockBasedOptions()
+        table.set_block_cache(cache)
+        table.set_cache_index_and_filter_blocks(True)
+        opts.set_block_based_table_factory(table)
+        opts.set_write_buffer_manager(manager)
+        opts.set_write_buffer_size(max(1 << 20, min(64 << 20, memory.write_buffer_bytes // 4)))
+        opts.set_max_write_buffer_number(2)
     return opts
 
 
@@ -349,12 +424,17 @@ class RocksDBStateBackend(KeyedStateBackend):
 
     name = "rocksdb"
 
-    def __init__(self, key_context: KeyContext, path: str | Path | None = None) -> None:
+    def __init__(
+        self, key_context: KeyContext, path: str | Path | None = None,
+        memory: RocksDBMemory | None = None,
+    ) -> None:
         super().__init__(key_context)
         self._owns_path = path is None
         self.path = Path(path if path is not None else tempfile.mkdtemp(prefix="weir-rocksdb-"))
+        #: block cache and write buffers: shared by the process's instances, bounded
+        self.memory = memory if memory is not None else RocksDBMemory()
         try:
-            self._db = rocksdict.Rdict(str(self.path), _options())
+            self._db = rocksdict.Rdict(str(self.path), _options(self.memory))
         except Exception as exc:
             raise StateBackendError(
                 f"cannot open RocksDB at {self.path}: {exc}; check that the directory is "
@@ -365,6 +445,7 @@ class RocksDBStateBackend(KeyedStateBackend):
         self._write_options.disable_wal = True  # type: ignore[method-assign,assignment]
         self._db.set_write_options(self._write_options)
         self._families: dict[str, Any] = {}
+        self._timer_families: dict[str, Any] = {}
         self._closed = False
         #: shared-file references of the SST files of an adopted native checkpoint
         self.adopted_shared: tuple[str, Mapping[str, Any]] | None = None
@@ -376,10 +457,42 @@ class RocksDBStateBackend(KeyedStateBackend):
             try:
                 cf = self._db.get_column_family(cf_name)
             except Exception:
-                cf = self._db.create_column_family(cf_name, _options())
+                cf = self._db.create_column_family(cf_name, _options(self.memory))
             cf.set_write_options(self._write_options)
             self._families[name] = cf
         return cf
+
+    def write_timers(
+        self,
+        name: str,
+        changes: Iterable[tuple[bytes, list[tuple[bytes, bytes]]]],
+        reset: bool = False,
+    ) -> None:
+        """Apply timer changes (``TimerQueue.take_changes``: an entry key with its
+        entry, or with none when the timer is gone) to timer ``name``'s column family;
+        ``reset`` empties it first (the changes then hold every timer)."""
+        cf = self._timer_families.get(name)
+        if cf is None:
+            cf_name = TIMER_CF_PREFIX + name
+            try:
+                cf = self._db.get_column_family(cf_name)
+            except Exception:
+                cf = self._db.create_column_family(cf_name, _options(self.memory))
+            cf.set_write_options(self._write_options)
+            self._timer_families[name] = cf
+        if reset and next(iter(cf.keys()), None) is not None:
+            cf.delete_range(b"", _END)
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        batch.set_default_column_family(
+            self._db.get_column_family_handle(TIMER_CF_PREFIX + name)
+        )
+        for key, entries in changes:
+            if entries:
+                batch.put(key, entries[0][1])
+            else:
+                batch.delete(key)
+        if len(batch):
+            self._db.write(batch, self._write_options)
 
     def create_value_table(
         self, name: str, serializer: Serializer[Any], check_writes: bool = True
@@ -460,15 +573,19 @@ class RocksDBStateBackend(KeyedStateBackend):
                 self.restore_entries(name, entries)
             shutil.rmtree(native.path, ignore_errors=True)
 
-    def _adopt(self, native: NativeRocksDBState) -> None:
-        for cf in self._families.values():
+    def _close_families(self) -> None:
+        for cf in (*self._families.values(), *self._timer_families.values()):
             cf.close()
         self._families.clear()
+        self._timer_families.clear()
+
+    def _adopt(self, native: NativeRocksDBState) -> None:
+        self._close_families()
         self._db.close()
         shutil.rmtree(self.path, ignore_errors=True)
         shutil.move(native.path, self.path)
         try:
-            self._db = rocksdict.Rdict(str(self.path), _options())
+            self._db = rocksdict.Rdict(str(self.path), _options(self.memory))
         except Exception as exc:
             raise StateBackendError(
                 f"cannot open the restored RocksDB checkpoint at {self.path}: {exc}"
@@ -476,11 +593,19 @@ class RocksDBStateBackend(KeyedStateBackend):
         self._db.set_write_options(self._write_options)
         self.adopted_shared = native.shared
         low, high = _range_bounds(native.key_group_range)
-        for name in list_column_families(self.path):
-            cf = self._family(name)
-            if low:
+        clip = [self._family(name) for name in list_column_families(self.path)]
+        for name in list_column_families(self.path, TIMER_CF_PREFIX):
+            self.write_timers(name, ())
+            clip.append(self._timer_families[name])
+        for cf in clip:  # range deletes only where there are keys (no tombstone SSTs)
+            it = cf.iter()
+            it.seek_to_first()
+            if low and it.valid() and it.key() < low:
                 cf.delete_range(b"", low)
-            cf.delete_range(high, _END)
+            it.seek(high)
+            if it.valid():
+                cf.delete_range(high, _END)
+            del it
 
     def compact(self, filters: Mapping[str, EntryFilter]) -> int:
         dropped = 0
@@ -520,9 +645,7 @@ class RocksDBStateBackend(KeyedStateBackend):
         self._closed = True
         # Close column families before the database: a handle dropped after the
         # database closed stalls for a second in rocksdict when the WAL is off.
-        for cf in self._families.values():
-            cf.close()
-        self._families.clear()
+        self._close_families()
         self._db.close()
         if self._owns_path:
             shutil.rmtree(self.path, ignore_errors=True)

@@ -139,7 +139,13 @@ class OperatorSubtaskSnapshot:
     broadcast_states: Mapping[str, BroadcastStateSnapshot] = field(default_factory=dict)
 
 
-def _check_same_job(snapshots: Sequence[OperatorSubtaskSnapshot]) -> None:
+def _check_same_job(
+    snapshots: Sequence[OperatorSubtaskSnapshot], own: tuple[int, int] | None = None
+) -> None:
+    """One snapshot per old subtask of one operator; or, for the restoring subtask
+    ``own = (parallelism, subtask_index)``, exactly its own snapshot from the same
+    parallelism without union state — all it needs then (the Spark runtime's tasks
+    read only their own part)."""
     if not snapshots:
         raise RestoreError("no snapshots to restore from")
     first = snapshots[0]
@@ -154,6 +160,10 @@ def _check_same_job(snapshots: Sequence[OperatorSubtaskSnapshot]) -> None:
                 f"operator {first.operator_uid!r}: snapshots disagree on max_parallelism "
                 f"({first.max_parallelism} vs {s.max_parallelism})"
             )
+    if own is not None and len(snapshots) == 1 and (
+        (first.parallelism, first.subtask_index) == own
+    ) and all(st.mode is not RedistributionMode.UNION for st in first.operator_states.values()):
+        return
     indexes = sorted(s.subtask_index for s in snapshots)
     if indexes != list(range(first.parallelism)) or any(
         s.parallelism != first.parallelism for s in snapshots
@@ -169,7 +179,13 @@ def assign_keyed_state(
     snapshots: Sequence[OperatorSubtaskSnapshot], key_group_range: KeyGroupRange
 ) -> list[KeyedStateSnapshot]:
     """The keyed snapshots whose key groups intersect ``key_group_range``, clipped to it."""
-    _check_same_job(snapshots)
+    first = snapshots[0] if snapshots else None
+    own = None  # a subtask's own snapshot from the same parallelism covers its range
+    if first is not None and first.keyed is not None and (
+        first.keyed.key_group_range == key_group_range
+    ):
+        own = (first.parallelism, first.subtask_index)
+    _check_same_job(snapshots, own)
     out = []
     for s in sorted(snapshots, key=lambda s: s.subtask_index):
         keyed = s.keyed
@@ -195,7 +211,7 @@ def assign_operator_state(
     Flink's round-robin rules (module docstring): at the old parallelism each subtask
     keeps its own even-split lists; otherwise the even-split states, in name order,
     are cut into contiguous chunks whose starting subtask rotates from state to state."""
-    _check_same_job(snapshots)
+    _check_same_job(snapshots, (parallelism, subtask_index))
     ordered = sorted(snapshots, key=lambda s: s.subtask_index)
     names: dict[str, OperatorListStateSnapshot] = {}
     for s in ordered:
@@ -206,8 +222,10 @@ def assign_operator_state(
                     f"operator {s.operator_uid!r}: operator state {name!r} has different "
                     f"modes or serializers in different subtasks"
                 )
-    same_parallelism = parallelism == len(ordered)
-    own = ordered[subtask_index] if same_parallelism else None
+    # at the old parallelism a subtask keeps its own lists (its snapshot is enough)
+    same_parallelism = all(s.parallelism == parallelism for s in ordered)
+    own = next((s for s in ordered if s.subtask_index == subtask_index), None) if (
+        same_parallelism) else None
     out = {}
     start = 0  # the subtask that gets the first chunk of the next even-split state
     for name in sorted(names):
@@ -247,10 +265,11 @@ def _split_chunk(
 
 
 def assign_broadcast_state(
-    snapshots: Sequence[OperatorSubtaskSnapshot], subtask_index: int
+    snapshots: Sequence[OperatorSubtaskSnapshot], subtask_index: int, parallelism: int = 0
 ) -> dict[str, BroadcastStateSnapshot]:
-    """Broadcast states for new subtask ``subtask_index``: old subtask ``i % p_old``'s."""
-    _check_same_job(snapshots)
+    """Broadcast states for new subtask ``subtask_index`` (of ``parallelism``): old
+    subtask ``i % p_old``'s."""
+    _check_same_job(snapshots, (parallelism, subtask_index))
     ordered = sorted(snapshots, key=lambda s: s.subtask_index)
     source = ordered[subtask_index % len(ordered)]
     return dict(source.broadcast_states)

@@ -28,6 +28,7 @@ from weir.runtime.operator import (
     OperatorConfig,
     StateBackendKind,
 )
+from weir.state.rocksdb import RocksDBMemory
 from weir.state.snapshot import OperatorSubtaskSnapshot
 
 __all__ = [
@@ -170,10 +171,12 @@ class KeyedOperatorHarness(_HarnessBase):
         uid: str = "operator",
         rocksdb_path: str | Path | None = None,
         broadcast_state_descriptors: Iterable[MapStateDescriptor[Any, Any]] = (),
+        rocksdb_memory: RocksDBMemory | None = None,
     ) -> None:
         self.clock, config = _clock_and_config(
             clock, uid=uid, state_backend=state_backend, max_parallelism=max_parallelism,
             parallelism=parallelism, subtask_index=subtask_index, rocksdb_path=rocksdb_path,
+            rocksdb_memory=rocksdb_memory,
         )
         self._op: KeyedOperator = KeyedOperator(
             function, key_selector, config, clock=self.clock,
