@@ -82,6 +82,7 @@ import pytest
 
 from weir import CheckpointCoordinator, CheckpointStorage, CorruptCheckpointError, load_checkpoint
 from weir.runtime.spark.epochs import SPARK_FILE
+from weir.runtime.spark.prior import SUMMARY_FILE
 from weir.testing import KeyedOperatorHarness
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -447,12 +448,13 @@ def oracle(files: list[list[tuple[str, int, int, int]]]) -> tuple[Rows, State]:
 
 def unreferenced_files(coordinator: CheckpointCoordinator) -> list[str]:
     """Files of a query's checkpoint directory that no retained completed checkpoint
-    references (parts and ``_spark.json`` aside, and the hash map's changelog
+    references (parts, summaries and ``_spark.json`` aside, and the hash map's changelog
     materializations, ``m<batch>-*``, that no batch used yet: a killed subtask's, the
     last batch's; completion sweeps them MATERIALIZATION_MAX_LAG batches later)."""
     keep = coordinator.referenced_files()
     return [f for f in coordinator.storage.walk_files()
             if f not in keep and "/_parts/" not in f and f != SPARK_FILE
+            and not f.endswith(f"/{SUMMARY_FILE}")
             and not re.search(r"/m\d+-[0-9a-f]+\.keyed(\.tmp-[0-9a-f]+)?$", f)]
 
 

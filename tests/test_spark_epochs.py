@@ -129,7 +129,8 @@ def test_a_batch_whose_previous_batch_is_missing_is_an_error_never_a_fallback(
     for batch in range(3):
         _publish(store, "q1", batch, 2)
     store.complete("q1", 0)
-    assert plan_batch(store, lineage, "q1", 3, parallelism=2).checkpoint.checkpoint_id == 2
+    prior = plan_batch(store, lineage, "q1", 3, parallelism=2).prior
+    assert prior is not None and prior.batch == 2
     with pytest.raises(MissingStateError, match="chk-4 is missing"):
         plan_batch(store, lineage, "q1", 5, parallelism=2)
 
@@ -147,12 +148,10 @@ def test_stale_parts_of_another_parallelism_never_block_a_batch(tmp_path: Path) 
     plan_batch(store, lineage, "q1", 0, parallelism=4)
     _publish(store, "q1", 0, 4, subtasks=[0, 1, 3], attempt="b")  # crashed at p = 4
     _publish(store, "q1", 0, 2, attempt="c")  # replayed at p = 2
-    start = plan_batch(store, lineage, "q1", 1, parallelism=2)
-    assert start.checkpoint is not None
-    op = start.checkpoint.metadata.operators["op"]
-    assert op.parallelism == 2
-    assert start.checkpoint.metadata.source_positions["spark"]["attempts"] == {
-        "0": "c00", "1": "c01"}
+    prior = plan_batch(store, lineage, "q1", 1, parallelism=2).prior
+    assert prior is not None and prior.parallelism == 2
+    assert prior.full().metadata.operators["op"].parallelism == 2
+    assert prior.positions["attempts"] == {"0": "c00", "1": "c01"}
 
 
 def test_a_late_attempt_never_replaces_the_chosen_one(tmp_path: Path) -> None:
@@ -164,9 +163,12 @@ def test_a_late_attempt_never_replaces_the_chosen_one(tmp_path: Path) -> None:
         "a00", "b01"]
     done = store.complete("q1", 0)
     _publish(store, "q1", 0, 2, attempt="c", written_ms=1)  # a zombie after completion
-    again = plan_batch(store, lineage, "q1", 1, parallelism=2).checkpoint
-    assert again is not None
-    assert again.metadata.source_positions == done.metadata.source_positions
+    again = plan_batch(store, lineage, "q1", 1, parallelism=2).prior
+    assert again is not None  # (read from the summary)
+    assert again.source_positions == {
+        k: v for k, v in done.metadata.source_positions.items() if k != "spark_io"}
+    assert [again.for_subtask(i, 2).metadata.operators["op"].subtasks for i in (0, 1)] == [
+        (h,) for h in done.metadata.operators["op"].subtasks]
 
 
 def test_concurrent_completions_write_one_metadata_and_agree(tmp_path: Path) -> None:
@@ -242,3 +244,72 @@ def test_completion_sweeps_unused_materializations_only_once_no_batch_can_use_th
     store.complete(query, batch)
     left = {k for k, path in names.items() if shared.exists(path)}
     assert left == {"young", "later"}
+
+
+# ------------------------------------------------------------------ a location that stays small
+
+
+def test_older_queries_directories_go_once_the_owner_retains_its_own_checkpoints(
+    tmp_path: Path,
+) -> None:
+    store, lineage = _store(tmp_path)
+    first = plan_batch(store, lineage, "q1", 0, parallelism=2)
+    for batch in range(2):
+        _publish(store, "q1", batch, 2)
+        store.complete("q1", batch)
+    lineage.release(first.claim.token)
+    store.stage.write("queries/q9/chk-0/_empty", b"{}")  # a new query, no claim yet
+    started = plan_batch(store, lineage, "q2", 0, parallelism=2)
+    assert started.checkpoint is not None and "/queries/q1/" in started.checkpoint.url
+    for batch in range(store.retained):
+        assert "q1" in store.queries()  # still needed, or older than nothing retained
+        _publish(store, "q2", batch, 2)
+        store.complete("q2", batch)
+    assert store.queries() == ["q2", "q9"]
+
+
+def test_a_pinned_or_restored_from_older_query_stays(tmp_path: Path) -> None:
+    store, lineage = _store(tmp_path)
+    first = plan_batch(store, lineage, "q1", 0, parallelism=1)
+    _publish(store, "q1", 0, 1)
+    pinned = store.complete("q1", 0)
+    lineage.release(first.claim.token)
+    plan_batch(store, lineage, "q2", 0, parallelism=1)
+    pin = store.pin(pinned)  # a savepoint copying q1's checkpoint
+    for batch in range(store.retained):
+        _publish(store, "q2", batch, 1)
+        store.complete("q2", batch)
+    assert "q1" in store.queries()
+    store.unpin(pin)
+    _publish(store, "q2", 3, 1)
+    store.complete("q2", 3)
+    assert store.queries() == ["q2"]
+
+
+def test_dead_letters_older_than_their_retention_are_swept_every_hundred_batches(
+    tmp_path: Path,
+) -> None:
+    import os
+    import time
+
+    from weir.checkpoint.format import uid_dir
+    from weir.runtime.spark.retention import DEAD_LETTER_SWEEP_BATCHES
+
+    store, lineage = _store(tmp_path)
+    store.dead_letter_retention_ms = 3_600_000
+    loc = store.location
+    old = f"dead-letter/q/batch=1/{uid_dir('op')}-0.jsonl"
+    other_stage = f"dead-letter/q/batch=1/{uid_dir('other')}-0.jsonl"
+    young = f"dead-letter/q/batch=2/{uid_dir('op')}-0.jsonl"
+    for path in (old, other_stage, young):
+        loc.write(path, b'{"reason": "x"}\n')
+    day_ago = time.time() - 86_400
+    for path in (old, other_stage):
+        os.utime(loc.full_path(path), (day_ago, day_ago))
+    plan_batch(store, lineage, "q", 0, parallelism=1)
+    for batch in (DEAD_LETTER_SWEEP_BATCHES - 1, DEAD_LETTER_SWEEP_BATCHES):
+        _publish(store, "q", batch, 1)
+        store.complete("q", batch)
+        swept = batch % DEAD_LETTER_SWEEP_BATCHES == 0
+        assert loc.exists(old) != swept
+    assert loc.exists(other_stage) and loc.exists(young)  # another stage's; a young one

@@ -635,3 +635,47 @@ def test_hashmap_batches_write_their_changes_and_an_idle_subtask_writes_no_state
     assert idle_after == idle_before
     counts = _state_counts(location, tmp_path / "sp")
     assert counts == _oracle(records + [{"key": k} for k in busy[:20]])
+
+
+# ------------------------------------------------------------------ reads per task
+
+
+@pytest.mark.spark
+def test_at_p_64_every_record_is_on_its_owner_and_a_task_reads_only_its_own_state(
+    spark: Any, tmp_path: Path, backend: str
+) -> None:
+    """p = 64 (2 key groups per subtask), one batch per run, so each batch starts
+    with the previous one completed: placement holds for every record, and each
+    task's storage reads (recorded in its part, kept per subtask in the batch's
+    metadata) are its own state's files plus a few small ones — never every
+    subtask's."""
+    records = keyed_records(0, 800, 400)
+    location = tmp_path / "weir"
+    build = _counts(checkpoint_location=str(location), parallelism=64, state_backend=backend)
+    sink = BatchSink()
+    for start in range(0, 800, 400):
+        write_file(tmp_path / "in", records[start:start + 400], KEYED)
+        run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark", sink)
+    rows = sink.rows()
+    assert len(sink.batches) == 2 and sorted(r[1] for r in rows) == list(range(800))
+    for key, _seq, _n, subtask in rows:
+        assert subtask == assign_key_to_parallel_operator(key, 128, 64)
+    assert last_counts(rows) == _oracle(records)
+    (query,) = location.glob("stages/*/queries/*")
+    metas = [weir.load_checkpoint(str(query / f"chk-{b}")).metadata for b in range(2)]
+    for b, (before, meta) in enumerate(itertools.pairwise(metas)):
+        own = {h.subtask_index: h.files() for h in before.operators["count"].subtasks}
+        attempts = before.source_positions["spark"]["attempts"]
+        summary = (query / f"chk-{b}" / "_summary.json").stat().st_size
+        assert summary < 0.1 * (query / f"chk-{b}" / "_metadata").stat().st_size
+        ios = meta.source_positions["spark_io"]["subtasks"]
+        assert sorted(map(int, ios)) == list(range(64))
+        for i, io in ios.items():
+            files = own[int(i)]  # what a cache miss restores
+            part = (query / f"chk-{b}" / "_parts" / f"{i}-{attempts[i]}.part").stat().st_size
+            # + the head claim (<1 KB), the summary, the task's own part: nothing of others
+            assert io["reads"] <= len(files) + 3, (i, io, len(files))
+            assert io["read_bytes"] <= sum(f.size for f in files) + summary + part + 1024, (
+                i, io)
+            assert io["lists"] <= 1, (i, io)
+    print("io of batch 1's tasks (max):", metas[1].source_positions["spark_io"]["max"])

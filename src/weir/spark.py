@@ -94,7 +94,7 @@ from weir.errors import (
     RestoreError,
 )
 from weir.runtime.operator import StateBackendKind
-from weir.runtime.spark.durations import duration_ms
+from weir.runtime.spark.durations import byte_size, duration_ms
 from weir.runtime.spark.epochs import EpochStore
 from weir.runtime.spark.keys import check_key_types
 from weir.runtime.spark.lifecycle import (
@@ -121,6 +121,7 @@ from weir.runtime.spark.routing import (
 )
 from weir.runtime.spark.task import StageSpec, process_pass
 from weir.state.keygroups import check_parallelism, compute_default_max_parallelism
+from weir.state.rocksdb import RocksDBMemory
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -282,6 +283,10 @@ def process(
     storage_options: dict[str, Any] | None = None,
     lease_timeout: int | str | timedelta = "60 s",
     materialization_interval: int | str | timedelta = "10 min",
+    worker_cache_subtasks: int = 32,
+    worker_cache_memory: int | str | None = None,
+    dead_letter_retention: int | str | timedelta = "7 days",
+    rocksdb_memory: int | str = "256m",
 ) -> DataFrame:
     """Run ``function`` over ``df`` as a weir stage; returns the output DataFrame
     (streaming if ``df`` is). See the module documentation for the semantics.
@@ -300,7 +305,23 @@ def process(
     materialization are as large as it, 50 batches changed it, or
     ``materialization_interval`` passed (restore reads the last materialization and
     the changes since: at most about twice the state). ``"full"`` writes the whole
-    state every batch."""
+    state every batch.
+
+    Each Python worker keeps the subtasks it ran live between batches (no restore
+    when the next batch's task lands there), at most ``worker_cache_subtasks`` of them
+    and while its resident memory stays below ``worker_cache_memory`` (bytes or
+    '2g'; default 80% of ``spark.executor.pyspark.memory``, else 4 GiB); the least
+    recently used are closed (the function's ``close()``) and restored when needed
+    again. Hash-map state lives in the worker's memory: size
+    ``spark.executor.pyspark.memory`` for it (see ``weir.runtime.spark.cache``).
+
+    RocksDB's block cache and write buffers are shared by every RocksDB subtask of a
+    Python worker and bounded together by ``rocksdb_memory`` (memtables up to half
+    of it; :class:`~weir.RocksDBMemory`).
+
+    Dead letters are kept ``dead_letter_retention`` after they were written; the
+    directories of queries that owned the stage before the current one are deleted once
+    it has ``retained`` checkpoints of its own (``weir.runtime.spark.retention``)."""
     from pyspark.sql import Column
     from pyspark.sql import functions as F
 
@@ -357,9 +378,18 @@ def process(
 
     out_struct, out_arrow = _output_schema(spark, output_schema)
     storage = CheckpointStorage(checkpoint_location, storage_options=storage_options)
-    store = EpochStore(storage, uid, retained=retained)
+    dead_letter_ms = duration_ms(dead_letter_retention, "dead_letter_retention")
+    rocksdb_bytes = RocksDBMemory(byte_size(rocksdb_memory, "rocksdb_memory")).total_bytes
+    store = EpochStore(storage, uid, retained=retained, dead_letter_retention_ms=dead_letter_ms)
     lease_ms = duration_ms(lease_timeout, "lease_timeout")
     materialize_ms = duration_ms(materialization_interval, "materialization_interval")
+    if isinstance(worker_cache_subtasks, bool) or not isinstance(worker_cache_subtasks, int) or (
+        worker_cache_subtasks < 1
+    ):
+        raise ConfigurationError(
+            f"worker_cache_subtasks must be an int >= 1, got {worker_cache_subtasks!r}")
+    cache_bytes = (None if worker_cache_memory is None
+                   else byte_size(worker_cache_memory, "worker_cache_memory"))
     lineage = Lineage(store.stage, lease_ms)
     max_parallelism = _resolve_max_parallelism(
         store, lineage, max_parallelism, p, restore_from, allow_non_restored_state,
@@ -380,6 +410,8 @@ def process(
         retained=retained, storage_options=storage_options, lease_timeout_ms=lease_ms,
         materialize_interval_ms=materialize_ms,
         instance=uuid.uuid4().hex,
+        cache_max_subtasks=worker_cache_subtasks, cache_max_bytes=cache_bytes,
+        dead_letter_retention_ms=dead_letter_ms, rocksdb_memory_bytes=rocksdb_bytes,
     )
 
     now = F.unix_millis(F.current_timestamp()).alias(NOW)

@@ -23,6 +23,7 @@ import hashlib
 import os
 import posixpath
 import re
+import threading
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -34,11 +35,56 @@ from fsspec.implementations.local import LocalFileSystem
 
 from weir.errors import CheckpointError, CorruptCheckpointError
 
-__all__ = ["CheckpointStorage", "FileRef"]
+__all__ = ["CheckpointStorage", "FileRef", "StorageCounts", "storage_counts"]
 
 TMP_MARKER = ".tmp-"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class StorageCounts:
+    """Storage operations of this process since it started (:func:`storage_counts`):
+    files read and their bytes, files written and their bytes, directory listings,
+    existence checks and deletes. Subtract two to get what something in between did."""
+
+    reads: int = 0
+    read_bytes: int = 0
+    writes: int = 0
+    write_bytes: int = 0
+    lists: int = 0
+    exists: int = 0
+    deletes: int = 0
+
+    def __sub__(self, other: StorageCounts) -> StorageCounts:
+        return StorageCounts(*(a - b for a, b in zip(_fields(self), _fields(other), strict=True)))
+
+    def to_json(self) -> dict[str, int]:
+        """The counts as a JSON object."""
+        return dict(zip(StorageCounts.__slots__, _fields(self), strict=True))
+
+
+def _fields(counts: StorageCounts) -> tuple[int, ...]:
+    return tuple(getattr(counts, name) for name in StorageCounts.__slots__)
+
+
+_counts = [0] * len(StorageCounts.__slots__)
+_counts_lock = threading.Lock()
+_READS, _READ_BYTES, _WRITES, _WRITE_BYTES, _LISTS, _EXISTS, _DELETES = range(7)
+
+
+def _count(index: int, amount: int = 1, size_index: int = -1, size: int = 0) -> None:
+    with _counts_lock:
+        _counts[index] += amount
+        if size_index >= 0:
+            _counts[size_index] += size
+
+
+def storage_counts() -> StorageCounts:
+    """What every :class:`CheckpointStorage` of this process did so far (all threads);
+    the Spark runtime records each task's share in its batch's part."""
+    with _counts_lock:
+        return StorageCounts(*_counts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +202,7 @@ class CheckpointStorage:
                     f.flush()
                     os.fsync(f.fileno())
             self.fs.mv(tmp, final)
+            _count(_WRITES, 1, _WRITE_BYTES, size)
         except OSError as exc:
             self._forget(tmp)
             raise CheckpointError(
@@ -173,6 +220,7 @@ class CheckpointStorage:
         (``link`` fails if the name exists); other filesystems open the name in
         exclusive-create mode (``"xb"``: ``If-None-Match: *`` on S3)."""
         final = self.full_path(relative)
+        _count(_WRITES, 1, _WRITE_BYTES, len(data))
         try:
             self.fs.makedirs(posixpath.dirname(final), exist_ok=True)
             if not self._local:
@@ -224,6 +272,7 @@ class CheckpointStorage:
     def delete(self, relative: str, recursive: bool = False) -> None:
         """Remove a file (or a directory tree); missing is fine."""
         path = self.full_path(relative)
+        _count(_DELETES)
         try:
             if self.fs.exists(path):
                 self.fs.rm(path, recursive=recursive)
@@ -250,7 +299,9 @@ class CheckpointStorage:
     def read_bytes(self, relative: str, where: str = "") -> bytes:
         """The bytes of a file, unverified (metadata verifies its own checksum)."""
         try:
-            return bytes(self.fs.cat_file(self.full_path(relative)))
+            data = bytes(self.fs.cat_file(self.full_path(relative)))
+            _count(_READS, 1, _READ_BYTES, len(data))
+            return data
         except FileNotFoundError as exc:
             raise CorruptCheckpointError(
                 f"{self._describe(relative, where)} is missing"
@@ -266,17 +317,19 @@ class CheckpointStorage:
 
     def download(self, ref: FileRef, local_path: str | Path, where: str = "") -> None:
         """Copy ``ref`` to a local file, verified."""
-        data = self.read(ref, where)
+        data = self.read(ref, where)  # (counted as a read)
         with open(local_path, "wb") as f:
             f.write(data)
 
     def exists(self, relative: str) -> bool:
         """Whether a file or directory exists."""
+        _count(_EXISTS)
         return bool(self.fs.exists(self.full_path(relative)))
 
     def list_dir(self, relative: str = "") -> list[str]:
         """Names directly under ``relative`` (empty if it does not exist)."""
         path = self.full_path(relative)
+        _count(_LISTS)
         try:
             entries = self.fs.ls(path, detail=False)
         except FileNotFoundError:
@@ -291,6 +344,7 @@ class CheckpointStorage:
     def walk_files(self, relative: str = "") -> list[str]:
         """Every file under ``relative``, as paths relative to the root."""
         base = self.full_path(relative)
+        _count(_LISTS)
         try:
             found = self.fs.find(base)
         except FileNotFoundError:

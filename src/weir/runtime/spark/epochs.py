@@ -18,6 +18,11 @@ Layout under a ``checkpoint_location`` (any :class:`CheckpointStorage` URL)::
       queries/<query id>/chk-<batch>/_metadata
                                               the batch's checkpoint is complete; it
                                               names exactly one attempt per subtask
+                                              (whose part stays; the others' go)
+      queries/<query id>/chk-<batch>/_summary.json
+                                              written by the completion's winner after
+                                              _metadata: what the next batch's tasks
+                                              read instead of it (weir.runtime.spark.prior)
       queries/<query id>/chk-<batch>/_empty
                                               the stage had no row in the batch (no
                                               subtask ran): its state is the previous
@@ -75,6 +80,12 @@ from weir.checkpoint.storage import TMP_MARKER, CheckpointStorage
 from weir.errors import CorruptCheckpointError, IncompleteBatchError
 from weir.runtime.operator import MIN_WATERMARK
 from weir.runtime.spark.lineage import wall_ms
+from weir.runtime.spark.prior import SUMMARY_FILE, PriorBatch, read_prior, summary_bytes
+from weir.runtime.spark.retention import (
+    DEAD_LETTER_SWEEP_BATCHES,
+    drop_superseded_queries,
+    sweep_dead_letters,
+)
 
 __all__ = [
     "EMPTY_FILE",
@@ -97,6 +108,7 @@ PIN_EXPIRY_MS = 6 * 3_600_000
 #: older than that are swept (a running one is never swept under its writer)
 MATERIALIZATION_MAX_LAG = 100
 EMPTY_FILE = "_empty"
+DEAD_LETTER_RETENTION_MS = 7 * 24 * 3_600_000
 
 
 @dataclass(frozen=True)
@@ -125,10 +137,14 @@ def stage_storage(location: CheckpointStorage, uid: str) -> CheckpointStorage:
 class EpochStore:
     """The epochs of one operator ``uid`` in one checkpoint location."""
 
-    def __init__(self, location: CheckpointStorage, uid: str, *, retained: int = 3) -> None:
+    def __init__(
+        self, location: CheckpointStorage, uid: str, *, retained: int = 3,
+        dead_letter_retention_ms: int = DEAD_LETTER_RETENTION_MS,
+    ) -> None:
         self.location = location
         self.uid = uid
         self.retained = retained
+        self.dead_letter_retention_ms = dead_letter_retention_ms
         self.stage = stage_storage(location, uid)
 
     @classmethod
@@ -196,13 +212,13 @@ class EpochStore:
     def completed(self, query: str, batch: int) -> CompletedCheckpoint | None:
         """Batch ``batch`` of ``query`` if it is complete (metadata read, files not
         verified)."""
-        storage = self.query_storage(query)
-        path = f"chk-{batch}/{METADATA_FILE}"
-        if not storage.exists(path):
-            return None
-        where = f"{storage.url.rstrip('/')}/{path}"
-        meta = decode_metadata(storage.read_bytes(path, where), where)
-        return CompletedCheckpoint(storage, f"chk-{batch}", meta)
+        return read_completed(self.query_storage(query), batch)
+
+    def prior(self, query: str, batch: int) -> PriorBatch | None:
+        """Completed batch ``batch`` of ``query`` as the next batch's tasks read it
+        (its summary: O(1) files, see :mod:`weir.runtime.spark.prior`); None if it is
+        not complete."""
+        return read_prior(self.query_storage(query), self.uid, batch)
 
     def completed_ids(self, query: str) -> list[int]:
         """Ids of the batches of ``query`` that have ``_metadata``, ascending."""
@@ -262,7 +278,10 @@ class EpochStore:
             assert done is not None
             return done
         completed = CompletedCheckpoint(storage, f"chk-{batch}", meta)
-        self._clean_up(storage, batch)
+        storage.write(f"chk-{batch}/{SUMMARY_FILE}", summary_bytes(meta, self.uid))
+        kept = {f"chk-{batch}/_parts/{p.handle.subtask_index}-{p.epoch['attempt']}.part"
+                for p in chosen}
+        self._clean_up(storage, batch, kept, query)
         return completed
 
     def incomplete_message(self, query: str, batch: int, parts: list[EpochPart]) -> str:
@@ -366,22 +385,29 @@ class EpochStore:
             f"chk-{batch}/{INCOMPLETE_FILE}", json.dumps({"reason": reason}).encode()
         )
 
-    def _clean_up(self, storage: CheckpointStorage, batch: int) -> None:
+    def _clean_up(
+        self, storage: CheckpointStorage, batch: int, kept: set[str], query: str
+    ) -> None:
         """After completing ``batch``: retention, older never-completed batches, and the
         files of attempts not chosen (in the batch's directory, and shared files
-        uploaded by a batch up to ``batch`` that no retained checkpoint references).
+        uploaded by a batch up to ``batch`` that no retained checkpoint references;
+        the chosen parts in ``kept`` stay: the next batch's tasks read their own).
         Files of later (running) batches carry a larger id and are left alone."""
         coordinator = CheckpointCoordinator(storage, retained=self.retained, clean_up=False)
         coordinator.enforce_retention(self.pinned(storage))
         retained = coordinator.completed_checkpoints
+        if len(retained) >= self.retained:  # (weir.runtime.spark.retention)
+            drop_superseded_queries(self, query, batch)
+        if batch % DEAD_LETTER_SWEEP_BATCHES == 0:
+            sweep_dead_letters(self, self.dead_letter_retention_ms)
         oldest = retained[0].checkpoint_id if retained else batch
         for name in storage.list_dir():
             match = _CHK.match(name)
             if match and int(match.group(1)) < oldest:
                 storage.delete(name, recursive=True)
-        keep = coordinator.referenced_files()
+        keep = coordinator.referenced_files() | kept
         for path in storage.walk_files(f"chk-{batch}"):
-            marker = path.endswith((f"/{INCOMPLETE_FILE}", f"/{EMPTY_FILE}"))
+            marker = path.endswith((f"/{INCOMPLETE_FILE}", f"/{EMPTY_FILE}", f"/{SUMMARY_FILE}"))
             if (path not in keep and not marker) or TMP_MARKER in path:
                 storage.delete(path)
         directory = f"shared/{uid_dir(self.uid)}"
@@ -430,5 +456,33 @@ def epoch_positions(batch: int, parts: list[EpochPart]) -> dict[str, Any]:
             "attempts": {str(p.handle.subtask_index): p.epoch.get("attempt") for p in parts},
             **{name: sum(int(p.epoch.get(name) or 0) for p in parts)
                for name in ("dead_letters", "late_records", "null_event_time", "malformed")},
-        }
+        },
+        **_io(parts),
     }
+
+
+def _io(parts: list[EpochPart]) -> dict[str, Any]:
+    """``{"spark_io": ...}``: the storage operations of the chosen attempts
+    (``storage_counts`` per task) per subtask, the largest and the sum (in
+    ``_metadata`` only: the summary leaves them out)."""
+    ios = {str(p.handle.subtask_index): p.epoch["io"] for p in parts
+           if isinstance(p.epoch.get("io"), dict)}
+    if not ios:
+        return {}
+    names = sorted({name for io in ios.values() for name in io})
+    return {"spark_io": {
+        "max": {n: max(int(io.get(n) or 0) for io in ios.values()) for n in names},
+        "total": {n: sum(int(io.get(n) or 0) for io in ios.values()) for n in names},
+        "subtasks": ios,
+    }}
+
+
+def read_completed(storage: CheckpointStorage, batch: int) -> CompletedCheckpoint | None:
+    """Batch ``batch`` in a query's directory if it is complete (its ``_metadata`` read,
+    files not verified)."""
+    path = f"chk-{batch}/{METADATA_FILE}"
+    if not storage.exists(path):
+        return None
+    where = f"{storage.url.rstrip('/')}/{path}"
+    meta = decode_metadata(storage.read_bytes(path, where), where)
+    return CompletedCheckpoint(storage, f"chk-{batch}", meta)

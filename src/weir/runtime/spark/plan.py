@@ -35,6 +35,7 @@ from weir.errors import (
 )
 from weir.runtime.spark.epochs import EpochStore
 from weir.runtime.spark.lineage import QUERY, RECOVERY, Claim, Lineage, wall_ms
+from weir.runtime.spark.prior import PriorBatch, prior_of
 
 __all__ = ["BatchStart", "lineage_state", "plan_batch", "recover_hint"]
 
@@ -47,11 +48,12 @@ class BatchStart:
     """What the task of one batch starts from."""
 
     claim: Claim
-    #: the state to restore (None: empty state)
+    #: the state to restore when not an earlier batch of this query (None: ``prior``,
+    #: or empty state)
     checkpoint: CompletedCheckpoint | None
-    #: ``checkpoint`` is an earlier batch of the same query (the newest one with rows:
-    #: a worker-local subtask may be exactly it)
-    previous: bool
+    #: the earlier batch of the same query to go on from (the newest one with rows: a
+    #: worker-local subtask may be exactly it), read as its summary
+    prior: PriorBatch | None = None
 
 
 def recover_hint(store: EpochStore, source: str = "latest") -> str:
@@ -194,11 +196,14 @@ def _own(
         prev -= 1  # a batch without any row left the state as it was
     if prev < first:
         if claim.source is None:
-            return BatchStart(claim, None, previous=False)
+            return BatchStart(claim, None)
         source = load_checkpoint(claim.source, storage_options=storage_options, verify=False)
-        return BatchStart(claim, source, previous=False)
+        return BatchStart(claim, source)
     try:
-        return BatchStart(claim, store.complete(query, prev, parallelism), previous=True)
+        prior = store.prior(query, prev)
+        if prior is None:  # Spark committed it; nobody completed it yet: do it now
+            prior = prior_of(store.complete(query, prev, parallelism), store.uid)
+        return BatchStart(claim, None, prior)
     except IncompleteBatchError as exc:
         if store.query_storage(query).exists(f"chk-{prev}") or store.incomplete_note(query, prev):
             raise

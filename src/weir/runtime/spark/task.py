@@ -23,11 +23,8 @@ nothing: every action recomputes the same result.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,7 +38,7 @@ from weir.checkpoint.changelog import ChangelogPolicy
 from weir.checkpoint.coordinator import CompletedCheckpoint
 from weir.checkpoint.format import uid_dir
 from weir.checkpoint.snapshotter import SnapshotMode, SubtaskCheckpointer
-from weir.checkpoint.storage import CheckpointStorage
+from weir.checkpoint.storage import CheckpointStorage, storage_counts
 from weir.errors import CorruptCheckpointError, FencedError, TaskPlacementError
 from weir.runtime.operator import (
     MAX_WATERMARK,
@@ -50,10 +47,20 @@ from weir.runtime.operator import (
     NonKeyedOperator,
     OperatorConfig,
 )
+from weir.runtime.spark.cache import (
+    BatchClock,
+    CacheLimits,
+    CurrentKey,
+    LiveSubtask,
+    keep,
+    local_dir,
+    take,
+)
 from weir.runtime.spark.epochs import MATERIALIZATION_MAX_LAG, EpochStore
 from weir.runtime.spark.keys import keys_of
 from weir.runtime.spark.lineage import Lineage, wall_ms
 from weir.runtime.spark.plan import lineage_state, plan_batch, recover_hint
+from weir.runtime.spark.prior import PriorBatch, stage_positions
 from weir.runtime.spark.records import (
     columns_to_records,
     dumps_line,
@@ -69,6 +76,7 @@ from weir.runtime.spark.routing import (
     RowKind,
     subtask_of_route,
 )
+from weir.state.rocksdb import RocksDBMemory
 
 __all__ = ["StageSpec", "process_pass"]
 
@@ -113,105 +121,42 @@ class StageSpec:
     #: unique per ``process()`` call: a worker-local subtask of another call (older
     #: code, other settings) is never reused
     instance: str = ""
+    #: bounds of each Python worker's cache of live subtasks (``cache.CacheLimits``)
+    cache_max_subtasks: int = 32
+    cache_max_bytes: int | None = None
+    dead_letter_retention_ms: int = 7 * 24 * 3_600_000
+    #: block cache + write buffers of the worker's RocksDB instances together
+    rocksdb_memory_bytes: int = 256 << 20
 
     def storage(self) -> CheckpointStorage:
         """The checkpoint location."""
         return CheckpointStorage(self.location, storage_options=self.storage_options)
 
 
-class _BatchClock:
-    """Processing time of the running batch (the batch timestamp: same on replay)."""
-
-    def __init__(self) -> None:
-        self.now = 0
-
-    def __call__(self) -> int:
-        return self.now
-
-
-class _CurrentKey:
-    """The key selector: the process pass computes keys column-wise and sets them."""
-
-    def __init__(self) -> None:
-        self.key: Any = None
-
-    def __call__(self, value: Any) -> Any:
-        return self.key
-
-
-@dataclass
-class _Live:
-    """A subtask kept alive in this Python worker between batches."""
-
-    spec_key: tuple[str, str, int]
-    parallelism: int
-    operator: KeyedOperator | NonKeyedOperator
-    checkpointer: SubtaskCheckpointer
-    clock: _BatchClock
-    key: _CurrentKey
-    rocksdb_dir: str | None
-    query: str = ""
-    batch: int = -1
-    attempt: str = ""
-    token: int = 0
-    renewed_ms: int = 0
-    instance: str = ""
-
-    def close(self) -> None:
-        try:
-            self.checkpointer.close()
-            self.operator.close()
-        except Exception:  # pragma: no cover - best effort on eviction
-            log.exception("closing a cached weir subtask failed")
-        if self.rocksdb_dir:
-            shutil.rmtree(self.rocksdb_dir, ignore_errors=True)
-
-
-#: live subtasks of this Python worker, by (location, uid, subtask index)
-_LIVE: dict[tuple[str, str, int], _Live] = {}
-
-
-def _positions(completed: CompletedCheckpoint, uid: str) -> dict[str, Any]:
-    """The Spark runtime's progress recorded with ``completed`` for stage ``uid``."""
-    positions = completed.metadata.source_positions
-    stages = positions.get("spark_stages") or {}
-    return dict(stages.get(uid) or positions.get("spark") or {})
-
-
 def _is_exactly(
-    live: _Live, completed: CompletedCheckpoint, query: str, subtask: int, token: int,
-    spec: StageSpec,
+    live: LiveSubtask, prior: PriorBatch, query: str, subtask: int, token: int, spec: StageSpec,
 ) -> bool:
     """Whether the worker-local ``live`` subtask is exactly subtask ``subtask``'s state
-    in ``completed`` (a batch of ``query``): the attempt the completion chose, under the
-    same claim, parallelism and ``process()`` call (so the same function code)."""
-    op = completed.metadata.operators.get(spec.uid)
-    attempts = _positions(completed, spec.uid).get("attempts") or {}
-    parallelism = spec.parallelism
+    in ``prior`` (a completed batch of ``query``): the attempt the completion chose,
+    under the same claim, parallelism and ``process()`` call (so the same function
+    code)."""
     return (
-        op is not None and live.instance == spec.instance and live.query == query
-        and live.batch == completed.checkpoint_id
-        and live.token == token and live.parallelism == parallelism == op.parallelism
-        and attempts.get(str(subtask)) == live.attempt
+        live.instance == spec.instance and live.query == query and live.batch == prior.batch
+        and live.token == token and live.parallelism == spec.parallelism == prior.parallelism
+        and prior.attempt(subtask) == live.attempt
     )
 
 
-def _local_dir(spec: StageSpec, subtask: int) -> str:
-    base = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0] or tempfile.gettempdir()
-    tag = hashlib.sha256(f"{spec.location}\0{spec.uid}".encode()).hexdigest()[:12]
-    return os.path.join(
-        base, "weir-spark", tag, f"{subtask}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    )
-
-
-def _new_live(spec: StageSpec, subtask: int, storage: CheckpointStorage) -> _Live:
+def _new_live(spec: StageSpec, subtask: int, storage: CheckpointStorage) -> LiveSubtask:
     """A fresh subtask whose checkpoints go to ``storage`` (its query's directory)."""
-    clock = _BatchClock()
-    key = _CurrentKey()
-    rocksdb_dir = _local_dir(spec, subtask) if spec.state_backend == "rocksdb" else None
+    clock = BatchClock()
+    key = CurrentKey()
+    rocksdb_dir = (local_dir(spec.location, spec.uid, subtask)
+                   if spec.state_backend == "rocksdb" else None)
     config = OperatorConfig(
         uid=spec.uid, state_backend=spec.state_backend, max_parallelism=spec.max_parallelism,
         parallelism=spec.parallelism, subtask_index=subtask, rocksdb_path=rocksdb_dir,
+        rocksdb_memory=RocksDBMemory(spec.rocksdb_memory_bytes),
     )
     operator: KeyedOperator | NonKeyedOperator
     if spec.keyed:
@@ -230,7 +175,7 @@ def _new_live(spec: StageSpec, subtask: int, storage: CheckpointStorage) -> _Liv
                              max_lag=MATERIALIZATION_MAX_LAG, background=True)
     checkpointer = SubtaskCheckpointer(operator, storage, mode=mode, asynchronous=False,
                                        changelog=policy)
-    return _Live((spec.location, spec.uid, subtask), spec.parallelism, operator,
+    return LiveSubtask((spec.location, spec.uid, subtask), spec.parallelism, operator,
                  checkpointer, clock, key, rocksdb_dir, instance=spec.instance)
 
 
@@ -239,6 +184,7 @@ class _Task:
         from pyspark import TaskContext
 
         self.spec = spec
+        self.io_start = storage_counts()  # this task's storage operations: in its part
         ctx = TaskContext.get()
         self.subtask = 0  # set from the rows' route (_gather)
         batch = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
@@ -246,7 +192,8 @@ class _Task:
         self.batch = int(batch) if batch is not None else None
         self.query = str(query) if query is not None else ""
         self.attempt = uuid.uuid4().hex
-        self.store = EpochStore(spec.storage(), spec.uid, retained=spec.retained)
+        self.store = EpochStore(spec.storage(), spec.uid, retained=spec.retained,
+                                dead_letter_retention_ms=spec.dead_letter_retention_ms)
         self.lineage = Lineage(self.store.stage, spec.lease_timeout_ms)
         self.token = 0
         self.dead: list[dict[str, Any]] = []
@@ -274,10 +221,10 @@ class _Task:
         return table.sort_by([(KIND, "ascending"), (ORDER, "ascending")])
 
     # state -----------------------------------------------------------------------------
-    def _acquire(self) -> tuple[_Live, dict[str, Any]]:
+    def _acquire(self) -> tuple[LiveSubtask, dict[str, Any]]:
         """The live subtask as of the previous batch, and that batch's positions."""
         spec = self.spec
-        live = _LIVE.pop((spec.location, spec.uid, self.subtask), None)
+        live = take((spec.location, spec.uid, self.subtask))
         completed: CompletedCheckpoint | None
         if self.batch is None:  # a static DataFrame: the stage's current state
             completed = lineage_state(self.store, self.lineage)[0]
@@ -288,19 +235,23 @@ class _Task:
             )
             self.token = start.claim.token
             completed = start.checkpoint
-            if live is not None and start.previous and completed is not None and _is_exactly(
-                live, completed, self.query, self.subtask, self.token, spec,
-            ):
-                return live, _positions(completed, spec.uid)
+            prior = start.prior
+            if prior is not None:
+                if live is not None and _is_exactly(
+                    live, prior, self.query, self.subtask, self.token, spec,
+                ):
+                    return live, prior.positions
+                completed = prior.for_subtask(self.subtask, spec.parallelism)
         if live is not None:
             live.close()
         live = _new_live(spec, self.subtask, self.store.query_storage(self.query or "static"))
         try:
             positions: dict[str, Any] = {}
             if completed is not None:
-                snaps = self._load(completed)
+                snaps = self._load(completed, live)
                 live.operator.restore(snaps, allow_non_restored_state=spec.allow_non_restored_state)
-                positions = _positions(completed, spec.uid)
+                positions = stage_positions(dict(completed.metadata.source_positions),
+                                            spec.uid)
                 live.clock.now = max(live.clock.now, int(positions.get("batch_time") or 0))
             live.operator.open()
             if completed is not None:
@@ -310,17 +261,21 @@ class _Task:
             raise
         return live, positions
 
-    def _adopt(self, live: _Live, completed: CompletedCheckpoint) -> None:
+    def _adopt(self, live: LiveSubtask, completed: CompletedCheckpoint) -> None:
         """A hash-map changelog restored at the same parallelism from this query's
         own checkpoint goes on (the next batch writes only its changes)."""
         op = completed.metadata.operators.get(self.spec.uid)
         if op is not None and op.parallelism == self.spec.parallelism:
-            live.checkpointer.adopt(op.subtasks[self.subtask], completed.storage)
+            for handle in op.subtasks:
+                if handle.subtask_index == self.subtask:
+                    live.checkpointer.adopt(handle, completed.storage)
 
-    def _load(self, completed: CompletedCheckpoint) -> list[Any]:
-        """Subtask ``i``'s snapshots from ``completed``; a corrupt file says how to go on."""
+    def _load(self, completed: CompletedCheckpoint, live: LiveSubtask) -> list[Any]:
+        """Subtask ``i``'s snapshots from ``completed`` (native RocksDB files next to
+        its working directory); a corrupt file says how to go on."""
+        local = os.path.dirname(live.rocksdb_dir) if live.rocksdb_dir else None
         try:
-            return completed.load(self.spec.uid, self.spec.parallelism, self.subtask)
+            return completed.load(self.spec.uid, self.spec.parallelism, self.subtask, local)
         except CorruptCheckpointError as exc:
             raise CorruptCheckpointError(
                 f"operator {self.spec.uid!r}, query {self.query}, batch {self.batch}: cannot "
@@ -348,13 +303,13 @@ class _Task:
         if self.batch is None:
             live.close()
         else:
-            _LIVE[live.spec_key] = live
+            keep(live, CacheLimits(spec.cache_max_subtasks, spec.cache_max_bytes))
         for start in range(0, len(outputs), _OUTPUT_CHUNK):
             yield to_record_batch(outputs[start : start + _OUTPUT_CHUNK], spec.output_schema,
                                   spec.uid)
 
     def _process(
-        self, live: _Live, table: pa.Table | None, positions: dict[str, Any]
+        self, live: LiveSubtask, table: pa.Table | None, positions: dict[str, Any]
     ) -> list[Any]:
         spec = self.spec
         op = live.operator
@@ -417,7 +372,7 @@ class _Task:
             out += op.process_broadcast_element(record)
         return out
 
-    def _records(self, live: _Live, part: pa.Table) -> list[Any]:
+    def _records(self, live: LiveSubtask, part: pa.Table) -> list[Any]:
         spec = self.spec
         op = live.operator
         records = columns_to_records(part, spec.columns, spec.record_format)
@@ -487,7 +442,7 @@ class _Task:
         })
 
     # output ------------------------------------------------------------------------------
-    def _commit(self, live: _Live) -> None:
+    def _commit(self, live: LiveSubtask) -> None:
         """Write this attempt's state of the batch and publish its part — only while
         the claim it ran under is still the stage's newest (fencing)."""
         assert self.batch is not None
@@ -515,6 +470,7 @@ class _Task:
                 "dead_letters": len(self.dead), "late_records": self.counts["late"],
                 "null_event_time": self.counts["null_event_time"],
                 "malformed": self.counts["malformed"],
+                "io": (storage_counts() - self.io_start).to_json(),
             },
         )
         live.checkpointer.notify_checkpoint_complete(self.batch)
