@@ -305,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle-batches", type=int, default=10)
     p.add_argument("--quick", action="store_true", help="10k and 100k keys, 5 idle batches")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--name", default=None,
+                   help="results file name in bench/results (default spark_large_state)")
     a = p.parse_args(argv)
     if a.quick:
         a.keys, a.idle_batches = "10000,100000", 5
@@ -323,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(work, ignore_errors=True)
     print_table(docs)
     RESULTS.mkdir(exist_ok=True)
-    name = "spark_large_state" + ("_quick" if a.quick else "")
+    name = a.name or ("spark_large_state" + ("_quick" if a.quick else ""))
     out = {
         "benchmark": "spark_large_state", "params": vars(a), "runs": docs,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),

@@ -169,14 +169,19 @@ def test_a_failed_batch_is_replayed_from_the_previous_batch(
 
 
 def _unreferenced(location: Path) -> list[str]:
-    """Files of the stage's queries no retained checkpoint references, but for the
-    hash map's changelog materializations (``m<batch>-*``): one a batch started that
+    """Files of the stage's queries no retained checkpoint references (its summary
+    and chosen parts count as referenced), but for the hash map's changelog
+    materializations (``m<batch>-*``): one a batch started that
     no later batch used yet (or ever, when the query stopped) is swept once it is
     MATERIALIZATION_MAX_LAG batches old (test_spark_epochs)."""
     out = []
     for query in location.glob("stages/*/queries/*"):
         coordinator = weir.CheckpointCoordinator(query, clean_up=False)
         keep = coordinator.referenced_files()
+        for c in coordinator.completed_checkpoints:  # what the next batch's tasks read
+            attempts = c.metadata.source_positions["spark"]["attempts"]
+            keep |= {f"{c.directory}/_parts/{i}-{a}.part" for i, a in attempts.items()}
+            keep.add(f"{c.directory}/_summary.json")
         out += [f for f in coordinator.storage.walk_files()
                 if f not in keep and f not in (SPARK_FILE, DRAIN_FILE)
                 and not re.search(r"/m\d+-[0-9a-f]+\.keyed$", f)]

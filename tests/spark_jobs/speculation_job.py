@@ -191,9 +191,10 @@ class Speculating(fault_job.Tracker):  # type: ignore[misc,name-defined]
         if mode == "after_retry":
             mine = os.path.join(chk, "_parts", f"{subtask}-*.part")
             reached = speculated and wait(lambda: bool(glob.glob(mine) or glob.glob(metadata)))
-        else:  # complete, and the parts swept
+        else:  # complete, and the parts it did not choose swept
             reached = speculated and wait(
-                lambda: bool(glob.glob(metadata)) and not glob.glob(parts))
+                lambda: bool(glob.glob(metadata)) and {
+                    os.path.basename(p) for p in glob.glob(parts)} <= chosen_parts(chk))
         found = glob.glob(metadata)
         digest = hashlib.sha256(Path(found[0]).read_bytes()).hexdigest() if found else None
         self._log("resume", facts, mode=mode, speculated=speculated, reached=reached,
@@ -260,6 +261,17 @@ class PartWatcher(threading.Thread):
                     seen.setdefault(os.path.basename(path), int(time.time() * 1000))
 
 
+def chosen_parts(chk: str) -> set[str]:
+    """The part files completion chose in batch directory ``chk`` (from its summary;
+    none before it completed)."""
+    try:
+        with open(os.path.join(chk, "_summary.json")) as f:
+            attempts = json.load(f)["positions"]["spark"]["attempts"]
+    except (OSError, ValueError, KeyError):
+        return set()
+    return {f"{subtask}-{attempt}.part" for subtask, attempt in attempts.items()}
+
+
 def wait_for_zombies(paths: Any, injections: dict[str, dict[str, str]],
                      timeout: float) -> dict[str, dict[str, list[str]]]:
     """Before the driver stops (its executors with it): wait until every attempt held
@@ -280,10 +292,15 @@ def wait_for_zombies(paths: Any, injections: dict[str, dict[str, str]],
                 continue
             pattern = os.path.join(batch_dir(str(paths.weir_chk(backend)), batch), "_parts",
                                    f"{subtask}-*.part")
-            while not glob.glob(pattern) and time.monotonic() < deadline:
+            chk = batch_dir(str(paths.weir_chk(backend)), batch)
+
+            def late(pattern: str = pattern, chk: str = chk) -> list[str]:
+                return sorted(n for n in map(os.path.basename, glob.glob(pattern))
+                              if n not in chosen_parts(chk))  # (chosen parts stay)
+
+            while not late() and time.monotonic() < deadline:
                 time.sleep(0.1)
-            out.setdefault(backend, {})[str(batch)] = sorted(
-                os.path.basename(p) for p in glob.glob(pattern))
+            out.setdefault(backend, {})[str(batch)] = late()
     return out
 
 

@@ -190,7 +190,8 @@ class Lineage:
         self.stage.write(f"{self._name(token)}.alive", json.dumps({"ms": wall_ms()}).encode())
 
     def release(self, token: int) -> None:
-        """Record that the owner of ``token`` stopped (others may claim at once)."""
-        self.stage.write(
-            f"{self._name(token)}.released", json.dumps({"ms": wall_ms()}).encode()
-        )
+        """Record that the owner of ``token`` stopped (others may claim at once); once
+        (the listener and ``finish()`` both release a stopped query's stages)."""
+        path = f"{self._name(token)}.released"
+        if not self.stage.exists(path):
+            self.stage.write(path, json.dumps({"ms": wall_ms()}).encode())
