@@ -780,6 +780,129 @@ def test_sqlite_complete_mode_replaces_the_table_in_the_commit(tmp_path: Path) -
         message = sqlite_writer(db, overwrite=True).write(simple_rows(range(10, 13)))
     sqlite_writer(db, overwrite=True).commit([message], 1)
     assert ids(read_sqlite_sink(str(db), "events")) == [10, 11, 12]
+    # An empty result empties the table; the batch is not recorded, and its replay
+    # (an empty result again) is idempotent.
+    for _ in range(2):
+        with task(batch=2):
+            message = sqlite_writer(db, overwrite=True).write(iter([]))
+        sqlite_writer(db, overwrite=True).commit([message], 2)
+        assert read_sqlite_sink(str(db), "events") == []
+    assert committed_sqlite_batches(str(db), "events") == [0, 1]
+
+
+def sqlite_batch(
+    db: Path, batch: int, rows: range, query: str | None = "query-a", overwrite: bool = False
+) -> list[SQLiteCommitMessage]:
+    """Stage ``rows`` over two tasks of ``batch`` and return their messages."""
+    messages = []
+    for partition in range(2):
+        with task(partition=partition, batch=batch, query=query):
+            part = range(rows.start + partition, rows.stop, 2)
+            messages.append(sqlite_writer(db, overwrite=overwrite).write(simple_rows(part)))
+    return messages
+
+
+def db_files(db: Path) -> dict[str, bytes]:
+    """The database and its WAL and shared-memory files, byte for byte (with no
+    connection open, SQLite has checkpointed and removed the last two)."""
+    return {p.name: p.read_bytes() for p in sorted(db.parent.glob(db.name + "*"))}
+
+
+def test_sqlite_empty_batch_writes_nothing(tmp_path: Path) -> None:
+    """An empty batch, its replay and its abort change no byte of the database: no
+    ``_weir_commits`` row per heartbeat batch."""
+    db = tmp_path / "sink.db"
+    sqlite_writer(db).commit(sqlite_batch(db, 0, range(0)), 0)  # the first creates the table
+    assert read_sqlite_sink(str(db), "events") == []
+    assert committed_sqlite_batches(str(db), "events") == []
+    sqlite_writer(db).commit(sqlite_batch(db, 1, range(3)), 1)
+    before = db_files(db)
+    for _ in range(2):  # the batch, then its replay
+        sqlite_writer(db).commit(sqlite_batch(db, 2, range(0)), 2)
+    sqlite_writer(db).abort([None, None], 3)
+    sqlite_writer(db).commit(sqlite_batch(db, 3, range(0)), 3)
+    sqlite_writer(db).commit([], 4)  # a batch without tasks
+    assert db_files(db) == before
+    assert committed_sqlite_batches(str(db), "events") == [1]  # empty batches not listed
+    sqlite_writer(db).commit(sqlite_batch(db, 5, range(3, 5)), 5)
+    assert ids(read_sqlite_sink(str(db), "events")) == [0, 2, 1, 3, 4]
+    assert committed_sqlite_batches(str(db), "events") == [1, 5]
+
+
+def _commit_vm_steps(
+    monkeypatch: pytest.MonkeyPatch, db: Path, batch: int, messages: list[SQLiteCommitMessage]
+) -> int:
+    """SQLite virtual-machine instructions one ``commit`` executes (deterministic)."""
+    import weir.connectors.sqlite as sqlite_sink
+
+    steps = 0
+    real_connect = sqlite_sink._connect
+
+    def counting_connect(path: str, timeout: float) -> sqlite3.Connection:
+        conn = real_connect(path, timeout)
+
+        def tick() -> int:
+            nonlocal steps
+            steps += 1
+            return 0
+
+        conn.set_progress_handler(tick, 1)
+        return conn
+
+    writer = sqlite_writer(db)
+    with monkeypatch.context() as patch:
+        patch.setattr(sqlite_sink, "_connect", counting_connect)
+        writer.commit(list(messages), batch)
+    return steps
+
+
+def test_sqlite_commit_work_does_not_grow_with_past_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same commits (a batch, its replay, an empty batch) on a table with 10 and
+    with 10,000 past batches execute (nearly) the same number of SQLite instructions,
+    counted with a progress handler: deterministic, unlike a timing. The past
+    batches carry no query id (committed outside Spark), which a lineage check that
+    looks for the newest batch with a query id would walk back over."""
+    counts = []
+    for past in (10, 10_000):
+        db = tmp_path / f"past{past}.db"
+        sqlite_writer(db).commit(sqlite_batch(db, 0, range(2)), 0)
+        with sqlite3.connect(db) as conn:
+            conn.executemany(
+                "INSERT INTO _weir_commits (table_name, batch_id, committed_at, row_count, "
+                "query_id) VALUES ('events', ?, '2024-01-01T00:00:00', 1, NULL)",
+                [(b,) for b in range(1, past + 1)],
+            )
+        new, empty = past + 1, past + 2
+        counts.append(
+            (
+                _commit_vm_steps(monkeypatch, db, new, sqlite_batch(db, new, range(5, 9))),
+                _commit_vm_steps(monkeypatch, db, new, sqlite_batch(db, new, range(5, 9))),
+                _commit_vm_steps(monkeypatch, db, empty, sqlite_batch(db, empty, range(0))),
+            )
+        )
+        assert ids(read_sqlite_sink(str(db), "events")) == [0, 1, 5, 7, 6, 8]
+    # A deeper B-tree may cost a step or two (log n); a walk over the batches would
+    # cost tens of thousands.
+    assert all(large <= small + 10 for small, large in zip(*counts, strict=True)), counts
+
+
+def test_sqlite_table_without_lineage_record_falls_back_once(tmp_path: Path) -> None:
+    """A database written before ``_weir_lineage`` existed: the newest batch with a
+    query id decides, and the next commit records it."""
+    db = tmp_path / "sink.db"
+    sqlite_writer(db).commit(sqlite_batch(db, 0, range(2)), 0)
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TABLE _weir_lineage")
+    with pytest.raises(SinkError, match=r"query-a.*query-b.*new table"):
+        sqlite_writer(db).commit(sqlite_batch(db, 0, range(9, 10), query="query-b"), 0)
+    sqlite_writer(db).commit(sqlite_batch(db, 1, range(2, 4)), 1)
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT table_name, query_id FROM _weir_lineage").fetchall() == [
+            ("events", "query-a")
+        ]
+    assert committed_sqlite_batches(str(db), "events") == [0, 1]
 
 
 def _stage_in_process(args: tuple[str, int]) -> SQLiteCommitMessage:
@@ -992,6 +1115,30 @@ def test_spark_file_sink_empty_batches_leave_nothing(spark: Any, tmp_path: Path)
     assert sorted(ids(read_file_sink(str(out)))) == [100, 101, 102, 103, 200, 201, 202]
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert [f for f in files if not f.startswith(("batch=1/", "batch=4/"))] == ["_lineage.json"]
+
+
+@pytest.mark.spark
+def test_spark_sqlite_sink_empty_batches_record_nothing(spark: Any, tmp_path: Path) -> None:
+    """Empty batches (and the replay of one) add no ``_weir_commits`` row."""
+    register_sinks(spark)
+    source, checkpoint, db = tmp_path / "in", tmp_path / "chk", tmp_path / "sink.db"
+    source.mkdir()
+    _input_file(source, "a.json", range(0, 5))  # batch 0: empty
+    _input_file(source, "b.json", range(100, 104))  # batch 1: 4 rows
+    _input_file(source, "c.json", range(5, 10))  # batch 2: empty
+    opts = {"path": str(db), "table": "events"}
+    _run_available_now(spark, source, checkpoint, "weir-sqlite", where=KEEP, **opts)
+    assert _spark_committed(checkpoint) == [0, 1, 2]
+    assert committed_sqlite_batches(str(db), "events") == [1]
+
+    assert _forget_last_spark_commit(checkpoint) == 2
+    _input_file(source, "d.json", range(200, 203))  # batch 3: 3 rows
+    _run_available_now(spark, source, checkpoint, "weir-sqlite", where=KEEP, **opts)
+    assert _spark_committed(checkpoint) == [0, 1, 2, 3]
+    assert committed_sqlite_batches(str(db), "events") == [1, 3]
+    got = ids(read_sqlite_sink(str(db), "events"))
+    assert sorted(got) == [100, 101, 102, 103, 200, 201, 202]
+    assert staged_sqlite_rows(db) == 0
 
 
 @pytest.fixture(autouse=True)

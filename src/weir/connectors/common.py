@@ -38,6 +38,7 @@ _BATCH_DIR = re.compile(r"batch=(\d+)")
 
 STAGING_TABLE = "_weir_staging"
 COMMITS_TABLE = "_weir_commits"
+LINEAGE_TABLE = "_weir_lineage"
 DEFAULT_BUSY_TIMEOUT = 60.0
 _CHUNK_ROWS = 10_000
 
