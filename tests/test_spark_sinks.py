@@ -13,6 +13,7 @@ import datetime
 import json
 import multiprocessing
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -150,6 +151,86 @@ def run_python(code: str) -> subprocess.CompletedProcess[str]:
         timeout=60,
         check=False,
     )
+
+
+def commit_file_batch(
+    out: Path, batch: int, rows: range, query: str | None = "query-a", partitions: int = 2
+) -> list[FileCommitMessage]:
+    """Stage ``rows`` over ``partitions`` tasks of ``batch`` (empty ones for an empty
+    range) and return the messages; commit them with :func:`file_writer`."""
+    messages = []
+    for partition in range(partitions):
+        with task(partition=partition, batch=batch, query=query):
+            part = range(rows.start + partition, rows.stop, partitions)
+            messages.append(file_writer(out).write(simple_rows(part)))
+    return messages
+
+
+def snapshot(root: Path) -> dict[str, tuple[bool, int, int]]:
+    """Every entry under ``root`` and ``root`` itself: (is a directory, size, mtime in
+    ns). Anything written, created, renamed or deleted changes it."""
+    found = {}
+    for path in [root, *sorted(root.rglob("*"))]:
+        st = path.stat()
+        found[str(path.relative_to(root))] = (path.is_dir(), st.st_size, st.st_mtime_ns)
+    return found
+
+
+@contextmanager
+def recorded_listings(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Path]]:
+    """Record every directory listed in this process (``os.scandir``/``os.listdir``:
+    also ``Path.iterdir``/``glob``/``rglob``, ``os.walk`` and ``shutil.rmtree``)."""
+    listed: list[Path] = []
+    real_scandir, real_listdir = os.scandir, os.listdir
+
+    def where(path: Any) -> Path:
+        if isinstance(path, int):  # shutil.rmtree lists through directory fds
+            return Path(os.readlink(f"/proc/self/fd/{path}"))
+        return Path(os.fsdecode(path)).resolve()
+
+    def scandir(path: Any = ".") -> Any:
+        listed.append(where(path))
+        return real_scandir(path)
+
+    def listdir(path: Any = ".") -> list[Any]:
+        listed.append(where(path))
+        return real_listdir(path)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "scandir", scandir)
+        patch.setattr(os, "listdir", listdir)
+        yield listed
+
+
+class Crash(BaseException):
+    """A simulated crash: the process stops at a filesystem step (nothing catches it)."""
+
+
+#: the filesystem steps a commit can crash between (``shutil.rmtree`` and
+#: ``Path.mkdir``/``unlink`` go through ``os`` and crash inside too)
+_STEPS = (
+    (os, "mkdir"), (os, "rename"), (os, "replace"), (os, "fsync"),
+    (os, "unlink"), (os, "rmdir"), (os, "open"), (shutil, "rmtree"),
+)  # fmt: skip
+
+
+@contextmanager
+def crash_at_step(monkeypatch: pytest.MonkeyPatch, step: int) -> Iterator[list[str]]:
+    """Raise :class:`Crash` instead of the ``step``-th filesystem step (0-based); the
+    yielded list names the steps taken before it."""
+    taken: list[str] = []
+    with monkeypatch.context() as patch:
+        for module, name in _STEPS:
+            real = getattr(module, name)
+
+            def step_or_crash(*args: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
+                if len(taken) == step:
+                    raise Crash(f"crash before step {step} ({_name}) after {taken}")
+                taken.append(_name)
+                return _real(*args, **kw)
+
+            patch.setattr(module, name, step_or_crash)
+        yield taken
 
 
 # ============================================================== weir-files, no Spark
@@ -301,8 +382,9 @@ def test_file_crash_after_write_before_commit_kill_9(tmp_path: Path) -> None:
 
 
 def test_file_crash_inside_commit_before_rename_kill_9(tmp_path: Path) -> None:
-    """Killed after moving the staged files into the temp directory, before the
-    rename that publishes it: nothing visible; the replay publishes once."""
+    """Killed after moving the staged files into the temp directory
+    ``_publishing/batch=7/<uuid>/``, before the rename that publishes it: nothing
+    visible; the replay publishes once and removes the temp directory."""
     result = run_python(
         f"""
         import os, signal
@@ -315,21 +397,21 @@ def test_file_crash_inside_commit_before_rename_kill_9(tmp_path: Path) -> None:
         real_fsync_dir = sinks._fsync_dir
         def crash_before_publish(path):
             real_fsync_dir(path)
-            if path.name.startswith(".batch=7.tmp-"):
+            if path.parent == sinks._local_root({str(tmp_path)!r}) / "_publishing" / "batch=7":
                 os.kill(os.getpid(), signal.SIGKILL)
         sinks._fsync_dir = crash_before_publish
         w.commit([m], 7)
         """
     )
     assert result.returncode == -9, result.stderr
-    (tmp_dir,) = [p for p in tmp_path.iterdir() if p.name.startswith(".batch=7.tmp-")]
+    (tmp_dir,) = (tmp_path / "_publishing" / "batch=7").iterdir()
     assert (tmp_dir / "_manifest.json").is_file()  # complete, but not published
     assert read_file_sink(str(tmp_path)) == [] and committed_file_batches(str(tmp_path)) == []
     with task(batch=7):
         replay = file_writer(tmp_path).write(simple_rows(range(5)))
     file_writer(tmp_path).commit([replay], 7)
     assert ids(read_file_sink(str(tmp_path))) == list(range(5))
-    assert not tmp_dir.exists()
+    assert not tmp_dir.parent.exists()
 
 
 def test_file_refuses_a_new_query_lineage(tmp_path: Path) -> None:
@@ -386,11 +468,145 @@ def test_file_sink_options_are_checked(tmp_path: Path) -> None:
         read_file_sink(str(tmp_path / "missing"))
 
 
-def test_file_empty_batch_is_recorded(tmp_path: Path) -> None:
-    writer = file_writer(tmp_path)
-    writer.commit([writer.write(iter([])), writer.write(iter([]))], 0)
-    assert committed_file_batches(str(tmp_path)) == [0]
-    assert read_file_sink(str(tmp_path)) == []
+def test_file_empty_batch_writes_nothing(tmp_path: Path) -> None:
+    """A heartbeat source gives a (mostly empty) batch per second: an empty batch, its
+    replays and its abort leave no batch directory and no staging leftovers, and
+    change nothing at all once the path exists."""
+    out = tmp_path / "out"
+    # The first commit on a fresh path creates it with its lineage record only.
+    file_writer(out).commit(commit_file_batch(out, 0, range(0)), 0)
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["_lineage.json"]
+    assert committed_file_batches(str(out)) == [] and read_file_sink(str(out)) == []
+
+    file_writer(out).commit(commit_file_batch(out, 1, range(4)), 1)
+    before = snapshot(out)
+    for _ in range(2):  # the batch, then its replay (a new attempt)
+        file_writer(out).commit(commit_file_batch(out, 2, range(0)), 2)
+    file_writer(out).abort([None, None], 3)
+    file_writer(out).commit(commit_file_batch(out, 3, range(0)), 3)
+    file_writer(out).commit([], 4)  # a batch without tasks
+    assert snapshot(out) == before
+    assert committed_file_batches(str(out)) == [1]  # empty batches are not listed
+    assert sorted(ids(read_file_sink(str(out)))) == [0, 1, 2, 3]
+
+
+def test_file_commit_never_lists_the_sink_or_reads_manifests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Commit work must not grow with the number of past batches. With 10,000 past
+    batch directories (without manifests: reading one fails), committing a batch, its
+    replay, an empty batch and refusing another query's batch never list the sink's
+    directory; they list only the committed batch's own staging and publishing
+    directories."""
+    out = tmp_path / "out"
+    file_writer(out).commit(commit_file_batch(out, 0, range(2)), 0)
+    for batch in range(1, 10_001):
+        (out / f"batch={batch}").mkdir()
+    new = commit_file_batch(out, 10_001, range(10, 14))
+    replay = commit_file_batch(out, 10_001, range(10, 14))
+    empty = commit_file_batch(out, 10_002, range(0))
+    other_query = commit_file_batch(out, 0, range(100, 102), query="query-b")
+
+    with recorded_listings(monkeypatch) as listed:
+        file_writer(out).commit(new, 10_001)
+        file_writer(out).commit(replay, 10_001)
+        file_writer(out).commit(empty, 10_002)
+        with pytest.raises(SinkError, match=r"query-a.*query-b"):
+            file_writer(out).commit(other_query, 0)
+
+    root = out.resolve()
+    own = (root / "_staging" / "batch=10001", root / "_publishing" / "batch=10001")
+    assert own[0] in listed  # the recorder sees rmtree's listings (through an fd)
+    assert root not in listed
+    assert [p for p in listed if not any(p == d or d in p.parents for d in own)] == []
+    assert not (out / "batch=10002").exists()
+    manifest = json.loads((out / "batch=10001" / "_manifest.json").read_text())
+    assert manifest["rows"] == 4 and manifest["query_id"] == "query-a"
+    published = []
+    for entry in manifest["files"]:
+        lines = (out / "batch=10001" / entry["name"]).read_text().splitlines()
+        published += [json.loads(line) for line in lines]
+    assert ids(published) == [10, 12, 11, 13]  # partition order
+
+
+def test_file_sink_without_lineage_record_is_scanned_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A path written before lineage records existed (or whose record was deleted):
+    the first commit finds the newest batch's query id in one scan and records it."""
+    out = tmp_path / "out"
+    for batch in range(3):
+        file_writer(out).commit(commit_file_batch(out, batch, range(batch, batch + 1)), batch)
+    (out / "_lineage.json").unlink()
+    other_query = commit_file_batch(out, 0, range(100, 102), query="query-b")
+    with pytest.raises(SinkError, match=r"query-a.*query-b.*new path"):
+        file_writer(out).commit(other_query, 0)
+    assert not (out / "_lineage.json").exists()  # a refused commit writes nothing
+
+    with recorded_listings(monkeypatch) as listed:
+        file_writer(out).commit(commit_file_batch(out, 3, range(3, 4)), 3)
+    assert listed.count(out.resolve()) == 1
+    assert json.loads((out / "_lineage.json").read_text())["query_id"] == "query-a"
+    with recorded_listings(monkeypatch) as listed:
+        file_writer(out).commit(commit_file_batch(out, 4, range(4, 5)), 4)
+    assert out.resolve() not in listed
+    assert ids(read_file_sink(str(out))) == [0, 1, 2, 3, 4]
+
+
+def test_file_unreadable_lineage_record_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    file_writer(out).commit(commit_file_batch(out, 0, range(2)), 0)
+    (out / "_lineage.json").write_text("{not json")
+    with pytest.raises(SinkError, match=r"_lineage\.json.*delete .*_lineage\.json") as info:
+        file_writer(out).commit(commit_file_batch(out, 1, range(2, 4)), 1)
+    assert str(out) in str(info.value)
+    assert committed_file_batches(str(out)) == [0]
+    (out / "_lineage.json").unlink()  # as the message says: rebuilt by one scan
+    file_writer(out).commit(commit_file_batch(out, 1, range(2, 4)), 1)
+    assert ids(read_file_sink(str(out))) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("scenario", ["first batch of a new path", "later batch", "empty batch"])
+def test_file_crash_at_every_step_of_commit_is_exactly_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scenario: str
+) -> None:
+    """Crash the commit before each of its filesystem steps in turn (mkdir, rename,
+    replace, fsync, unlink, rmdir, open, rmtree), then replay the batch as Spark does
+    (a new attempt, same rows): readers never see part of the batch, the replay makes
+    it visible exactly once, no leftovers stay and the path still refuses another
+    query."""
+    batch = 0 if scenario.startswith("first") else 2
+    rows = range(0) if scenario == "empty batch" else range(10, 15)
+    before = [] if batch == 0 else [0, 1]
+    steps = 0
+    while True:
+        out = tmp_path / f"step{steps}"
+        for earlier in range(batch):
+            file_writer(out).commit(
+                commit_file_batch(out, earlier, range(earlier, earlier + 1)), earlier
+            )
+        staged = commit_file_batch(out, batch, rows)
+        writer = file_writer(out)
+        with crash_at_step(monkeypatch, steps) as taken:
+            try:
+                writer.commit(staged, batch)
+            except Crash:
+                crashed = True
+            else:
+                crashed = False
+        if not crashed:
+            break
+        visible = ids(read_file_sink(str(out))) if out.is_dir() else []
+        assert sorted(visible) in (before, before + list(rows)), taken
+        file_writer(out).commit(commit_file_batch(out, batch, rows), batch)  # the replay
+        assert sorted(ids(read_file_sink(str(out)))) == before + list(rows), taken
+        assert not (out / "_staging" / f"batch={batch}").exists(), taken
+        assert not (out / "_publishing" / f"batch={batch}").exists(), taken
+        assert (out / f"batch={batch}").is_dir() == bool(rows), taken
+        with pytest.raises(SinkError, match="new path"):
+            file_writer(out).commit(commit_file_batch(out, 0, range(1), query="query-b"), 0)
+        steps += 1
+    assert steps >= (2 if scenario == "empty batch" else 8)  # the loop did crash the commit
 
 
 # ============================================================= weir-sqlite, no Spark
@@ -564,6 +780,129 @@ def test_sqlite_complete_mode_replaces_the_table_in_the_commit(tmp_path: Path) -
         message = sqlite_writer(db, overwrite=True).write(simple_rows(range(10, 13)))
     sqlite_writer(db, overwrite=True).commit([message], 1)
     assert ids(read_sqlite_sink(str(db), "events")) == [10, 11, 12]
+    # An empty result empties the table; the batch is not recorded, and its replay
+    # (an empty result again) is idempotent.
+    for _ in range(2):
+        with task(batch=2):
+            message = sqlite_writer(db, overwrite=True).write(iter([]))
+        sqlite_writer(db, overwrite=True).commit([message], 2)
+        assert read_sqlite_sink(str(db), "events") == []
+    assert committed_sqlite_batches(str(db), "events") == [0, 1]
+
+
+def sqlite_batch(
+    db: Path, batch: int, rows: range, query: str | None = "query-a", overwrite: bool = False
+) -> list[SQLiteCommitMessage]:
+    """Stage ``rows`` over two tasks of ``batch`` and return their messages."""
+    messages = []
+    for partition in range(2):
+        with task(partition=partition, batch=batch, query=query):
+            part = range(rows.start + partition, rows.stop, 2)
+            messages.append(sqlite_writer(db, overwrite=overwrite).write(simple_rows(part)))
+    return messages
+
+
+def db_files(db: Path) -> dict[str, bytes]:
+    """The database and its WAL and shared-memory files, byte for byte (with no
+    connection open, SQLite has checkpointed and removed the last two)."""
+    return {p.name: p.read_bytes() for p in sorted(db.parent.glob(db.name + "*"))}
+
+
+def test_sqlite_empty_batch_writes_nothing(tmp_path: Path) -> None:
+    """An empty batch, its replay and its abort change no byte of the database: no
+    ``_weir_commits`` row per heartbeat batch."""
+    db = tmp_path / "sink.db"
+    sqlite_writer(db).commit(sqlite_batch(db, 0, range(0)), 0)  # the first creates the table
+    assert read_sqlite_sink(str(db), "events") == []
+    assert committed_sqlite_batches(str(db), "events") == []
+    sqlite_writer(db).commit(sqlite_batch(db, 1, range(3)), 1)
+    before = db_files(db)
+    for _ in range(2):  # the batch, then its replay
+        sqlite_writer(db).commit(sqlite_batch(db, 2, range(0)), 2)
+    sqlite_writer(db).abort([None, None], 3)
+    sqlite_writer(db).commit(sqlite_batch(db, 3, range(0)), 3)
+    sqlite_writer(db).commit([], 4)  # a batch without tasks
+    assert db_files(db) == before
+    assert committed_sqlite_batches(str(db), "events") == [1]  # empty batches not listed
+    sqlite_writer(db).commit(sqlite_batch(db, 5, range(3, 5)), 5)
+    assert ids(read_sqlite_sink(str(db), "events")) == [0, 2, 1, 3, 4]
+    assert committed_sqlite_batches(str(db), "events") == [1, 5]
+
+
+def _commit_vm_steps(
+    monkeypatch: pytest.MonkeyPatch, db: Path, batch: int, messages: list[SQLiteCommitMessage]
+) -> int:
+    """SQLite virtual-machine instructions one ``commit`` executes (deterministic)."""
+    import weir.connectors.sqlite as sqlite_sink
+
+    steps = 0
+    real_connect = sqlite_sink._connect
+
+    def counting_connect(path: str, timeout: float) -> sqlite3.Connection:
+        conn = real_connect(path, timeout)
+
+        def tick() -> int:
+            nonlocal steps
+            steps += 1
+            return 0
+
+        conn.set_progress_handler(tick, 1)
+        return conn
+
+    writer = sqlite_writer(db)
+    with monkeypatch.context() as patch:
+        patch.setattr(sqlite_sink, "_connect", counting_connect)
+        writer.commit(list(messages), batch)
+    return steps
+
+
+def test_sqlite_commit_work_does_not_grow_with_past_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same commits (a batch, its replay, an empty batch) on a table with 10 and
+    with 10,000 past batches execute (nearly) the same number of SQLite instructions,
+    counted with a progress handler: deterministic, unlike a timing. The past
+    batches carry no query id (committed outside Spark), which a lineage check that
+    looks for the newest batch with a query id would walk back over."""
+    counts = []
+    for past in (10, 10_000):
+        db = tmp_path / f"past{past}.db"
+        sqlite_writer(db).commit(sqlite_batch(db, 0, range(2)), 0)
+        with sqlite3.connect(db) as conn:
+            conn.executemany(
+                "INSERT INTO _weir_commits (table_name, batch_id, committed_at, row_count, "
+                "query_id) VALUES ('events', ?, '2024-01-01T00:00:00', 1, NULL)",
+                [(b,) for b in range(1, past + 1)],
+            )
+        new, empty = past + 1, past + 2
+        counts.append(
+            (
+                _commit_vm_steps(monkeypatch, db, new, sqlite_batch(db, new, range(5, 9))),
+                _commit_vm_steps(monkeypatch, db, new, sqlite_batch(db, new, range(5, 9))),
+                _commit_vm_steps(monkeypatch, db, empty, sqlite_batch(db, empty, range(0))),
+            )
+        )
+        assert ids(read_sqlite_sink(str(db), "events")) == [0, 1, 5, 7, 6, 8]
+    # A deeper B-tree may cost a step or two (log n); a walk over the batches would
+    # cost tens of thousands.
+    assert all(large <= small + 10 for small, large in zip(*counts, strict=True)), counts
+
+
+def test_sqlite_table_without_lineage_record_falls_back_once(tmp_path: Path) -> None:
+    """A database written before ``_weir_lineage`` existed: the newest batch with a
+    query id decides, and the next commit records it."""
+    db = tmp_path / "sink.db"
+    sqlite_writer(db).commit(sqlite_batch(db, 0, range(2)), 0)
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TABLE _weir_lineage")
+    with pytest.raises(SinkError, match=r"query-a.*query-b.*new table"):
+        sqlite_writer(db).commit(sqlite_batch(db, 0, range(9, 10), query="query-b"), 0)
+    sqlite_writer(db).commit(sqlite_batch(db, 1, range(2, 4)), 1)
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT table_name, query_id FROM _weir_lineage").fetchall() == [
+            ("events", "query-a")
+        ]
+    assert committed_sqlite_batches(str(db), "events") == [0, 1]
 
 
 def _stage_in_process(args: tuple[str, int]) -> SQLiteCommitMessage:
@@ -616,7 +955,11 @@ def _input_file(directory: Path, name: str, id_range: range) -> None:
     os.rename(tmp, directory / name)
 
 
-def _run_available_now(spark: Any, source: Path, checkpoint: Path, sink: str, **opts: str) -> None:
+def _run_available_now(
+    spark: Any, source: Path, checkpoint: Path, sink: str, where: str | None = None, **opts: str
+) -> None:
+    """Run the query over the new files (one per batch) until it is done; ``where``
+    filters rows before the sink (a batch whose rows all fail it is empty)."""
     df = (
         spark.readStream.format("json")
         .schema("id LONG, name STRING")
@@ -624,6 +967,8 @@ def _run_available_now(spark: Any, source: Path, checkpoint: Path, sink: str, **
         .load(str(source))
         .repartition(2)
     )
+    if where is not None:
+        df = df.where(where)
     writer = df.writeStream.format(sink).option("checkpointLocation", str(checkpoint))
     for key, value in opts.items():
         writer = writer.option(key, value)
@@ -728,6 +1073,72 @@ def test_spark_sqlite_sink_exactly_once_across_restart_and_replay(
     with sqlite3.connect(db) as conn:
         queries = {r[0] for r in conn.execute("SELECT query_id FROM _weir_commits")}
     assert len(queries) == 1 and None not in queries  # one lineage, id carried to commit
+
+
+def _spark_committed(checkpoint: Path) -> list[int]:
+    """The batch ids in Spark's commit log."""
+    return sorted(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+
+
+#: rows with ids >= 100 pass the filter; the files of ids below it make empty batches
+KEEP = "id >= 100"
+
+
+@pytest.mark.spark
+def test_spark_file_sink_empty_batches_leave_nothing(spark: Any, tmp_path: Path) -> None:
+    """Batches whose rows are all filtered out (a heartbeat source's usual batch) leave
+    no batch directory and no staging; an empty batch replayed after a crash neither;
+    and with a newer batch directory without a manifest in the path, the committing
+    process (Spark's Python planner, not this one) still commits: it never reads
+    another batch's manifest (a scan of the batches would, and fail)."""
+    register_sinks(spark)
+    source, checkpoint, out = tmp_path / "in", tmp_path / "chk", tmp_path / "out"
+    source.mkdir()
+    _input_file(source, "a.json", range(0, 5))  # batch 0: empty
+    _input_file(source, "b.json", range(100, 104))  # batch 1: 4 rows
+    _input_file(source, "c.json", range(5, 10))  # batch 2: empty
+    _run_available_now(spark, source, checkpoint, "weir-files", where=KEEP, path=str(out))
+    assert _spark_committed(checkpoint) == [0, 1, 2]  # the sink committed all three
+    assert committed_file_batches(str(out)) == [1]
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert files[:2] == ["_lineage.json", "batch=1/_manifest.json"], files
+    assert all(f.startswith("batch=1/part-") for f in files[2:]) and len(files) == 4, files
+
+    assert _forget_last_spark_commit(checkpoint) == 2  # empty batch 2 is replayed
+    (out / "batch=1000000").mkdir()
+    _input_file(source, "d.json", range(10, 15))  # batch 3: empty
+    _input_file(source, "e.json", range(200, 203))  # batch 4: 3 rows
+    _run_available_now(spark, source, checkpoint, "weir-files", where=KEEP, path=str(out))
+    assert _spark_committed(checkpoint) == [0, 1, 2, 3, 4]
+    (out / "batch=1000000").rmdir()
+    assert committed_file_batches(str(out)) == [1, 4]
+    assert sorted(ids(read_file_sink(str(out)))) == [100, 101, 102, 103, 200, 201, 202]
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert [f for f in files if not f.startswith(("batch=1/", "batch=4/"))] == ["_lineage.json"]
+
+
+@pytest.mark.spark
+def test_spark_sqlite_sink_empty_batches_record_nothing(spark: Any, tmp_path: Path) -> None:
+    """Empty batches (and the replay of one) add no ``_weir_commits`` row."""
+    register_sinks(spark)
+    source, checkpoint, db = tmp_path / "in", tmp_path / "chk", tmp_path / "sink.db"
+    source.mkdir()
+    _input_file(source, "a.json", range(0, 5))  # batch 0: empty
+    _input_file(source, "b.json", range(100, 104))  # batch 1: 4 rows
+    _input_file(source, "c.json", range(5, 10))  # batch 2: empty
+    opts = {"path": str(db), "table": "events"}
+    _run_available_now(spark, source, checkpoint, "weir-sqlite", where=KEEP, **opts)
+    assert _spark_committed(checkpoint) == [0, 1, 2]
+    assert committed_sqlite_batches(str(db), "events") == [1]
+
+    assert _forget_last_spark_commit(checkpoint) == 2
+    _input_file(source, "d.json", range(200, 203))  # batch 3: 3 rows
+    _run_available_now(spark, source, checkpoint, "weir-sqlite", where=KEEP, **opts)
+    assert _spark_committed(checkpoint) == [0, 1, 2, 3]
+    assert committed_sqlite_batches(str(db), "events") == [1, 3]
+    got = ids(read_sqlite_sink(str(db), "events"))
+    assert sorted(got) == [100, 101, 102, 103, 200, 201, 202]
+    assert staged_sqlite_rows(db) == 0
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ import re
 import uuid
 from collections.abc import Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyspark.sql.datasource import WriterCommitMessage
 from pyspark.sql.types import (
@@ -18,11 +18,6 @@ from pyspark.sql.types import (
 
 from weir.errors import SinkError
 from weir.runtime.spark.records import json_safe
-
-if TYPE_CHECKING:
-    pass
-
-
 
 FILE_SINK_NAME = "weir-files"
 """Format name of :class:`TransactionalFileSink` (``df.writeStream.format(...)``)."""
@@ -35,13 +30,15 @@ QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
 STAGING_DIR = "_staging"
 UNBATCHED_DIR = "unbatched"
+PUBLISHING_DIR = "_publishing"
 MANIFEST = "_manifest.json"
+LINEAGE_FILE = "_lineage.json"
 FILE_FORMAT = "weir-files/1"
 _BATCH_DIR = re.compile(r"batch=(\d+)")
-_TMP_PREFIX = "."
 
 STAGING_TABLE = "_weir_staging"
 COMMITS_TABLE = "_weir_commits"
+LINEAGE_TABLE = "_weir_lineage"
 DEFAULT_BUSY_TIMEOUT = 60.0
 _CHUNK_ROWS = 10_000
 
@@ -145,7 +142,7 @@ def _query_of(messages: Iterable[Any]) -> str | None:
 
 def _lineage_error(where: str, batch_id: int, stored: str, query_id: str, fix: str) -> SinkError:
     return SinkError(
-        f"{where} holds the output of streaming query {stored}, but batch {batch_id} comes "
+        f"{where} belongs to streaming query {stored}, but batch {batch_id} comes "
         f"from query {query_id}. Batch ids restart at 0 with a new checkpoint, so this "
         "query's batches would be taken for replays and dropped; nothing was written. "
         f"{fix}, or restart the original query with its original checkpoint."
@@ -154,5 +151,3 @@ def _lineage_error(where: str, batch_id: int, stored: str, query_id: str, fix: s
 
 def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds")
-
-

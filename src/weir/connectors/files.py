@@ -1,5 +1,10 @@
 """The ``weir-files`` sink: batches published as atomically renamed directories
-(layout and exactly-once argument in :mod:`weir.connectors.sinks`)."""
+(layout and exactly-once argument in :mod:`weir.connectors.sinks`).
+
+A commit's work does not depend on how many batches the path holds: it never lists
+``<path>`` or reads another batch's manifest. The query that owns the path is read
+from ``_lineage.json``; whether the batch is already published is one ``stat``.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlparse
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCommitMessage
@@ -19,17 +24,13 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from weir.errors import SinkError
-
-if TYPE_CHECKING:
-    pass
-
 from weir.connectors.common import (
     _BATCH_DIR,
-    _TMP_PREFIX,
     FILE_FORMAT,
     FILE_SINK_NAME,
+    LINEAGE_FILE,
     MANIFEST,
+    PUBLISHING_DIR,
     SQLITE_SINK_NAME,
     STAGING_DIR,
     UNBATCHED_DIR,
@@ -41,6 +42,7 @@ from weir.connectors.common import (
     _row_json,
     _task_info,
 )
+from weir.errors import SinkError
 
 # --------------------------------------------------------------------------- files
 
@@ -98,6 +100,60 @@ def _read_manifest(batch_dir: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("format") != FILE_FORMAT:
         raise SinkError(f"{FILE_SINK_NAME} sink: {manifest} is not a {FILE_FORMAT} manifest")
     return data
+
+
+def _newest_query_id(root: Path) -> str | None:
+    """The query id of the newest published batch that has one: one scan of ``root``,
+    done only where ``_lineage.json`` is missing (a path written by a weir version
+    without it, a new path, or a record deleted by hand)."""
+    for _, batch_dir in reversed(_batch_dirs(root)):
+        stored = _read_manifest(batch_dir).get("query_id")
+        if stored is not None:
+            return str(stored)
+    return None
+
+
+def _read_lineage(root: Path) -> dict[str, Any] | None:
+    """The lineage record ``<root>/_lineage.json``, or ``None`` if there is none."""
+    record = root / LINEAGE_FILE
+    try:
+        data = json.loads(record.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        problem = str(exc)
+    else:
+        if (
+            isinstance(data, dict)
+            and data.get("format") == FILE_FORMAT
+            and isinstance(data.get("query_id"), str | None)
+        ):
+            return data
+        problem = f"not a {FILE_FORMAT} lineage record"
+    raise SinkError(
+        f"{FILE_SINK_NAME} sink: {record} cannot be read ({problem}), so the query that "
+        "owns the path is unknown; nothing was written. If the path holds this query's "
+        f"output, delete {record}: the next commit rebuilds it from the newest batch's "
+        "manifest."
+    )
+
+
+def _write_lineage(root: Path, query_id: str | None, batch_id: int) -> None:
+    """Replace ``<root>/_lineage.json`` atomically and durably (temp file, fsync,
+    rename, fsync of ``root``)."""
+    record = {
+        "format": FILE_FORMAT,
+        "query_id": query_id,
+        "recorded_by_batch": batch_id,
+        "recorded_at": _now(),
+    }
+    tmp = root / f"{LINEAGE_FILE}.tmp"  # a fixed name: a crash's leftover is overwritten
+    with open(tmp, "w", encoding="utf-8") as out:
+        json.dump(record, out, indent=1)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, root / LINEAGE_FILE)
+    _fsync_dir(root)
 
 
 @dataclass(frozen=True)
@@ -192,14 +248,11 @@ class FileSinkWriter(DataSourceStreamWriter):
         shutil.rmtree(self.root / STAGING_DIR / f"batch={batch_id}", ignore_errors=True)
 
     def _check_lineage(self, batch_id: int, query_id: str | None) -> None:
-        if query_id is None:
-            return
-        stored = None
-        for _, batch_dir in reversed(_batch_dirs(self.root)):  # newest batch with a query id
-            stored = _read_manifest(batch_dir).get("query_id")
-            if stored is not None:
-                break
-        if stored is not None and stored != query_id:
+        """Refuse a batch of a query other than the one recorded in ``_lineage.json``;
+        record the query there first if the path has no record or no query id yet."""
+        record = _read_lineage(self.root)
+        stored = _newest_query_id(self.root) if record is None else record["query_id"]
+        if query_id is not None and stored is not None and stored != query_id:
             raise _lineage_error(
                 f"{FILE_SINK_NAME} sink path {self.root}",
                 batch_id,
@@ -207,12 +260,15 @@ class FileSinkWriter(DataSourceStreamWriter):
                 query_id,
                 "Write the new query to a new path",
             )
+        if record is None or (stored is None and query_id is not None):
+            _write_lineage(self.root, stored if stored is not None else query_id, batch_id)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Publish the staged files of ``messages`` as ``<path>/batch=<batchId>/``, once.
 
-        If the batch is already published (a replay after a crash), only deletes the
-        newly staged files.
+        An empty batch (no task staged a row) publishes nothing and, once the path has
+        its ``_lineage.json``, writes nothing. If the batch is already published (a
+        replay after a crash), only deletes the newly staged files.
         """
         where = f"{FILE_SINK_NAME} sink at {self.root}"
         staged_messages: list[FileCommitMessage] = _check_messages(
@@ -223,26 +279,27 @@ class FileSinkWriter(DataSourceStreamWriter):
             self.root.mkdir(parents=True, exist_ok=True)
             query_id = _query_of(staged_messages)
             self._check_lineage(batchId, query_id)
-            if final.is_dir():
+            if final.is_dir():  # a replay of a published batch
                 self._discard(staged_messages, batchId)
-                return
-            self._publish(staged_messages, batchId, query_id, final)
+            elif any(m.staged_file is not None for m in staged_messages):
+                self._publish(staged_messages, batchId, query_id, final)
         except OSError as exc:
             raise SinkError(
                 f"{where}: commit of batch {batchId} failed: {exc}. Nothing of the batch is "
                 f"visible unless batch={batchId}/ exists; restart the query from its "
                 "checkpoint to retry (a published batch is not written twice)."
             ) from exc
+        # The batch is published (or empty): staged and half-published leftovers of
+        # its earlier attempts can go.
         shutil.rmtree(self.root / STAGING_DIR / f"batch={batchId}", ignore_errors=True)
+        shutil.rmtree(self.root / PUBLISHING_DIR / f"batch={batchId}", ignore_errors=True)
 
     def _publish(
         self, messages: list[FileCommitMessage], batch_id: int, query_id: str | None, final: Path
     ) -> None:
         # Leftovers of an earlier commit of this batch that crashed before its rename.
-        tmp_prefix = f"{_TMP_PREFIX}batch={batch_id}.tmp-"
-        for entry in os.scandir(self.root):
-            if entry.name.startswith(tmp_prefix):
-                shutil.rmtree(entry.path, ignore_errors=True)
+        pending = self.root / PUBLISHING_DIR / f"batch={batch_id}"
+        shutil.rmtree(pending, ignore_errors=True)
         staged: list[tuple[FileCommitMessage, Path]] = []
         for message in sorted(messages, key=lambda m: m.partition_id):
             path = self._staged_path(message)
@@ -256,8 +313,8 @@ class FileSinkWriter(DataSourceStreamWriter):
                     "checkpoint to re-run the batch."
                 )
             staged.append((message, path))
-        tmp = self.root / f"{tmp_prefix}{uuid.uuid4().hex}"
-        tmp.mkdir()
+        tmp = pending / uuid.uuid4().hex
+        tmp.mkdir(parents=True)
         files: list[dict[str, Any]] = []
         for message, path in staged:
             os.rename(path, tmp / path.name)
@@ -373,5 +430,3 @@ def read_file_sink(path: str) -> list[dict[str, Any]]:
                 )
             rows.extend(batch_rows)
     return rows
-
-

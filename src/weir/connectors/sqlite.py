@@ -1,5 +1,6 @@
 """The ``weir-sqlite`` sink: one SQLite transaction publishes a batch (layout and
-exactly-once argument in :mod:`weir.connectors.sinks`)."""
+exactly-once argument in :mod:`weir.connectors.sinks`). Commit work does not grow
+with past batches: every lookup is by primary key or index."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sqlite3
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import (
@@ -31,15 +32,11 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from weir.errors import SinkError
-
-if TYPE_CHECKING:
-    pass
-
 from weir.connectors.common import (
     _CHUNK_ROWS,
     COMMITS_TABLE,
     DEFAULT_BUSY_TIMEOUT,
+    LINEAGE_TABLE,
     SQLITE_SINK_NAME,
     STAGING_TABLE,
     _check_messages,
@@ -52,6 +49,7 @@ from weir.connectors.common import (
     _task_info,
     _TaskInfo,
 )
+from weir.errors import SinkError
 
 # --------------------------------------------------------------------------- SQLite
 
@@ -113,6 +111,11 @@ def _ensure_meta(conn: sqlite3.Connection) -> None:
         f"CREATE TABLE IF NOT EXISTS {COMMITS_TABLE} ("
         "table_name TEXT NOT NULL, batch_id INTEGER NOT NULL, committed_at TEXT NOT NULL, "
         "row_count INTEGER NOT NULL, query_id TEXT, PRIMARY KEY (table_name, batch_id))"
+    )
+    conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {LINEAGE_TABLE} ("
+        "table_name TEXT NOT NULL PRIMARY KEY, query_id TEXT, "
+        "recorded_by_batch INTEGER NOT NULL, recorded_at TEXT NOT NULL)"
     )
 
 
@@ -287,7 +290,9 @@ class SQLiteSinkWriter(DataSourceStreamWriter):
         """In one transaction: insert the named attempts' rows and record ``batchId``.
 
         If ``batchId`` is already recorded for the table (a replay after a crash), only
-        the staged rows are deleted.
+        the staged rows are deleted. An empty batch is not recorded: in append mode it
+        changes nothing (but creates the table if missing); in complete mode it empties
+        the table.
         """
         staged: list[SQLiteCommitMessage] = _check_messages(
             messages, SQLiteCommitMessage, batchId, self._where
@@ -305,13 +310,15 @@ class SQLiteSinkWriter(DataSourceStreamWriter):
                 f"SELECT 1 FROM {COMMITS_TABLE} WHERE table_name = ? AND batch_id = ?",
                 (self.table, batchId),
             ).fetchone()
-            if done is None:
+            has_rows = any(m.rows for m in staged)
+            if done is None and (has_rows or self.overwrite or not _table_exists(conn, self.table)):
                 total = self._insert(conn, staged, batchId)
-                conn.execute(
-                    f"INSERT INTO {COMMITS_TABLE} (table_name, batch_id, committed_at, "
-                    "row_count, query_id) VALUES (?, ?, ?, ?, ?)",
-                    (self.table, batchId, _now(), total, query_id),
-                )
+                if has_rows:
+                    conn.execute(
+                        f"INSERT INTO {COMMITS_TABLE} (table_name, batch_id, committed_at, "
+                        "row_count, query_id) VALUES (?, ?, ?, ?, ?)",
+                        (self.table, batchId, _now(), total, query_id),
+                    )
             self._delete_staged(conn, (m.attempt_id for m in staged), batchId)
             conn.execute("COMMIT")
         except BaseException as exc:
@@ -327,16 +334,29 @@ class SQLiteSinkWriter(DataSourceStreamWriter):
             conn.close()
 
     def _check_lineage(self, conn: sqlite3.Connection, batch_id: int, query_id: str | None) -> None:
-        if query_id is None:
-            return
+        """Refuse a batch of a query other than the table's in ``_weir_lineage``; record
+        the query there (in the commit's transaction) if the table has no query yet."""
         row = conn.execute(
-            f"SELECT query_id FROM {COMMITS_TABLE} WHERE table_name = ? AND query_id IS NOT "
-            "NULL ORDER BY batch_id DESC LIMIT 1",
-            (self.table,),
+            f"SELECT query_id FROM {LINEAGE_TABLE} WHERE table_name = ?", (self.table,)
         ).fetchone()
-        if row is not None and row[0] != query_id:
+        if row is not None:
+            stored = row[0]
+        else:  # a table from before _weir_lineage (or a new one): one search, once
+            newest = conn.execute(
+                f"SELECT query_id FROM {COMMITS_TABLE} WHERE table_name = ? AND query_id IS "
+                "NOT NULL ORDER BY batch_id DESC LIMIT 1",
+                (self.table,),
+            ).fetchone()
+            stored = newest[0] if newest is not None else None
+        if query_id is not None and stored is not None and stored != query_id:
             raise _lineage_error(
-                self._where, batch_id, row[0], query_id, "Write the new query to a new table"
+                self._where, batch_id, stored, query_id, "Write the new query to a new table"
+            )
+        if row is None or (stored is None and query_id is not None):
+            conn.execute(
+                f"INSERT OR REPLACE INTO {LINEAGE_TABLE} (table_name, query_id, "
+                "recorded_by_batch, recorded_at) VALUES (?, ?, ?, ?)",
+                (self.table, stored if stored is not None else query_id, batch_id, _now()),
             )
 
     def _insert(
@@ -485,5 +505,3 @@ def read_sqlite_sink(path: str, table: str) -> list[dict[str, Any]]:
         raise SinkError(f"{SQLITE_SINK_NAME} sink: reading {table!r} in {path}: {exc}") from exc
     finally:
         conn.close()
-
-

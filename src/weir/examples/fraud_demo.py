@@ -218,7 +218,7 @@ def checkpoint_table(checkpoints: Checkpoints, batches: int, replayed: int | Non
     """Median and maximum of what the checkpoints cost."""
     seen = checkpoints.seen
     table = Table(title=f"weir checkpoints: {len(seen)} completed, one per micro-batch "
-                  f"({batches} batches committed); RocksDB incremental, newest 3 retained")
+                  f"({batches} with alerts in the sink); RocksDB incremental, newest 3 retained")
     for col in ("", "median", "max", "total"):
         table.add_column(col, justify="right" if col else "left")
 
