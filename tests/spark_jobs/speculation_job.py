@@ -262,14 +262,17 @@ class PartWatcher(threading.Thread):
 
 
 def chosen_parts(chk: str) -> set[str]:
-    """The part files completion chose in batch directory ``chk`` (from its summary;
-    none before it completed)."""
-    try:
-        with open(os.path.join(chk, "_summary.json")) as f:
-            attempts = json.load(f)["positions"]["spark"]["attempts"]
-    except (OSError, ValueError, KeyError):
-        return set()
-    return {f"{subtask}-{attempt}.part" for subtask, attempt in attempts.items()}
+    """The part files completion chose in the batch directory ``chk`` (a glob pattern,
+    as ``batch_dir`` gives it) from its summary; none before it completed."""
+    out: set[str] = set()
+    for summary in glob.glob(os.path.join(chk, "_summary.json")):
+        try:
+            with open(summary) as f:
+                attempts = json.load(f)["positions"]["spark"]["attempts"]
+        except (OSError, ValueError, KeyError):
+            continue
+        out |= {f"{subtask}-{attempt}.part" for subtask, attempt in attempts.items()}
+    return out
 
 
 def wait_for_zombies(paths: Any, injections: dict[str, dict[str, str]],
