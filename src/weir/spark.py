@@ -119,7 +119,8 @@ from weir.runtime.spark.routing import (
     keyed_route_pass,
     round_robin_pass,
 )
-from weir.runtime.spark.task import StageSpec, process_pass
+from weir.runtime.spark.spec import StageSpec
+from weir.runtime.spark.task import process_pass
 from weir.state.keygroups import check_parallelism, compute_default_max_parallelism
 from weir.state.rocksdb import RocksDBMemory
 
@@ -287,6 +288,7 @@ def process(
     worker_cache_memory: int | str | None = None,
     dead_letter_retention: int | str | timedelta = "7 days",
     rocksdb_memory: int | str = "256m",
+    task_buffer_memory: int | str = "64m",
 ) -> DataFrame:
     """Run ``function`` over ``df`` as a weir stage; returns the output DataFrame
     (streaming if ``df`` is). See the module documentation for the semantics.
@@ -318,6 +320,12 @@ def process(
     RocksDB's block cache and write buffers are shared by every RocksDB subtask of a
     Python worker and bounded together by ``rocksdb_memory`` (memtables up to half
     of it; :class:`~weir.RocksDBMemory`).
+
+    A task holds its rows and its outputs as Arrow (outputs leave only once the
+    batch's state is durable) and turns rows into Python records a slice of 8,192 at a
+    time; beyond ``task_buffer_memory`` of Arrow data each goes to an anonymous file in
+    the executor's local directory, read back memory-mapped, so a task's memory does
+    not grow with its partition (``weir.runtime.spark.spill``).
 
     Dead letters are kept ``dead_letter_retention`` after they were written; the
     directories of queries that owned the stage before the current one are deleted once
@@ -412,6 +420,7 @@ def process(
         instance=uuid.uuid4().hex,
         cache_max_subtasks=worker_cache_subtasks, cache_max_bytes=cache_bytes,
         dead_letter_retention_ms=dead_letter_ms, rocksdb_memory_bytes=rocksdb_bytes,
+        task_buffer_bytes=byte_size(task_buffer_memory, "task_buffer_memory"),
     )
 
     now = F.unix_millis(F.current_timestamp()).alias(NOW)

@@ -24,13 +24,13 @@ import hashlib
 import logging
 import os
 import shutil
-import tempfile
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from weir.checkpoint.snapshotter import SubtaskCheckpointer
 from weir.runtime.operator import KeyedOperator, NonKeyedOperator
+from weir.runtime.spark.spill import local_base
 
 __all__ = ["CacheLimits", "LiveSubtask", "keep", "take", "worker_rss_bytes"]
 
@@ -160,7 +160,7 @@ def worker_rss_bytes() -> int:
 def local_dir(location: str, uid: str, subtask: int) -> str:
     """A fresh RocksDB working directory for a subtask, under the executor's local
     directories (``SPARK_LOCAL_DIRS``, Spark's ``spark.local.dir``)."""
-    base = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0] or tempfile.gettempdir()
+    base = local_base()
     tag = hashlib.sha256(f"{location}\0{uid}".encode()).hexdigest()[:12]
     return os.path.join(
         base, "weir-spark", tag, f"{subtask}-{os.getpid()}-{uuid.uuid4().hex[:8]}"

@@ -2,8 +2,9 @@
 
 For batch ``N`` of query ``Q`` the task of partition ``i``:
 
-1. gathers its rows (all of subtask ``i``'s key groups — checked) and sorts them by
-   kind, then input order, so a replay handles them identically;
+1. gathers its rows as Arrow (all of subtask ``i``'s key groups — checked; beyond
+   ``task_buffer_bytes`` in a local file, ``spill``) and handles them by kind, then
+   input order, so a replay handles them identically, a slice at a time;
 2. gets subtask ``i``'s state as of batch ``N-1``: the live operator this Python
    worker kept from ``N-1`` if that is exactly the attempt whose part was published
    (RocksDB on executor-local disk, or the hash map in memory), else a restore from
@@ -15,7 +16,8 @@ For batch ``N`` of query ``Q`` the task of partition ``i``:
    ``current_timestamp()`` of the batch, the same on replay), then the batch's
    broadcast rows, then its records; bad records go to the dead-letter file;
 4. writes its state of ``N`` (attempt-unique files) and publishes its part, and only
-   then emits the outputs (so nothing leaves a task whose state is not durable).
+   then emits the outputs, held as Arrow until then (so nothing leaves a task whose
+   state is not durable).
 
 Without a batch id (a static DataFrame) the task reads the latest state and writes
 nothing: every action recomputes the same result.
@@ -27,7 +29,6 @@ import logging
 import os
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -76,61 +77,20 @@ from weir.runtime.spark.routing import (
     RowKind,
     subtask_of_route,
 )
+from weir.runtime.spark.spec import StageSpec
+from weir.runtime.spark.spill import SpillBuffer, sorted_slices
 from weir.state.rocksdb import RocksDBMemory
 
-__all__ = ["StageSpec", "process_pass"]
+__all__ = ["process_pass"]
 
 log = logging.getLogger(__name__)
 _OUTPUT_CHUNK = 65_536
+#: rows handled per slice: the Python records (and outputs) of one slice exist at once
+_SLICE_ROWS = 8_192
+_ROW_ORDER = [(KIND, "ascending"), (ORDER, "ascending")]
 #: the column Spark's PERMISSIVE readers fill with the raw text of a malformed line
 CORRUPT_RECORD = "_corrupt_record"
 MALFORMED = f"malformed input: Spark could not parse it (its raw text is in {CORRUPT_RECORD})"
-
-
-@dataclass(frozen=True)
-class StageSpec:
-    """Everything a task needs to run one weir stage (pickled into the Spark plan)."""
-
-    uid: str
-    location: str
-    parallelism: int
-    max_parallelism: int
-    state_backend: str
-    snapshot_mode: str
-    function: Any
-    keyed: bool
-    columns: tuple[str, ...]
-    key_columns: tuple[str, ...]
-    broadcast_columns: tuple[str, ...]
-    broadcast_state_descriptors: tuple[Any, ...]
-    output_schema: pa.Schema
-    event_time: str | None = None
-    watermark_delay_ms: int = 0
-    record_format: str = "dict"
-    bad_record_exceptions: tuple[type[BaseException], ...] = ()
-    restore_from: str | None = None
-    allow_non_restored_state: bool = False
-    retained: int = 3
-    storage_options: dict[str, Any] | None = None
-    lease_timeout_ms: int = 60_000
-    #: the hash map's changelog materializes at least this often (snapshot_mode
-    #: "incremental")
-    materialize_interval_ms: int = 600_000
-    #: records behind the watermark: "process" (Flink's default), "drop", "dead_letter"
-    late_records: str = "process"
-    #: unique per ``process()`` call: a worker-local subtask of another call (older
-    #: code, other settings) is never reused
-    instance: str = ""
-    #: bounds of each Python worker's cache of live subtasks (``cache.CacheLimits``)
-    cache_max_subtasks: int = 32
-    cache_max_bytes: int | None = None
-    dead_letter_retention_ms: int = 7 * 24 * 3_600_000
-    #: block cache + write buffers of the worker's RocksDB instances together
-    rocksdb_memory_bytes: int = 256 << 20
-
-    def storage(self) -> CheckpointStorage:
-        """The checkpoint location."""
-        return CheckpointStorage(self.location, storage_options=self.storage_options)
 
 
 def _is_exactly(
@@ -198,27 +158,32 @@ class _Task:
         self.token = 0
         self.dead: list[dict[str, Any]] = []
         self.counts = {"late": 0, "null_event_time": 0, "malformed": 0}
+        self.buffers: dict[str, int] = {}
 
     # input -----------------------------------------------------------------------------
-    def _gather(self, batches: Iterator[pa.RecordBatch]) -> pa.Table | None:
-        """The task's rows, in handling order; sets ``self.subtask`` from their route
-        (Spark's partition id is not the subtask's when the output is unioned with
-        another DataFrame). None if the task got no row: then no subtask got one (the
-        route pass gives every subtask clock rows whenever the batch has any row)."""
-        chunks = [b for b in batches if b.num_rows]
-        if not chunks:
-            return None
-        table = pa.Table.from_batches(chunks)
+    def _gather(self, batches: Iterator[pa.RecordBatch], into: SpillBuffer) -> None:
+        """The task's rows, as they arrive, into ``into``; sets ``self.subtask`` from
+        their route (Spark's partition id is not the subtask's when the output is
+        unioned with another DataFrame). No row: no subtask got one (the route pass
+        gives every subtask clock rows whenever the batch has any row)."""
         owners = subtask_of_route(self.spec.parallelism)
-        routes = pc.unique(table[ROUTE]).to_pylist()
-        if len(routes) != 1 or routes[0] not in owners:
-            raise TaskPlacementError(
-                f"operator {self.spec.uid!r}: one task received rows routed to subtasks "
-                f"{sorted(owners.get(r, r) for r in routes)} of {self.spec.parallelism}; the "
-                f"stage's partitioning was changed between the route and process passes"
-            )
-        self.subtask = owners[routes[0]]
-        return table.sort_by([(KIND, "ascending"), (ORDER, "ascending")])
+        route: int | None = None
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            routes = pc.unique(batch[ROUTE]).to_pylist()
+            if route is None and len(routes) == 1:
+                route = routes[0]
+            if len(routes) != 1 or routes[0] != route or route not in owners:
+                seen = {*routes, *([] if route is None else [route])}
+                raise TaskPlacementError(
+                    f"operator {self.spec.uid!r}: one task received rows routed to subtasks "
+                    f"{sorted(owners.get(r, r) for r in seen)} of {self.spec.parallelism}; "
+                    f"the stage's partitioning was changed between the route and process passes"
+                )
+            into.append(batch)
+        if route is not None:
+            self.subtask = owners[route]
 
     # state -----------------------------------------------------------------------------
     def _acquire(self) -> tuple[LiveSubtask, dict[str, Any]]:
@@ -287,33 +252,54 @@ class _Task:
     # processing ------------------------------------------------------------------------
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         spec = self.spec
-        table = self._gather(batches)
-        if table is None:  # the stage had no row at all in this batch: nothing changes
-            if self.batch is not None:
-                self.store.mark_empty(self.query, self.batch)
-            return
-        live, positions = self._acquire()
+        inputs = SpillBuffer(spec.task_buffer_bytes)
+        outputs = SpillBuffer(spec.task_buffer_bytes)
         try:
-            outputs = self._process(live, table, positions)
-            if self.batch is not None:
-                self._commit(live)
-        except BaseException:
-            live.close()
-            raise
-        if self.batch is None:
-            live.close()
-        else:
-            keep(live, CacheLimits(spec.cache_max_subtasks, spec.cache_max_bytes))
-        for start in range(0, len(outputs), _OUTPUT_CHUNK):
-            yield to_record_batch(outputs[start : start + _OUTPUT_CHUNK], spec.output_schema,
-                                  spec.uid)
+            self._gather(batches, inputs)
+            table = inputs.table()
+            if table is None:  # the stage had no row at all in this batch: nothing changes
+                if self.batch is not None:
+                    self.store.mark_empty(self.query, self.batch)
+                return
+            live, positions = self._acquire()
+            try:
+                self._process(live, table, not inputs.spilled, positions, outputs)
+                del table
+                self.buffers = {  # recorded with the storage operations in the part
+                    "rows_in": inputs.rows, "arrow_in_bytes": inputs.nbytes,
+                    "arrow_out_bytes": outputs.nbytes,
+                    "spilled_bytes": (inputs.nbytes if inputs.spilled else 0)
+                    + (outputs.nbytes if outputs.spilled else 0),
+                }
+                inputs.close()
+                if self.batch is not None:
+                    self._commit(live)
+            except BaseException:
+                live.close()
+                raise
+            if self.batch is None:
+                live.close()
+            else:
+                keep(live, CacheLimits(spec.cache_max_subtasks, spec.cache_max_bytes))
+            yield from outputs.batches()
+        finally:
+            inputs.close()
+            outputs.close()
+
+    def _emit(self, out: list[Any], outputs: SpillBuffer) -> None:
+        """Outputs as Arrow, held until the batch's part is published."""
+        schema, uid = self.spec.output_schema, self.spec.uid
+        for start in range(0, len(out), _OUTPUT_CHUNK):
+            outputs.append(to_record_batch(out[start : start + _OUTPUT_CHUNK], schema, uid))
 
     def _process(
-        self, live: LiveSubtask, table: pa.Table | None, positions: dict[str, Any]
-    ) -> list[Any]:
+        self, live: LiveSubtask, table: pa.Table, in_memory: bool, positions: dict[str, Any],
+        outputs: SpillBuffer,
+    ) -> None:
+        """Timers, then the rows by kind and input order, a slice of rows at a time
+        (the Python objects of one slice at once); outputs go to ``outputs``."""
         spec = self.spec
         op = live.operator
-        out: list[Any] = []
         watermark = int(positions.get("watermark", MIN_WATERMARK))
         max_event = positions.get("max_event_time")
         if max_event is not None:
@@ -323,28 +309,20 @@ class _Task:
             if drain is not None and self.batch >= drain:
                 watermark = MAX_WATERMARK  # drained: every event-time timer fires now
         self.watermark, self.max_event = watermark, max_event
-        batch_time = None
-        if table is not None:
-            now = pc.max(table[NOW]).as_py() if NOW in table.column_names else None
-            batch_time = int(now) if now is not None else None
-        if batch_time is not None:
-            live.clock.now = batch_time
+        now = pc.max(table[NOW]).as_py() if NOW in table.column_names else None
+        if now is not None:
+            live.clock.now = int(now)
         self.batch_time = live.clock.now
         if isinstance(op, KeyedOperator):
-            out += op.advance_watermark(watermark)
-            if batch_time is not None:
-                out += op.advance_processing_time(batch_time)
-        if table is None:
-            return out
-        kinds = table[KIND]
-        for kind in (RowKind.BROADCAST, RowKind.RECORD, RowKind.BAD_KEY):
-            part = table.filter(pc.equal(kinds, int(kind)))
-            if not part.num_rows:
-                continue
-            if kind is RowKind.BROADCAST:
-                out += self._broadcast(op, part)
-            elif kind is RowKind.RECORD:
-                out += self._records(live, part)
+            self._emit(op.advance_watermark(watermark), outputs)
+            if now is not None:
+                self._emit(op.advance_processing_time(int(now)), outputs)
+        kinds = (int(RowKind.BROADCAST), int(RowKind.RECORD), int(RowKind.BAD_KEY))
+        for kind, part in sorted_slices(table, _ROW_ORDER, KIND, kinds, _SLICE_ROWS, in_memory):
+            if kind == RowKind.BROADCAST:
+                self._emit(self._broadcast(op, part), outputs)
+            elif kind == RowKind.RECORD:
+                self._emit(self._records(live, part), outputs)
             else:
                 corrupt = (part[CORRUPT_RECORD].to_pylist() if CORRUPT_RECORD in
                            part.column_names else [None] * part.num_rows)
@@ -354,7 +332,6 @@ class _Task:
                         self.counts["malformed"] += 1
                     self._dead_letter(record, MALFORMED if raw is not None else (
                         f"the key could not be computed (key columns {list(spec.key_columns)})"))
-        return out
 
     def _broadcast(self, op: KeyedOperator | NonKeyedOperator, part: pa.Table) -> list[Any]:
         spec = self.spec
@@ -470,7 +447,7 @@ class _Task:
                 "dead_letters": len(self.dead), "late_records": self.counts["late"],
                 "null_event_time": self.counts["null_event_time"],
                 "malformed": self.counts["malformed"],
-                "io": (storage_counts() - self.io_start).to_json(),
+                "io": {**(storage_counts() - self.io_start).to_json(), **self.buffers},
             },
         )
         live.checkpointer.notify_checkpoint_complete(self.batch)
