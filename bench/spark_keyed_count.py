@@ -8,7 +8,13 @@ one row ``(key, count)`` per input record. Peers (``--peers``, all by default):
 * ``tws-row`` — the row-based ``GroupedData.transformWithState`` (PySpark 4.1+), same logic;
 * ``weir-hashmap`` / ``weir-rocksdb`` — ``weir.spark.process`` with a
   ``KeyedProcessFunction`` and a ``ValueState``, on each state backend. Skipped with a
-  message when ``weir.spark`` cannot be imported.
+  message when ``weir.spark`` cannot be imported;
+* ``dict`` — the raw limit of a Python stateful stage on Spark: the same shuffle into
+  p = 2 partitions (``repartition(2, "key")``) and a ``mapInArrow`` keeping the running
+  count in a plain dict per Python worker and partition; no persistence, no key groups,
+  no records as dicts. Its counts restart when Spark runs a partition's task in another
+  Python worker (it keeps no state across them), so only its rows per key are verified,
+  not its count sequences.
 
 **Throughput** (default): the records are generated once (fixed seed, uniform keys, or
 bounded Zipf with ``--zipf S``) as parquet files, read with ``readStream.parquet`` and
@@ -71,7 +77,9 @@ from rich.table import Table
 import weir
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PEERS = ("tws-pandas", "tws-row", "weir-hashmap", "weir-rocksdb")
+PEERS = ("tws-pandas", "tws-row", "weir-hashmap", "weir-rocksdb", "dict")
+#: peers whose count sequences are not checked (no state across Python workers)
+UNCHECKED_SEQUENCE = ("dict",)
 LATENCY_PEERS = ("tws-row", "weir-hashmap", "weir-rocksdb")
 BASELINE = "tws-row"  # the ratio column is records/s relative to this peer
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -180,9 +188,41 @@ def weir_spark() -> tuple[Any, str | None]:
     return ws, None
 
 
+def _dict_counts(run: str) -> Any:
+    """The ``dict`` peer's ``mapInArrow`` function: a running count per key in a plain
+    dict that lives in the Python worker (per run and partition), nothing else."""
+
+    def count(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import builtins
+
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        part = ctx.partitionId() if ctx is not None else 0
+        stores = builtins.__dict__.setdefault("_weir_bench_dict_peer", {})
+        counts = stores.setdefault((run, part), {})
+        get = counts.get
+        for batch in batches:
+            keys = batch.column(0)
+            out: list[int] = []
+            append = out.append
+            for key in keys.to_pylist():
+                n = get(key, 0) + 1
+                counts[key] = n
+                append(n)
+            yield pa.record_batch([keys, pa.array(out, pa.int64())], names=["key", "count"])
+
+    return count
+
+
 def build(peer: str, events: Any, with_ts: bool, weir_dir: str) -> Any:
     """The peer's output DataFrame (``key, count[, ts]``) over ``events``."""
     schema = "key string, count long" + (", ts long" if with_ts else "")
+    if peer == "dict":
+        if with_ts:
+            raise ValueError("the dict peer runs the throughput workload only")
+        return events.select("key").repartition(2, "key").mapInArrow(
+            _dict_counts(weir_dir), schema)
     if peer == "tws-pandas":
         return events.groupBy("key").transformWithStateInPandas(
             statefulProcessor=PandasCount(with_ts), outputStructType=schema,
@@ -341,7 +381,8 @@ def run_throughput(
         if progress is not None and task is not None:
             progress.remove_task(task)
     missing = int((verifier.rows != expected).sum())
-    verified = verifier.total == records and missing == 0 and verifier.bad_keys == 0
+    bad = 0 if peer in UNCHECKED_SEQUENCE else verifier.bad_keys
+    verified = verifier.total == records and missing == 0 and bad == 0
     batches = [p for p in progress_log if p.get("numInputRows", 0) > 0]
     result.update({
         "seconds": round(elapsed, 3),
@@ -351,6 +392,7 @@ def run_throughput(
         "batches": verifier.batches,
         "keys_with_wrong_total": missing,
         "keys_with_bad_sequence": verifier.bad_keys,
+        "sequence_checked": peer not in UNCHECKED_SEQUENCE,
         "verified": verified,
         "batch_ms": [p["durationMs"].get("triggerExecution") for p in batches],
         "add_batch_ms": [p["durationMs"].get("addBatch") for p in batches],
@@ -426,7 +468,7 @@ def summarize(runs: list[dict[str, Any]], keys_list: list[int], peers: list[str]
             ok = [r for r in runs if r["keys"] == keys and r["peer"] == peer and "error" not in r]
             if ok:
                 best[peer] = max(ok, key=lambda r: r["records_per_s"])
-        base = best.get(BASELINE)
+        base, raw = best.get(BASELINE), best.get("dict")
         for peer in peers:
             if peer in best:
                 r = best[peer]
@@ -435,6 +477,9 @@ def summarize(runs: list[dict[str, Any]], keys_list: list[int], peers: list[str]
                     "seconds": r["seconds"],
                     "vs_" + BASELINE.replace("-", "_"):
                         round(r["records_per_s"] / base["records_per_s"], 2) if base else None,
+                    # the share of the raw limit (the dict peer) measured in the same run
+                    "of_raw_limit":
+                        round(r["records_per_s"] / raw["records_per_s"], 3) if raw else None,
                 })
             else:
                 errs = [r["error"] for r in runs if r["keys"] == keys and r["peer"] == peer]
@@ -652,15 +697,17 @@ def print_throughput(doc: dict[str, Any]) -> None:
     t = Table(title=f"keyed count on Spark: {p['records']:,} records, best of {p['repeat']} "
               f"(local[2], {'zipf ' + str(p['zipf']) if p['zipf'] > 0 else 'uniform'} keys)")
     ratio = "vs_" + BASELINE.replace("-", "_")
-    for col in ("keys", "peer", "records/s", "seconds", f"vs {BASELINE}"):
+    for col in ("keys", "peer", "records/s", "seconds", f"vs {BASELINE}", "of raw limit"):
         t.add_column(col, justify="left" if col == "peer" else "right")
     for r in doc["throughput"]["summary"]:
         if "error" in r:
             t.add_row(f"{r['keys']:,}", r["peer"], "[yellow]skipped[/]" if "weir.spark" in
-                      r["error"] else "[red]error[/]", "", "")
+                      r["error"] else "[red]error[/]", "", "", "")
         else:
+            raw = r.get("of_raw_limit")
             t.add_row(f"{r['keys']:,}", r["peer"], f"{r['records_per_s']:,.0f}",
-                      f"{r['seconds']:.1f}", f"{r[ratio]:.2f}x" if r[ratio] else "")
+                      f"{r['seconds']:.1f}", f"{r[ratio]:.2f}x" if r[ratio] else "",
+                      f"{raw:.0%}" if raw else "")
     console.print(t)
 
 
