@@ -108,6 +108,33 @@ def test_a_new_query_takes_over_a_released_owner_and_the_old_one_is_fenced(
     assert not lineage.is_head(first.claim.token)
 
 
+def test_a_claim_a_stopped_querys_late_task_writes_does_not_hold_the_stage(
+    tmp_path: Path,
+) -> None:
+    """Spark's stop() returns while a killed task's Python worker may still run (up to
+    spark.python.task.killTimeout): here that task takes the stage over only after
+    finish() gave the query's stages up. Its claim counts as released at once, so the
+    next query is not refused for a lease timeout (and the late one is fenced)."""
+    from weir.runtime.spark.listener import Completion, Stage
+
+    store, lineage = _store(tmp_path)
+    first = plan_batch(store, lineage, "q1", 0, parallelism=1)
+    lineage.release(first.claim.token)  # an earlier query, stopped and finished
+    completion = Completion()
+    completion.stages[(store.location.location, store.uid)] = Stage(store, lineage, 1)
+    completion.on_terminated("q2")  # finish(q2): no claim of q2 to release yet
+    late = plan_batch(store, Lineage(store.stage), "q2", 0, parallelism=1)
+    assert late.claim.query == "q2" and lineage.head() == late.claim
+    taken = plan_batch(store, lineage, "q3", 0, parallelism=1)
+    assert taken.claim.query == "q3" and taken.claim.token == late.claim.token + 1
+    with pytest.raises(FencedError, match="query q2 was fenced off: query q3"):
+        plan_batch(store, lineage, "q2", 1, parallelism=1)
+    # the marker went with the claim that followed it; a live owner is never marked
+    assert not any(n.startswith("stopped-") for n in store.stage.list_dir("claims"))
+    completion.on_terminated("q4")
+    assert not lineage.stopped("q4") and lineage.alive(taken.claim)
+
+
 def test_an_owner_whose_lease_expired_can_be_taken_over(tmp_path: Path) -> None:
     store, _ = _store(tmp_path)
     short = Lineage(store.stage, lease_timeout_ms=0)

@@ -16,6 +16,13 @@ Each operator uid in a checkpoint location has its own directory
                              its tasks at most every lease_timeout / 4)
     claims/<token>.released  {"ms": ...}: the owning query stopped (weir.spark.finish,
                              or the driver's listener when the query terminated)
+    claims/stopped-<query>.json  {"ms": ...}: that query stopped; every claim of it
+                             counts as released, also one a task still running when
+                             the query stopped writes afterwards (Spark lets a killed
+                             task's Python worker run on for up to
+                             ``spark.python.task.killTimeout``). Written by the driver
+                             on stages a takeover could reach; deleted by the next
+                             claim of another query
 
 The claim with the highest token is the *head*; its query owns the stage. A query
 claims the stage in its first batch (``batch`` = that batch; ``source`` = the state it
@@ -55,6 +62,10 @@ _FORMAT = "weir-claim"
 def wall_ms() -> int:
     """The wall clock in epoch milliseconds."""
     return time.time_ns() // 1_000_000
+
+
+def _stopped_name(query: str) -> str:
+    return f"claims/stopped-{query}.json"
 
 
 @dataclass(frozen=True)
@@ -163,7 +174,13 @@ class Lineage:
 
     def released(self, claim: Claim) -> bool:
         """Whether the claim's query stopped and gave the stage up."""
-        return self._stamp(claim.token, "released") is not None
+        if self._stamp(claim.token, "released") is not None:
+            return True
+        return claim.query is not None and self.stopped(claim.query)
+
+    def stopped(self, query: str) -> bool:
+        """Whether ``query`` was recorded as stopped (:meth:`mark_stopped`)."""
+        return self.stage.exists(_stopped_name(query))
 
     def alive(self, claim: Claim, now_ms: int | None = None) -> bool:
         """Whether the claim's query may still be running: not released, and renewed
@@ -183,7 +200,16 @@ class Lineage:
         data = json.dumps(claim.to_json(), sort_keys=True).encode()
         if not self.stage.create_exclusive(f"{self._name(token)}.json", data):
             return None
+        for name in self.stage.list_dir("claims"):  # stopped queries are behind it now
+            if name.startswith("stopped-") and (query is None or name != _stopped_name(
+                    query).removeprefix("claims/")):
+                self.stage.delete(f"claims/{name}")
         return claim
+
+    def mark_stopped(self, query: str) -> None:
+        """Record that ``query`` stopped: its claims, present and future, count as
+        released (see the module documentation)."""
+        self.stage.write(_stopped_name(query), json.dumps({"ms": wall_ms()}).encode())
 
     def renew(self, token: int) -> None:
         """Record that the owner of ``token`` runs now."""

@@ -97,6 +97,12 @@ class Completion:
         They leave the listener's active stages (so a long session does not read the
         claims of every stage it ever ran at each batch); a restart registers them
         again through process()."""
+        with self.lock:
+            candidates = [*self.stages.values(), *self.retired.get(query, ())]
+        for stage in candidates:  # a task of it still running may yet take one over
+            head = stage.lineage.head()
+            if head is None or head.query == query or not stage.lineage.alive(head):
+                stage.lineage.mark_stopped(query)
         owned = self._owned(query)
         for stage, head in owned:
             with stage.lock:
