@@ -392,6 +392,29 @@ class KeyedOperator(_OperatorBase, KeyedContext, TimerService):
         self.keyed_state.on_record()
         return result
 
+    def process_keyed(
+        self, values: Sequence[Any], keys: Sequence[Any], timestamps: Sequence[int | None],
+        out: list[Any],
+    ) -> None:
+        """:meth:`process_element` for each value with its key given (not taken from
+        the key selector), appending the outputs to ``out`` in order: one loop with the
+        lookups done once (the Spark runtime's process pass). If the function raises,
+        ``out`` may hold part of that value's outputs: use it only when an exception
+        fails the whole batch."""
+        set_key = self.key_context.set_current_key
+        process = self.function.process_element
+        on_record = self.keyed_state.on_record
+        cleaners = self.keyed_state.record_cleaners  # the live list: states may register late
+        extend = out.extend
+        for value, key, ts in zip(values, keys, timestamps, strict=True):
+            set_key(key)
+            self.record_timestamp = ts
+            result = process(value, self)
+            if result is not None:
+                extend(result)
+            if cleaners:
+                on_record()
+
     def process_broadcast_element(self, value: Any, timestamp: int | None = None) -> list[Any]:
         """Process one broadcast element (keyed broadcast functions only)."""
         fn = self.function

@@ -209,6 +209,11 @@ class KeyedStateStore:
 
     # maintenance ------------------------------------------------------------------
 
+    @property
+    def record_cleaners(self) -> list[IncrementalCleaner]:
+        """The cleaners :meth:`on_record` runs (the live list; empty: no work)."""
+        return self._record_cleaners
+
     def on_record(self) -> None:
         """Run per-record incremental TTL cleanup, where configured."""
         for cleaner in self._record_cleaners:

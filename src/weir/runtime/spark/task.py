@@ -368,6 +368,9 @@ class _Task:
         process = op.process_element
         out: list[Any] = []
         screen = self._screen(part, times)
+        if screen is None and not bad and isinstance(op, KeyedOperator):
+            op.process_keyed(records, keys, times, out)  # an exception fails the batch
+            return out
         for j, (record, key, ts) in enumerate(zip(records, keys, times, strict=True)):
             if screen is not None and screen[j] is not None:
                 if screen[j]:
