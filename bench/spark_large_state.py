@@ -38,6 +38,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -178,10 +179,17 @@ def _run(spark: Any, peer: str, source: Path, location: Path, spark_dir: Path,
               .option("maxFilesPerTrigger", 1).parquet(str(source)))
     watch = FileWatch(location, spark_dir)
     out: list[dict[str, Any]] = []
+    # batch N's tasks run inside the sink: hold them until batch N-1 is measured, so
+    # that no batch completes unseen between two polls and bytes are per batch
+    measured = threading.Condition()
+    last_measured = [-1]
 
     def sink(df: Any, batch: int) -> None:
+        with measured:
+            measured.wait_for(lambda: last_measured[0] >= batch - 1 or not running[0], 120)
         df.write.format("noop").mode("overwrite").save()
 
+    running = [True]
     writer = (_build(peer, events, location, parallelism, idle_batches > 0)
               .writeStream.foreachBatch(sink).option("checkpointLocation", str(spark_dir)))
     if idle_batches:
@@ -193,6 +201,8 @@ def _run(spark: Any, peer: str, source: Path, location: Path, spark_dir: Path,
         while True:
             progress = query.lastProgress
             if progress is not None and progress["batchId"] > seen:
+                if progress["batchId"] != seen + 1:
+                    raise RuntimeError(f"batch {seen + 1} was not measured")
                 seen = progress["batchId"]
                 time.sleep(0.3)  # the listener's completion of the batch lands
                 out.append({
@@ -200,6 +210,9 @@ def _run(spark: Any, peer: str, source: Path, location: Path, spark_dir: Path,
                     "seconds": progress["durationMs"].get("triggerExecution", 0) / 1000,
                     "bytes": watch.written(),
                 })
+                with measured:
+                    last_measured[0] = seen
+                    measured.notify_all()
             if idle_batches and len(out) >= idle_batches:
                 break
             if not query.isActive:
@@ -207,6 +220,9 @@ def _run(spark: Any, peer: str, source: Path, location: Path, spark_dir: Path,
                 break
             time.sleep(0.05)
     finally:
+        with measured:
+            running[0] = False
+            measured.notify_all()
         query.stop()
         if peer.startswith("weir"):
             weir.spark.finish(query)
