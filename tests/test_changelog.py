@@ -583,3 +583,48 @@ def test_a_crash_at_any_step_of_a_checkpoint_switching_to_a_materialization(
     print(f"changelog switch crash points: steps={len(steps)} runs={runs} "
           f"injected={injected} restored chk-3={restored_new}")
     assert injected == runs and 0 < restored_new < runs
+
+
+def test_a_copy_left_behind_holds_a_later_checkpoint_only_if_nothing_changed_since(
+    tmp_path: Path,
+) -> None:
+    """As in the Spark runtime when a subtask's task runs in another Python worker and
+    comes back: copy A wrote checkpoint 1; copy B restored it and ran on. A holds B's
+    checkpoints for as long as they changed nothing (idle, timers not due), and not
+    after a record, a timer firing or a restore from another chain."""
+    coordinator = CheckpointCoordinator(str(tmp_path), retained=10)
+    keys = [f"key-{i}" for i in range(200)]
+
+    def subtask() -> tuple[KeyedOperatorHarness, SubtaskCheckpointer]:
+        h = KeyedOperatorHarness(Tracker(), lambda v: v[0], max_parallelism=MAXP)
+        return h, SubtaskCheckpointer(h.operator, coordinator.storage, mode="changelog",
+                                      asynchronous=False, changelog=SYNC)
+
+    def handle(completed: Any) -> Any:
+        return completed.metadata.operators["operator"].subtasks[0]
+
+    a, ca = subtask()
+    a.open()
+    _send([a], [(k, i) for i, k in enumerate(keys)])
+    take_checkpoint(coordinator, [ca])  # the base
+    _send([a], [(keys[0], 5000)])
+    first = take_checkpoint(coordinator, [ca])  # a delta
+    assert ca.holds(handle(first))
+    b, cb = subtask()
+    b.operator.restore(first.load("operator", 1, 0))
+    b.open()
+    assert cb.adopt(handle(first), first.storage)
+    idle = [take_checkpoint(coordinator, [cb]) for _ in range(3)]
+    assert all(ca.holds(handle(c)) for c in idle)  # B changed nothing: A is as good
+    assert b.advance_watermark(1000 + 3)  # fires key-3's timer: a change (a timer deleted)
+    fired = take_checkpoint(coordinator, [cb])
+    assert not ca.holds(handle(fired)) and cb.holds(handle(fired))
+    _send([b], [(keys[1], 6000)])
+    changed = take_checkpoint(coordinator, [cb])
+    assert not ca.holds(handle(changed)) and not ca.holds(handle(fired))
+    fresh, cf = subtask()  # same state, written as its own base: another chain
+    fresh.operator.restore(changed.load("operator", 1, 0))
+    fresh.open()
+    own = take_checkpoint(coordinator, [cf])
+    assert not cb.holds(handle(own)) and cf.holds(handle(own))
+    _close([a, b, fresh], [ca, cb, cf])

@@ -227,6 +227,22 @@ class SubtaskCheckpointer:
         )
 
     # changelog --------------------------------------------------------------------------
+    def holds(self, handle: SubtaskStateHandle) -> bool:
+        """Whether the live state is exactly what ``handle`` (a later checkpoint of
+        this subtask, written elsewhere) describes, known without reading it: a
+        changelog whose chain — base and deltas, by file and digest — and operator
+        state file are the ones this checkpointer last wrote or adopted, over the same
+        key groups and states. Every change of keyed state or timers is in a delta and
+        every delta file is unique to the attempt that wrote it, so an equal chain
+        means no change since: the state of a subtask that moved to another worker
+        for idle batches and came back."""
+        if self.mode is not SnapshotMode.CHANGELOG or self._chain is None:
+            return False
+        assert isinstance(self.operator, KeyedOperator)
+        return (handle.keyed == self._chain and handle.operator_file == self._op_file
+                and handle.key_group_range == self._range()
+                and dict(handle.metas) == self.operator.keyed_state.metas)
+
     def adopt(self, handle: SubtaskStateHandle, storage: CheckpointStorage) -> bool:
         """After restoring exactly ``handle`` (this subtask's key groups, in
         ``storage``): go on from it instead of writing the whole state again - a

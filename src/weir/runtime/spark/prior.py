@@ -120,6 +120,11 @@ class PriorBatch:
         )
         return CompletedCheckpoint(self.storage, f"chk-{self.batch}", meta)
 
+    def own_handle(self, subtask: int) -> SubtaskStateHandle | None:
+        """The handle this batch chose for ``subtask`` (its part; one read), or None
+        if the batch kept no part for it."""
+        return self._own_handle(subtask)
+
     def _own_handle(self, subtask: int) -> SubtaskStateHandle | None:
         attempt = self.attempt(subtask)
         if attempt is None:

@@ -107,6 +107,22 @@ def _is_exactly(
     )
 
 
+def _unchanged_since(
+    live: LiveSubtask, prior: PriorBatch, query: str, subtask: int, token: int, spec: StageSpec,
+) -> bool:
+    """Whether the worker-local ``live`` subtask, left at an earlier batch of ``query``
+    (the task then ran in another Python worker), still holds exactly subtask
+    ``subtask``'s state in ``prior``: the batches since changed nothing of it (the hash
+    map's changelog chain and operator state file in ``prior``'s chosen part are the
+    ones ``live`` wrote; ``SubtaskCheckpointer.holds``). One read: that part."""
+    if not (live.instance == spec.instance and live.query == query and live.token == token
+            and live.parallelism == spec.parallelism == prior.parallelism
+            and 0 <= live.batch < prior.batch):
+        return False
+    handle = prior.own_handle(subtask)
+    return handle is not None and live.checkpointer.holds(handle)
+
+
 def _new_live(spec: StageSpec, subtask: int, storage: CheckpointStorage) -> LiveSubtask:
     """A fresh subtask whose checkpoints go to ``storage`` (its query's directory)."""
     clock = BatchClock()
@@ -203,6 +219,10 @@ class _Task:
             prior = start.prior
             if prior is not None:
                 if live is not None and _is_exactly(
+                    live, prior, self.query, self.subtask, self.token, spec,
+                ):
+                    return live, prior.positions
+                if live is not None and _unchanged_since(
                     live, prior, self.query, self.subtask, self.token, spec,
                 ):
                     return live, prior.positions
