@@ -74,14 +74,21 @@ import enum
 import hashlib
 import json
 import re
-import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
-
 from weir.api.descriptors import StateKind
+from weir.checkpoint.datafiles import (
+    _VERSION,
+    FORMAT_VERSION,
+    _check_header,
+    check_data_header,
+    decode_keyed,
+    decode_operator_file,
+    encode_keyed,
+    encode_operator_file,
+)
 from weir.checkpoint.storage import FileRef
 from weir.errors import CheckpointFormatError, CorruptCheckpointError
 from weir.state.keygroups import KeyGroupRange
@@ -111,16 +118,10 @@ __all__ = [
     "uid_dir",
 ]
 
-FORMAT_VERSION = 1
 METADATA_FILE = "_metadata"
-_DATA_MAGIC = b"WEIRDATA"
 _META_MAGIC = b"WEIRMETA"
 _PART_MAGIC = b"WEIRPART"
-_VERSION = struct.Struct(">H")
-_DATA_HEADER = len(_DATA_MAGIC) + _VERSION.size
 _META_HEADER = len(_META_MAGIC) + _VERSION.size + 32
-
-Entries = tuple[tuple[bytes, bytes], ...]
 
 
 class CheckpointKind(enum.Enum):
@@ -252,119 +253,6 @@ class CheckpointMetadata:
     def total_bytes(self) -> int:
         """Size of all referenced files."""
         return sum(f.size for f in self.files())
-
-
-# ---------------------------------------------------------------- data files
-
-
-def _header() -> bytes:
-    return _DATA_MAGIC + _VERSION.pack(FORMAT_VERSION)
-
-
-def _check_header(data: bytes, magic: bytes, where: str) -> None:
-    if len(data) < len(magic) + _VERSION.size or data[: len(magic)] != magic:
-        raise CheckpointFormatError(
-            f"{where}: not a weir checkpoint file (bad magic); it was not written by weir "
-            f"or is corrupt"
-        )
-    (version,) = _VERSION.unpack_from(data, len(magic))
-    if version != FORMAT_VERSION:
-        raise CheckpointFormatError(
-            f"{where}: checkpoint format version {version}, this weir reads version "
-            f"{FORMAT_VERSION}; restore it with a weir that writes version {version}"
-        )
-
-
-def check_data_header(data: bytes, where: str) -> None:
-    """Raise CheckpointFormatError unless ``data`` starts a weir data file of this
-    format version."""
-    _check_header(data, _DATA_MAGIC, where)
-
-
-_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
-
-
-def encode_keyed(
-    groups: Mapping[int, Mapping[str, Iterable[tuple[bytes, bytes]]]],
-) -> tuple[bytes, dict[int, tuple[int, int]], int]:
-    """A ``.keyed`` file: header + one msgpack map per key group. Returns the bytes,
-    the key-group index and the number of entries."""
-    parts = [_header()]
-    index: dict[int, tuple[int, int]] = {}
-    offset = 0
-    entries = 0
-    for group in sorted(groups):
-        per_state: dict[str, list[bytes]] = {}
-        for name, pairs in groups[group].items():
-            flat = [x for pair in pairs for x in pair]
-            if flat:
-                per_state[name] = flat
-                entries += len(flat) // 2
-        if not per_state:
-            continue
-        blob = _packb(per_state)
-        index[group] = (offset, len(blob))
-        offset += len(blob)
-        parts.append(blob)
-    return b"".join(parts), index, entries
-
-
-def decode_keyed(
-    data: bytes,
-    index: Mapping[int, tuple[int, int]],
-    key_groups: KeyGroupRange | None,
-    where: str,
-) -> dict[int, dict[str, Entries]]:
-    """The key groups of a ``.keyed`` file that fall in ``key_groups`` (all if None)."""
-    _check_header(data, _DATA_MAGIC, where)
-    body = memoryview(data)[_DATA_HEADER:]
-    out: dict[int, dict[str, Entries]] = {}
-    for group, (offset, length) in index.items():
-        if key_groups is not None and group not in key_groups:
-            continue
-        if offset < 0 or offset + length > len(body):
-            raise CorruptCheckpointError(f"{where}: key group {group} lies outside the file")
-        try:
-            per_state = msgpack.unpackb(body[offset : offset + length], raw=False)
-            decoded = {}
-            for name, flat in per_state.items():
-                it = iter(flat)
-                decoded[name] = tuple(zip(it, it, strict=True))
-        except (ValueError, TypeError, AttributeError, msgpack.UnpackException) as exc:
-            raise CorruptCheckpointError(
-                f"{where}: key group {group} cannot be decoded ({exc})"
-            ) from exc
-        out[group] = decoded
-    return out
-
-
-def encode_operator_file(
-    operator: Mapping[str, Iterable[bytes]], broadcast: Mapping[str, Entries]
-) -> bytes:
-    """A ``.op`` file: operator list states and broadcast states of one subtask."""
-    body = {
-        "operator": {name: list(elements) for name, elements in operator.items()},
-        "broadcast": {name: [x for pair in e for x in pair] for name, e in broadcast.items()},
-    }
-    packed: bytes = _packb(body)
-    return _header() + packed
-
-
-def decode_operator_file(
-    data: bytes, where: str
-) -> tuple[dict[str, tuple[bytes, ...]], dict[str, Entries]]:
-    """Inverse of :func:`encode_operator_file`."""
-    _check_header(data, _DATA_MAGIC, where)
-    try:
-        body = msgpack.unpackb(memoryview(data)[_DATA_HEADER:], raw=False)
-        operator = {name: tuple(elements) for name, elements in body["operator"].items()}
-        broadcast = {}
-        for name, flat in body["broadcast"].items():
-            it = iter(flat)
-            broadcast[name] = tuple(zip(it, it, strict=True))
-    except (ValueError, TypeError, KeyError, AttributeError, msgpack.UnpackException) as exc:
-        raise CorruptCheckpointError(f"{where}: operator state cannot be decoded ({exc})") from exc
-    return operator, broadcast
 
 
 # ---------------------------------------------------------------- metadata

@@ -1,0 +1,141 @@
+"""Checkpoint data files: ``.keyed`` (keyed state and timers by key group) and
+``.op`` (operator and broadcast state of one subtask), and the header every weir
+data file starts with. The layout is specified in :mod:`weir.checkpoint.format`
+(its module documentation), which re-exports these functions."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Mapping
+
+import msgpack
+
+from weir.errors import CheckpointFormatError, CorruptCheckpointError
+from weir.state.keygroups import KeyGroupRange
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Entries",
+    "check_data_header",
+    "decode_keyed",
+    "decode_operator_file",
+    "encode_keyed",
+    "encode_operator_file",
+]
+
+FORMAT_VERSION = 1
+_DATA_MAGIC = b"WEIRDATA"
+_VERSION = struct.Struct(">H")
+_DATA_HEADER = len(_DATA_MAGIC) + _VERSION.size
+
+Entries = tuple[tuple[bytes, bytes], ...]
+
+
+def _header() -> bytes:
+    return _DATA_MAGIC + _VERSION.pack(FORMAT_VERSION)
+
+
+def _check_header(data: bytes, magic: bytes, where: str) -> None:
+    if len(data) < len(magic) + _VERSION.size or data[: len(magic)] != magic:
+        raise CheckpointFormatError(
+            f"{where}: not a weir checkpoint file (bad magic); it was not written by weir "
+            f"or is corrupt"
+        )
+    (version,) = _VERSION.unpack_from(data, len(magic))
+    if version != FORMAT_VERSION:
+        raise CheckpointFormatError(
+            f"{where}: checkpoint format version {version}, this weir reads version "
+            f"{FORMAT_VERSION}; restore it with a weir that writes version {version}"
+        )
+
+
+def check_data_header(data: bytes, where: str) -> None:
+    """Raise CheckpointFormatError unless ``data`` starts a weir data file of this
+    format version."""
+    _check_header(data, _DATA_MAGIC, where)
+
+
+_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+def encode_keyed(
+    groups: Mapping[int, Mapping[str, Iterable[tuple[bytes, bytes]]]],
+) -> tuple[bytes, dict[int, tuple[int, int]], int]:
+    """A ``.keyed`` file: header + one msgpack map per key group. Returns the bytes,
+    the key-group index and the number of entries."""
+    parts = [_header()]
+    index: dict[int, tuple[int, int]] = {}
+    offset = 0
+    entries = 0
+    for group in sorted(groups):
+        per_state: dict[str, list[bytes]] = {}
+        for name, pairs in groups[group].items():
+            flat = [x for pair in pairs for x in pair]
+            if flat:
+                per_state[name] = flat
+                entries += len(flat) // 2
+        if not per_state:
+            continue
+        blob = _packb(per_state)
+        index[group] = (offset, len(blob))
+        offset += len(blob)
+        parts.append(blob)
+    return b"".join(parts), index, entries
+
+
+def decode_keyed(
+    data: bytes,
+    index: Mapping[int, tuple[int, int]],
+    key_groups: KeyGroupRange | None,
+    where: str,
+) -> dict[int, dict[str, Entries]]:
+    """The key groups of a ``.keyed`` file that fall in ``key_groups`` (all if None)."""
+    _check_header(data, _DATA_MAGIC, where)
+    body = memoryview(data)[_DATA_HEADER:]
+    out: dict[int, dict[str, Entries]] = {}
+    for group, (offset, length) in index.items():
+        if key_groups is not None and group not in key_groups:
+            continue
+        if offset < 0 or offset + length > len(body):
+            raise CorruptCheckpointError(f"{where}: key group {group} lies outside the file")
+        try:
+            per_state = msgpack.unpackb(body[offset : offset + length], raw=False)
+            decoded = {}
+            for name, flat in per_state.items():
+                it = iter(flat)
+                decoded[name] = tuple(zip(it, it, strict=True))
+        except (ValueError, TypeError, AttributeError, msgpack.UnpackException) as exc:
+            raise CorruptCheckpointError(
+                f"{where}: key group {group} cannot be decoded ({exc})"
+            ) from exc
+        out[group] = decoded
+    return out
+
+
+def encode_operator_file(
+    operator: Mapping[str, Iterable[bytes]], broadcast: Mapping[str, Entries]
+) -> bytes:
+    """A ``.op`` file: operator list states and broadcast states of one subtask."""
+    body = {
+        "operator": {name: list(elements) for name, elements in operator.items()},
+        "broadcast": {name: [x for pair in e for x in pair] for name, e in broadcast.items()},
+    }
+    packed: bytes = _packb(body)
+    return _header() + packed
+
+
+def decode_operator_file(
+    data: bytes, where: str
+) -> tuple[dict[str, tuple[bytes, ...]], dict[str, Entries]]:
+    """Inverse of :func:`encode_operator_file`."""
+    _check_header(data, _DATA_MAGIC, where)
+    try:
+        body = msgpack.unpackb(memoryview(data)[_DATA_HEADER:], raw=False)
+        operator = {name: tuple(elements) for name, elements in body["operator"].items()}
+        broadcast = {}
+        for name, flat in body["broadcast"].items():
+            it = iter(flat)
+            broadcast[name] = tuple(zip(it, it, strict=True))
+    except (ValueError, TypeError, KeyError, AttributeError, msgpack.UnpackException) as exc:
+        raise CorruptCheckpointError(f"{where}: operator state cannot be decoded ({exc})") from exc
+    return operator, broadcast
