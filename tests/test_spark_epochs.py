@@ -135,6 +135,30 @@ def test_a_claim_a_stopped_querys_late_task_writes_does_not_hold_the_stage(
     assert not lineage.stopped("q4") and lineage.alive(taken.claim)
 
 
+def test_a_late_termination_event_of_the_previous_query_does_not_lose_the_next_ones_stage(
+    tmp_path: Path,
+) -> None:
+    """The listener's onQueryTerminated of query 1 can arrive after query 2's process()
+    registered the same stage (test_spark_protocol test_1 failed so under load): query
+    2's registration must survive it, so that finish(query 2) still releases the
+    stage and query 3 is not refused for a lease timeout."""
+    from weir.runtime.spark.listener import Completion, Stage
+
+    store, lineage = _store(tmp_path)
+    key = (store.location.location, store.uid)
+    completion = Completion()
+    completion.stages[key] = Stage(store, lineage, 1)  # query 1's process()
+    plan_batch(store, lineage, "q1", 0, parallelism=1)
+    completion.on_terminated("q1")  # finish(query 1)
+    completion.stages[key] = Stage(store, lineage, 1)  # query 2's process()
+    completion.on_terminated("q1")  # the listener's late event for query 1
+    store.mark_empty("q2", 0)  # its batch 0 had no row for the stage
+    plan_batch(store, lineage, "q2", 1, parallelism=1)  # query 2 takes the stage over
+    completion.on_terminated("q2")  # finish(query 2)
+    taken = plan_batch(store, lineage, "q3", 0, parallelism=1)
+    assert taken.claim.query == "q3"
+
+
 def test_an_owner_whose_lease_expired_can_be_taken_over(tmp_path: Path) -> None:
     store, _ = _store(tmp_path)
     short = Lineage(store.stage, lease_timeout_ms=0)

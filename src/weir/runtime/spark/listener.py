@@ -46,6 +46,8 @@ class Completion:
         #: stages of stopped queries, by query (finish() still completes their last batch)
         self.retired: dict[str, list[Stage]] = {}
         self.lock = threading.Lock()
+        #: queries whose termination was handled (their stages retired once)
+        self.terminated: set[str] = set()
         #: (query, stage) pairs whose Spark checkpoint location is recorded
         self.recorded: set[tuple[str, tuple[str, str]]] = set()
 
@@ -108,6 +110,12 @@ class Completion:
             with stage.lock:
                 stage.lineage.release(head.token)
         with self.lock:
+            if query in self.terminated:
+                # a second call (finish() and the listener's event, in either order):
+                # the registrations now in self.stages may be a newer query's, made
+                # by its process() since, and must stay
+                return
+            self.terminated.add(query)
             for stage, _ in owned:
                 key = (stage.store.location.location, stage.store.uid)
                 if self.stages.get(key) is stage:
