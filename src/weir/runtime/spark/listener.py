@@ -36,6 +36,11 @@ class Stage:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+def _owns(head: Claim | None, query: str) -> bool:
+    """Whether ``head`` (a stage's head claim) is ``query``'s."""
+    return head is not None and head.kind == QUERY and head.query == query
+
+
 class Completion:
     """Completes a batch's checkpoint once Spark reports the batch done, and gives a
     stage up when its query stops (a streaming query listener, one per SparkSession)."""
@@ -57,7 +62,7 @@ class Completion:
         out = []
         for stage in stages:
             head = stage.lineage.head()
-            if head is not None and head.kind == QUERY and head.query == query:
+            if _owns(head, query):
                 out.append((stage, head))
         return out
 
@@ -101,11 +106,14 @@ class Completion:
         again through process()."""
         with self.lock:
             candidates = [*self.stages.values(), *self.retired.get(query, ())]
-        for stage in candidates:  # a task of it still running may yet take one over
+        owned = []
+        for stage in candidates:  # one read of each stage's head claim
             head = stage.lineage.head()
             if head is None or head.query == query or not stage.lineage.alive(head):
+                # a task of it still running may yet take the stage over
                 stage.lineage.mark_stopped(query)
-        owned = self._owned(query)
+            if _owns(head, query):
+                owned.append((stage, head))
         for stage, head in owned:
             with stage.lock:
                 stage.lineage.release(head.token)

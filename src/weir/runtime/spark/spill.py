@@ -128,8 +128,9 @@ def sorted_slices(
     whole table, then zero-copy slices; else one take per slice (from a mapped file,
     without materializing the whole input)."""
     order = pc.sort_indices(table.select([k for k, _ in sort_keys]), sort_keys=sort_keys)
-    values = pc.take(table[group_column], order).to_numpy()
     whole = table.take(order) if in_memory else None
+    values = (whole[group_column] if whole is not None
+              else pc.take(table[group_column], order)).to_numpy()
     for group in groups:
         lo = int(values.searchsorted(group, "left"))
         hi = int(values.searchsorted(group, "right"))

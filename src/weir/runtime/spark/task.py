@@ -100,11 +100,16 @@ def _is_exactly(
     in ``prior`` (a completed batch of ``query``): the attempt the completion chose,
     under the same claim, parallelism and ``process()`` call (so the same function
     code)."""
-    return (
-        live.instance == spec.instance and live.query == query and live.batch == prior.batch
-        and live.token == token and live.parallelism == spec.parallelism == prior.parallelism
-        and prior.attempt(subtask) == live.attempt
-    )
+    return (_same_run(live, prior, query, token, spec) and live.batch == prior.batch
+            and prior.attempt(subtask) == live.attempt)
+
+
+def _same_run(
+    live: LiveSubtask, prior: PriorBatch, query: str, token: int, spec: StageSpec,
+) -> bool:
+    """``live`` ran under the same ``process()`` call, query, claim and parallelism."""
+    return (live.instance == spec.instance and live.query == query and live.token == token
+            and live.parallelism == spec.parallelism == prior.parallelism)
 
 
 def _unchanged_since(
@@ -115,9 +120,7 @@ def _unchanged_since(
     ``subtask``'s state in ``prior``: the batches since changed nothing of it (the hash
     map's changelog chain and operator state file in ``prior``'s chosen part are the
     ones ``live`` wrote; ``SubtaskCheckpointer.holds``). One read: that part."""
-    if not (live.instance == spec.instance and live.query == query and live.token == token
-            and live.parallelism == spec.parallelism == prior.parallelism
-            and 0 <= live.batch < prior.batch):
+    if not (_same_run(live, prior, query, token, spec) and 0 <= live.batch < prior.batch):
         return False
     handle = prior.own_handle(subtask)
     return handle is not None and live.checkpointer.holds(handle)
