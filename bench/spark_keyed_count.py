@@ -9,10 +9,11 @@ one row ``(key, count)`` per input record. Peers (``--peers``, all by default):
 * ``weir-hashmap`` / ``weir-rocksdb`` — ``weir.spark.process`` with a
   ``KeyedProcessFunction`` and a ``ValueState``, on each state backend. Skipped with a
   message when ``weir.spark`` cannot be imported;
-* ``dict`` — the raw limit of a Python stateful stage on Spark: the same shuffle into
-  p = 2 partitions (``repartition(2, "key")``) and a ``mapInArrow`` keeping the running
-  count in a plain dict per Python worker and partition; no persistence, no key groups,
-  no records as dicts. Its counts restart when Spark runs a partition's task in another
+* ``dict`` — the raw limit of a Python stateful stage on Spark: the same shuffle of the
+  same input rows (every column, as weir's function receives them) into p = 2
+  partitions (``repartition(2, "key")``) and a ``mapInArrow`` keeping the running count
+  in a plain dict per Python worker and partition; no persistence, no key groups, no
+  records as dicts. Its counts restart when Spark runs a partition's task in another
   Python worker (it keeps no state across them), so only its rows per key are verified,
   not its count sequences.
 
@@ -221,7 +222,7 @@ def build(peer: str, events: Any, with_ts: bool, weir_dir: str) -> Any:
     if peer == "dict":
         if with_ts:
             raise ValueError("the dict peer runs the throughput workload only")
-        return events.select("key").repartition(2, "key").mapInArrow(
+        return events.repartition(2, "key").mapInArrow(
             _dict_counts(weir_dir), schema)
     if peer == "tws-pandas":
         return events.groupBy("key").transformWithStateInPandas(

@@ -5,6 +5,7 @@ switches to a materialization, and the one-checkpointer rule."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 import threading
@@ -40,7 +41,8 @@ COUNT = ValueStateDescriptor("count")
 SEEN = ListStateDescriptor("seen")
 LAST = MapStateDescriptor("last")
 MAXP = 32
-SYNC = ChangelogPolicy(interval_ms=None, max_deltas=1_000, size_ratio=1e9, background=False)
+SYNC = ChangelogPolicy(interval_ms=None, max_deltas=1_000, size_ratio=1e9, background=False,
+                       rebase_share=None)
 
 
 class Tracker(KeyedProcessFunction[Any, Any]):
@@ -157,6 +159,81 @@ def test_checkpoint_bytes_follow_the_change_not_the_state(tmp_path: Path) -> Non
         assert want[keys[0]][:3] == (None, [], {})
     finally:
         _close(restored, [])
+
+
+def test_a_checkpoint_that_changed_most_keys_writes_a_new_base_instead_of_a_delta(
+    tmp_path: Path,
+) -> None:
+    """At or above ``rebase_share`` of the keys written, the checkpoint writes the
+    whole state as a new base (no delta; the chain starts over); below it, a delta."""
+    keys = [f"key-{i}" for i in range(1_000)]
+    coordinator = CheckpointCoordinator(str(tmp_path), retained=2)
+    cluster = _cluster(1)
+    policy = ChangelogPolicy(interval_ms=None, max_deltas=1_000, size_ratio=1e9,
+                             background=False, rebase_share=0.5)
+    checkpointers = _checkpointers(cluster, coordinator.storage, policy)
+    try:
+        _send(cluster, [(k, 1) for k in keys])
+        first = take_checkpoint(coordinator, checkpointers)
+        _send(cluster, [(k, 2) for k in keys[:490]])  # 49%: a delta
+        below = take_checkpoint(coordinator, checkpointers)
+        _send(cluster, [(k, 3) for k in keys[:500]])  # 50%: a new base
+        at = take_checkpoint(coordinator, checkpointers)
+        _send(cluster, [(k, 4) for k in keys[:10]])  # the next delta extends the new base
+        after = take_checkpoint(coordinator, checkpointers)
+        want = _state(cluster, keys)
+    finally:
+        _close(cluster, checkpointers)
+    assert _keyed(below).base == _keyed(first).base and len(_keyed(below).deltas) == 1
+    assert _keyed(at).base != _keyed(first).base and _keyed(at).deltas == ()
+    assert _keyed(at).base.file.path.rsplit("/", 1)[-1].startswith(f"{at.checkpoint_id}-")
+    assert _keyed(after).base == _keyed(at).base and len(_keyed(after).deltas) == 1
+    for p in (1, 3):
+        restored = _cluster(p, load_checkpoint(after.url))
+        try:
+            assert _state(restored, keys) == want
+        finally:
+            _close(restored, [])
+
+
+def test_an_asynchronous_changelog_checkpoint_extends_the_one_still_uploading(
+    tmp_path: Path,
+) -> None:
+    """Checkpoint 2 is taken while checkpoint 1's delta is still being written: it
+    extends the chain that ends with that delta (its synchronous part waits for it),
+    so a restore of 2 has every change of 1."""
+    keys = [f"key-{i}" for i in range(100)]
+    coordinator = CheckpointCoordinator(str(tmp_path), retained=3)
+    cluster = _cluster(1)
+    policy = dataclasses.replace(SYNC, background=True)
+    [checkpointer] = checkpointers = [SubtaskCheckpointer(
+        cluster[0].operator, coordinator.storage, mode="changelog", asynchronous=True,
+        changelog=policy)]
+    release = threading.Event()
+    write = coordinator.storage.write
+
+    def slow_delta(relative: str, data: bytes) -> Any:
+        if relative.endswith(".delta"):
+            release.wait(10)
+        return write(relative, data)
+
+    try:
+        _send(cluster, [(k, 1) for k in keys])
+        take_checkpoint(coordinator, checkpointers)
+        coordinator.storage.write = slow_delta  # type: ignore[method-assign]
+        _send(cluster, [(k, 2) for k in keys[:5]])
+        first = checkpointer.snapshot(2, 0)
+        _send(cluster, [(k, 3) for k in keys[5:10]])
+        threading.Timer(0.3, release.set).start()
+        second = checkpointer.snapshot(3, 0)  # waits for the delta of 2
+        assert first.future.done()
+        deltas = second.result(10).keyed.deltas  # type: ignore[union-attr]
+        assert [d.file for d in deltas[:1]] == [
+            d.file for d in first.result().keyed.deltas]  # type: ignore[union-attr]
+        assert len(deltas) == 2
+    finally:
+        release.set()
+        _close(cluster, checkpointers)
 
 
 @pytest.mark.parametrize("backend,mode", [("hashmap", "changelog"), ("rocksdb", "incremental")])
@@ -386,7 +463,7 @@ def test_a_background_materialization_racing_processing_copies_one_consistent_st
     keys = [f"k{i}" for i in range(3_000)]
     coordinator = CheckpointCoordinator(str(tmp_path), retained=50)
     cluster = _cluster(1)
-    policy = ChangelogPolicy(interval_ms=None, max_deltas=1, background=True)
+    policy = ChangelogPolicy(interval_ms=None, max_deltas=1, background=True, rebase_share=None)
     checkpointers = _checkpointers(cluster, coordinator.storage, policy)
     expected: dict[int, Any] = {}
     switched = 0
@@ -424,7 +501,8 @@ def test_a_background_materialization_racing_processing_copies_one_consistent_st
 def test_a_materialization_older_than_max_lag_is_not_used(tmp_path: Path) -> None:
     coordinator = CheckpointCoordinator(str(tmp_path), retained=1)
     cluster = _cluster(1)
-    policy = ChangelogPolicy(interval_ms=None, max_deltas=1, max_lag=2, background=True)
+    policy = ChangelogPolicy(interval_ms=None, max_deltas=1, max_lag=2, background=True,
+                             rebase_share=None)
     [checkpointer] = _checkpointers(cluster, coordinator.storage, policy)
     gate = threading.Event()
     original = checkpointer.storage.write
@@ -527,7 +605,7 @@ def _three_checkpoints(
     fs = FaultInjectingFileSystem(fsspec.filesystem("file"))
     storage = CheckpointStorage(str(root), fs=fs)
     coordinator = CheckpointCoordinator(storage, retained=1)
-    policy = ChangelogPolicy(interval_ms=None, max_deltas=1, background=False)
+    policy = ChangelogPolicy(interval_ms=None, max_deltas=1, background=False, rebase_share=None)
     cluster = _cluster(2)
     checkpointers = _checkpointers(cluster, storage, policy)
     keys = [f"k{i}" for i in range(12)]

@@ -28,6 +28,7 @@ every planned fault was injected.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
@@ -188,14 +189,18 @@ class Job:
         """The subtasks' checkpointers (kept, so incremental snapshots share files);
         synchronous ones upload inside ``snapshot``, one subtask after the other."""
         if asynchronous:
-            return [h.checkpointer(storage, mode) for h in self.harnesses]
-        key = (id(storage), mode)
-        if key not in self._synchronous:
-            self._synchronous[key] = [
-                SubtaskCheckpointer(h.operator, storage, mode=mode, asynchronous=False)
-                for h in self.harnesses
-            ]
-        return self._synchronous[key]
+            out = [h.checkpointer(storage, mode) for h in self.harnesses]
+        else:
+            key = (id(storage), mode)
+            if key not in self._synchronous:
+                self._synchronous[key] = [
+                    SubtaskCheckpointer(h.operator, storage, mode=mode, asynchronous=False)
+                    for h in self.harnesses
+                ]
+            out = self._synchronous[key]
+        for c in out:  # every checkpoint changes most keys: deltas, not new bases
+            c.policy = dataclasses.replace(c.policy, rebase_share=None)
+        return out
 
     def checkpoint(
         self, coordinator: CheckpointCoordinator, storage: CheckpointStorage, mode: str,

@@ -41,6 +41,11 @@ as large as the base, or ``max_deltas`` long, or ``interval_ms`` after the last 
 (at most about twice the state, and ``max_deltas`` + 1 files per subtask). A
 materialization older than ``max_lag`` checkpoints when it finishes is dropped: a
 runtime may delete unreferenced ``m<id>`` files older than that.
+
+**Rebase**: a checkpoint that wrote at least ``rebase_share`` of the state's keys
+(say every key of a small, hot state) writes a new base instead of a delta: the delta
+would be about as large (it names each changed key twice), and the chain starts over,
+so no materialization follows and a restore reads one file.
 """
 
 from __future__ import annotations
@@ -92,6 +97,10 @@ class ChangelogPolicy:
     max_deltas: int = 50
     size_ratio: float = 1.0
     max_lag: int | None = None
+    #: a checkpoint that wrote at least this share of the state's keys writes a new
+    #: base instead of a delta (None: never): such a delta is about as large as the
+    #: state, and the chain (restore reads, materializations) starts over
+    rebase_share: float | None = 0.5
     #: write materializations in a background thread (False: inside the checkpoint,
     #: for deterministic tests)
     background: bool = True

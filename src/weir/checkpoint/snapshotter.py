@@ -148,6 +148,8 @@ class SubtaskCheckpointer:
         self._materializing: tuple[int, int, Future[KeyedFullHandle]] | None = None
         self._generation = 0
         self._materialized_at = time.monotonic()
+        #: the upload of the last changelog snapshot (the next one extends its chain)
+        self._last_changelog: Future[SubtaskStateHandle] | None = None
         self._mat_pool: ThreadPoolExecutor | None = None
         self._asynchronous = asynchronous
         self._pool: ThreadPoolExecutor | None = None
@@ -280,12 +282,18 @@ class SubtaskCheckpointer:
         op = self.operator
         assert isinstance(op, KeyedOperator)
         started = time.perf_counter()
+        if self._last_changelog is not None:  # the chain this one extends: written first
+            self._last_changelog.exception()
         prefix = f"shared/{uid_dir(self.uid)}/{checkpoint_id}-{uuid.uuid4().hex[:12]}"
         chain = self._chain
-        if chain is None:  # the base: the whole state, as a full snapshot does
+        rebase = self.policy.rebase_share
+        if chain is None or (rebase is not None and op.changed_share() >= rebase):
+            # a base: the whole state, as a full snapshot does (first, or instead of a
+            # delta about as large as the state: the chain starts over)
             finish = op.prepare_snapshot(checkpoint_id, timestamp)
             op.track_changes()
-            self._generation += 1
+            self._chain = None
+            self._generation += 1  # a running materialization copies an older chain
             self._materialized_at = time.monotonic()
             sync_ms = (time.perf_counter() - started) * 1000
 
@@ -296,7 +304,7 @@ class SubtaskCheckpointer:
                 self._op_file = handle.operator_file
                 return dataclasses.replace(handle, keyed=self._chain)
 
-            return self._pending_snapshot(checkpoint_id, sync_ms, base)
+            return self._changelog_pending(checkpoint_id, sync_ms, base)
         chain = self._adopt_materialization(checkpoint_id, chain)
         snap, changes = op.snapshot_changes(checkpoint_id, timestamp)
         changed = sum(len(k) + len(v) for per in changes.values()
@@ -341,7 +349,14 @@ class SubtaskCheckpointer:
                                  (time.perf_counter() - written) * 1000, replaced)
             return dataclasses.replace(handle, stats=stats)
 
-        return self._pending_snapshot(checkpoint_id, sync_ms, delta)
+        return self._changelog_pending(checkpoint_id, sync_ms, delta)
+
+    def _changelog_pending(
+        self, checkpoint_id: int, sync_ms: float, work: Callable[[], SubtaskStateHandle]
+    ) -> PendingSnapshot:
+        pending = self._pending_snapshot(checkpoint_id, sync_ms, work)
+        self._last_changelog = pending.future
+        return pending
 
     def _adopt_materialization(
         self, checkpoint_id: int, chain: KeyedChangelogHandle

@@ -305,6 +305,16 @@ class KeyedOperator(OperatorBase, KeyedContext, TimerService):
         self.event_timers.track_changes()
         self.processing_timers.track_changes()
 
+    def changed_share(self) -> float:
+        """The share of the keyed state's keys written since changes were last taken
+        (hash map with changes tracked; else 0): near 1, a changelog delta is about as
+        large as the whole state."""
+        counts = getattr(self.backend, "change_counts", None)
+        if counts is None:
+            return 0.0
+        written, held = counts()
+        return written / held if held else 0.0
+
     def snapshot_changes(
         self, checkpoint_id: int, timestamp: int | None = None
     ) -> tuple[OperatorSubtaskSnapshot, dict[int, dict[str, Any]]]:

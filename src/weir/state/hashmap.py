@@ -447,6 +447,13 @@ class HashMapStateBackend(KeyedStateBackend):
         for table in self._tables.values():
             table._dirty = set()
 
+    def change_counts(self) -> tuple[int, int]:
+        """``(keys written since the last take_changes, keys held)`` over all states
+        (0 written when changes are not tracked)."""
+        written = sum(len(t._dirty) for t in self._tables.values() if t._dirty)
+        held = sum(len(t._data) for t in self._tables.values())
+        return written, held + sum(len(e) for e in self._restored.values())
+
     def take_changes(
         self,
     ) -> Iterator[tuple[str, Iterator[tuple[bytes, Iterable[tuple[bytes, bytes]]]]]]:

@@ -463,9 +463,11 @@ def epoch_positions(batch: int, parts: list[EpochPart]) -> dict[str, Any]:
 
 def _io(parts: list[EpochPart]) -> dict[str, Any]:
     """``{"spark_io": ...}``: the storage operations of the chosen attempts
-    (``storage_counts`` per task) and their buffers (``rows_in``, ``arrow_in_bytes``,
-    ``arrow_out_bytes``, ``spilled_bytes``: see ``spill``) per subtask, the largest and
-    the sum (in ``_metadata`` only: the summary leaves them out)."""
+    (``storage_counts`` per task), their buffers (``rows_in``, ``arrow_in_bytes``,
+    ``arrow_out_bytes``, ``spilled_bytes``: see ``spill``) and times (``restored``: 1 if
+    the task restored its state from storage, 0 if its worker had it live;
+    ``restore_ms``, ``process_ms``, ``snapshot_ms``) per subtask, the largest and the
+    sum (in ``_metadata`` only: the summary leaves them out)."""
     ios = {str(p.handle.subtask_index): p.epoch["io"] for p in parts
            if isinstance(p.epoch.get("io"), dict)}
     if not ios:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -41,6 +42,7 @@ from weir.checkpoint.format import uid_dir
 from weir.checkpoint.snapshotter import SnapshotMode, SubtaskCheckpointer
 from weir.checkpoint.storage import CheckpointStorage, storage_counts
 from weir.errors import CorruptCheckpointError, FencedError, TaskPlacementError
+from weir.runtime.collection import fewer_collections
 from weir.runtime.operator import (
     MAX_WATERMARK,
     MIN_WATERMARK,
@@ -177,7 +179,8 @@ class _Task:
         self.token = 0
         self.dead: list[dict[str, Any]] = []
         self.counts = {"late": 0, "null_event_time": 0, "malformed": 0}
-        self.buffers: dict[str, int] = {}
+        self.buffers: dict[str, float] = {}
+        self.restored = False
 
     # input -----------------------------------------------------------------------------
     def _gather(self, batches: Iterator[pa.RecordBatch], into: SpillBuffer) -> None:
@@ -232,6 +235,7 @@ class _Task:
                 completed = prior.for_subtask(self.subtask, spec.parallelism)
         if live is not None:
             live.close()
+        self.restored = True
         live = _new_live(spec, self.subtask, self.store.query_storage(self.query or "static"))
         try:
             positions: dict[str, Any] = {}
@@ -284,19 +288,25 @@ class _Task:
                 if self.batch is not None:
                     self.store.mark_empty(self.query, self.batch)
                 return
+            started = time.perf_counter()
             live, positions = self._acquire()
             try:
-                self._process(live, table, not inputs.spilled, positions, outputs)
-                del table
-                self.buffers = {  # recorded with the storage operations in the part
-                    "rows_in": inputs.rows, "arrow_in_bytes": inputs.nbytes,
-                    "arrow_out_bytes": outputs.nbytes,
-                    "spilled_bytes": (inputs.nbytes if inputs.spilled else 0)
-                    + (outputs.nbytes if outputs.spilled else 0),
-                }
-                inputs.close()
-                if self.batch is not None:
-                    self._commit(live)
+                with fewer_collections():  # records, outputs, changelog: many containers
+                    acquired = time.perf_counter()
+                    self._process(live, table, not inputs.spilled, positions, outputs)
+                    del table
+                    self.buffers = {  # recorded with the storage operations in the part
+                        "rows_in": inputs.rows, "arrow_in_bytes": inputs.nbytes,
+                        "arrow_out_bytes": outputs.nbytes,
+                        "spilled_bytes": (inputs.nbytes if inputs.spilled else 0)
+                        + (outputs.nbytes if outputs.spilled else 0),
+                        "restored": int(self.restored),  # 0: the worker's live copy
+                        "restore_ms": _ms(acquired - started),
+                        "process_ms": _ms(time.perf_counter() - acquired),
+                    }
+                    inputs.close()
+                    if self.batch is not None:
+                        self._commit(live)
             except BaseException:
                 live.close()
                 raise
@@ -450,8 +460,10 @@ class _Task:
         the claim it ran under is still the stage's newest (fencing)."""
         assert self.batch is not None
         spec = self.spec
+        started = time.perf_counter()
         live.operator.run_background_cleanup()  # TTL compaction filter: bounded per batch
         handle = live.checkpointer.snapshot(self.batch, self.batch_time).result()
+        self.buffers["snapshot_ms"] = _ms(time.perf_counter() - started)
         if not self.lineage.is_head(self.token):
             head = self.lineage.head()
             raise FencedError(
@@ -484,6 +496,10 @@ class _Task:
         if now - live.renewed_ms >= spec.lease_timeout_ms // 4:
             self.lineage.renew(self.token)
             live.renewed_ms = now
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 1)
 
 
 def process_pass(spec: StageSpec) -> Any:
