@@ -419,7 +419,9 @@ def throughput(spark: Any, args: argparse.Namespace, peers: list[str], work: Pat
                           f"({int((expected > 0).sum()):,} present, max {expected.max():,} "
                           f"per key), {args.files} files[/]")
             for rep in range(args.repeat):
-                for peer in peers:
+                # odd repeats run the peers in reverse order: a peer that runs later runs
+                # on a warmer JVM, so with --repeat 2 every peer gets both positions
+                for peer in (peers if rep % 2 == 0 else peers[::-1]):
                     r = run_throughput(spark, peer, data, expected, args, work, progress,
                                        f"{peer} {keys:,} keys #{rep + 1}")
                     r["repeat"] = rep
@@ -807,11 +809,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--zipf", type=float, default=0.0, help="Zipf exponent (0 = uniform keys)")
     p.add_argument("--files", type=int, default=20, help="parquet input files")
     p.add_argument("--files-per-trigger", type=int, default=5, help="files per micro-batch")
-    p.add_argument("--repeat", type=int, default=1, help="runs per peer and size (best kept)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs per peer and size (best kept; every other one in reverse "
+                        "peer order)")
     p.add_argument("--warmup-records", type=int, default=20_000,
                    help="unmeasured warm-up run per peer (0 = none)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per query")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--name", default=None,
+                   help="results file stem in bench/results (default spark_keyed_count[_quick])")
     p.add_argument("--driver-memory", default="3g")
     p.add_argument("--quick", action="store_true",
                    help="100k records (latency: 10 s measured after 5 s)")
@@ -866,7 +872,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     doc["params"]["elapsed_s"] = round(time.perf_counter() - started, 1)
     (print_latency if args.latency else print_throughput)(doc)
-    stem = "spark_keyed_count" + ("_latency" if args.latency else "") + (
+    stem = args.name or "spark_keyed_count" + ("_latency" if args.latency else "") + (
         "_quick" if args.quick else "")
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")

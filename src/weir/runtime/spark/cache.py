@@ -8,7 +8,9 @@ included): after each batch the oldest subtasks other than the one just kept are
 evicted until both hold. Eviction closes the subtask: the function's ``close()``,
 the checkpointer's threads (a running materialization is awaited, one not started
 yet is dropped), the RocksDB handles and its local directory. An evicted subtask
-costs only a restore the next time a task needs it here.
+costs only a restore the next time a task needs it here. A copy that can never be
+used again (its subtask changed since, in another worker, or it belongs to an earlier
+query) is evicted as soon as a task of the same stage learns it (``evict``).
 
 Hash-map state lives in this Python worker's memory: size ``spark.executor.pyspark.memory``
 (or the executor's memory overhead, where it is not set) for the live state of
@@ -32,7 +34,7 @@ from weir.checkpoint.snapshotter import SubtaskCheckpointer
 from weir.runtime.operator import KeyedOperator, NonKeyedOperator
 from weir.runtime.spark.spill import local_base
 
-__all__ = ["CacheLimits", "LiveSubtask", "keep", "take", "worker_rss_bytes"]
+__all__ = ["CacheLimits", "LiveSubtask", "evict", "keep", "others", "take", "worker_rss_bytes"]
 
 log = logging.getLogger(__name__)
 _DEFAULT_MAX_BYTES = 4 << 30
@@ -107,6 +109,23 @@ class LiveSubtask:
 
 #: live subtasks of this Python worker, by (location, uid, subtask index), oldest first
 _LIVE: dict[tuple[str, str, int], LiveSubtask] = {}
+
+
+def others(location: str, uid: str, subtask: int) -> list[LiveSubtask]:
+    """The live subtasks of stage ``(location, uid)`` kept here, but ``subtask``'s."""
+    return [live for key, live in _LIVE.items()
+            if key[0] == location and key[1] == uid and key[2] != subtask]
+
+
+def evict(key: tuple[str, str, int], reason: str) -> bool:
+    """Close and forget the live subtask kept under ``key``; whether there was one."""
+    live = _LIVE.pop(key, None)
+    if live is None:
+        return False
+    log.info("weir: evicting cached subtask %d of operator %r (%s) from this worker: %s",
+             key[2], key[1], key[0], reason)
+    live.close()
+    return True
 
 
 def take(key: tuple[str, str, int]) -> LiveSubtask | None:

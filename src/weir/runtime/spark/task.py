@@ -55,8 +55,10 @@ from weir.runtime.spark.cache import (
     CacheLimits,
     CurrentKey,
     LiveSubtask,
+    evict,
     keep,
     local_dir,
+    others,
     take,
 )
 from weir.runtime.spark.epochs import MATERIALIZATION_MAX_LAG, EpochStore
@@ -126,6 +128,21 @@ def _unchanged_since(
         return False
     handle = prior.own_handle(subtask)
     return handle is not None and live.checkpointer.holds(handle)
+
+
+def _useless(
+    live: LiveSubtask, prior: PriorBatch, query: str, token: int, spec: StageSpec,
+) -> bool:
+    """Whether this worker's copy ``live`` of another subtask of the stage can never be
+    used again: it belongs to an earlier query, or it is behind ``prior`` (a completed
+    batch of ``query``) and its subtask's state changed since (so no later chain can
+    equal its own; a copy with nothing changed since stays for the next swap)."""
+    if live.query != query:
+        return True
+    if not _same_run(live, prior, query, token, spec) or live.batch >= prior.batch:
+        return False
+    subtask = live.spec_key[2]
+    return not _unchanged_since(live, prior, query, subtask, token, spec)
 
 
 def _new_live(spec: StageSpec, subtask: int, storage: CheckpointStorage) -> LiveSubtask:
@@ -224,6 +241,9 @@ class _Task:
             completed = start.checkpoint
             prior = start.prior
             if prior is not None:
+                for other in others(spec.location, spec.uid, self.subtask):
+                    if _useless(other, prior, self.query, self.token, spec):
+                        evict(other.spec_key, f"its state changed since batch {other.batch}")
                 if live is not None and _is_exactly(
                     live, prior, self.query, self.subtask, self.token, spec,
                 ):
