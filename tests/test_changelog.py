@@ -33,6 +33,7 @@ from weir import (
 )
 from weir.checkpoint.changelog import ChangelogPolicy, decode_delta
 from weir.checkpoint.format import KeyedChangelogHandle
+from weir.errors import CorruptCheckpointError
 from weir.state.keygroups import assign_key_to_parallel_operator
 from weir.testing import KeyedOperatorHarness
 from weir.testing.faults import WHEN, FaultInjectingFileSystem, InjectedCrash
@@ -706,3 +707,93 @@ def test_a_copy_left_behind_holds_a_later_checkpoint_only_if_nothing_changed_sin
     own = take_checkpoint(coordinator, [cf])
     assert not cb.holds(handle(own)) and cf.holds(handle(own))
     _close([a, b, fresh], [ca, cb, cf])
+
+
+def test_a_copy_left_behind_catches_up_by_the_deltas_written_since(tmp_path: Path) -> None:
+    """Copy A wrote checkpoint 1; copy B restored it and ran on (records, a deleted
+    key, a fired timer): A catches up to B's checkpoint by reading only B's deltas,
+    holds exactly B's state and timers, and its next checkpoint extends B's chain. A
+    chain that no longer extends A's (a new base) or a corrupt delta: no catch-up."""
+    coordinator = CheckpointCoordinator(str(tmp_path), retained=10)
+    keys = [f"key-{i}" for i in range(300)]
+    cluster_a, cluster_b = _cluster(1), []
+
+    def checkpointer(h: KeyedOperatorHarness, policy: ChangelogPolicy = SYNC) -> Any:
+        return SubtaskCheckpointer(h.operator, coordinator.storage, mode="changelog",
+                                   asynchronous=False, changelog=policy)
+
+    def handle(completed: Any) -> Any:
+        return completed.metadata.operators["operator"].subtasks[0]
+
+    ca = checkpointer(cluster_a[0])
+    _send(cluster_a, [(k, i) for i, k in enumerate(keys)])
+    take_checkpoint(coordinator, [ca])  # the base
+    _send(cluster_a, [(keys[0], 5000)])
+    first = take_checkpoint(coordinator, [ca])
+    b = KeyedOperatorHarness(Tracker(), lambda v: v[0], max_parallelism=MAXP)
+    b.operator.restore(first.load("operator", 1, 0))
+    b.open()
+    cluster_b = [b]
+    cb = checkpointer(b)
+    assert cb.adopt(handle(first), first.storage)
+    _send(cluster_b, [(k, 7000 + i) for i, k in enumerate(keys[:40])])
+    _send(cluster_b, [(keys[50], -1)])  # a key cleared (its timers stay)
+    assert b.advance_watermark(1000 + 20)  # timers fired: deleted
+    take_checkpoint(coordinator, [cb])
+    _send(cluster_b, [(keys[60], 9000)])
+    third = take_checkpoint(coordinator, [cb])
+    assert len(_keyed(third).deltas) == 3
+    assert _state(cluster_a, keys) != _state(cluster_b, keys)
+    reads = coordinator.storage.read
+    read_paths: list[str] = []
+
+    def counting(ref: Any, where: str = "") -> bytes:
+        read_paths.append(ref.path)
+        return reads(ref, where)
+
+    coordinator.storage.read = counting  # type: ignore[method-assign]
+    assert ca.can_catch_up(handle(third)) and ca.catch_up(handle(third))
+    coordinator.storage.read = reads  # type: ignore[method-assign]
+    assert read_paths == [d.file.path for d in _keyed(third).deltas[1:]]  # B's deltas only
+    assert _state(cluster_a, keys) == _state(cluster_b, keys)
+    assert ca.holds(handle(third))
+    _send(cluster_a, [(keys[70], 9100)])  # A goes on: its delta extends B's chain
+    fourth = take_checkpoint(coordinator, [ca])
+    assert _keyed(fourth).deltas[:3] == _keyed(third).deltas
+    want = _state(cluster_a, keys)
+    restored = _cluster(1, load_checkpoint(fourth.url))
+    try:
+        assert _state(restored, keys) == want
+    finally:
+        _close(restored, [])
+    # B rebases (writes most keys): its chain no longer extends A's
+    cb.policy = dataclasses.replace(SYNC, rebase_share=0.5)
+    _send(cluster_b, [(k, 1) for k in keys])
+    rebased = take_checkpoint(coordinator, [cb])
+    assert not ca.can_catch_up(handle(rebased)) and not ca.catch_up(handle(rebased))
+    _close(cluster_a + cluster_b, [ca, cb])
+
+
+def test_a_copy_catching_up_detects_a_corrupt_delta(tmp_path: Path) -> None:
+    coordinator = CheckpointCoordinator(str(tmp_path), retained=10)
+    keys = [f"key-{i}" for i in range(50)]
+    a, b = _cluster(1), _cluster(1)
+    ca, cb = (SubtaskCheckpointer(h[0].operator, coordinator.storage, mode="changelog",
+                                  asynchronous=False, changelog=SYNC) for h in (a, b))
+    _send(a, [(k, 1) for k in keys])
+    first = take_checkpoint(coordinator, [ca])
+    b[0].close()
+    b = _cluster(1, load_checkpoint(first.url))
+    cb = SubtaskCheckpointer(b[0].operator, coordinator.storage, mode="changelog",
+                             asynchronous=False, changelog=SYNC)
+    assert cb.adopt(first.metadata.operators["operator"].subtasks[0], first.storage)
+    _send(b, [(keys[0], 2)])
+    second = take_checkpoint(coordinator, [cb])
+    delta = _keyed(second).deltas[-1].file
+    path = Path(coordinator.storage.root) / delta.path
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError):
+        ca.catch_up(second.metadata.operators["operator"].subtasks[0])
+    _close(a + b, [ca, cb])

@@ -138,16 +138,16 @@ def test_a_copy_that_can_never_be_used_again_is_evicted_by_a_task_of_the_same_st
     tmp_path: Path,
 ) -> None:
     """A task of subtask 0 at batch N (prior: batch N-1) judges this worker's copies of
-    the stage's other subtasks: a copy of an earlier query, or one behind N-1 whose
-    subtask changed since (its chain is not in N-1's part) is closed; a copy as of N-1,
-    one ahead of it, one behind with nothing changed since, and other stages' copies
-    stay."""
+    the stage's other subtasks: a copy of an earlier query, or one behind N-1 that
+    cannot catch up (N-1's part names a chain that does not extend its own) is closed;
+    a copy as of N-1, one ahead of it, one behind that can catch up, and other stages'
+    copies stay."""
     from types import SimpleNamespace
 
-    from weir.runtime.spark.task import _useless
+    from weir.runtime.spark.reuse import useless
 
     spec = SimpleNamespace(location=str(tmp_path), uid="op", instance="i", parallelism=4)
-    chains = {1: "unchanged", 2: "changed"}  # the chain each subtask's part of N-1 names
+    chains = {1: "extends", 2: "rebased"}  # the chain each subtask's part of N-1 names
     prior = SimpleNamespace(batch=9, parallelism=4, own_handle=lambda j: chains.get(j),
                             attempt=lambda j: f"a{j}")
 
@@ -156,20 +156,21 @@ def test_a_copy_that_can_never_be_used_again_is_evicted_by_a_task_of_the_same_st
         live.spec_key = (str(tmp_path), uid, subtask)
         live.parallelism, live.instance, live.query, live.token = 4, "i", query, 7
         live.batch, live.attempt = batch, f"x{subtask}"
-        live.checkpointer.holds = lambda handle: handle == "unchanged"  # type: ignore[method-assign]
+        live.checkpointer.can_catch_up = (  # type: ignore[method-assign]
+            lambda handle: handle == "extends")
         cache.keep(live, CacheLimits(max_bytes=1 << 62))
         return live
 
-    unchanged, changed, current = copy(1, 7), copy(2, 7), copy(3, 9)
+    extends, changed, current = copy(1, 7), copy(2, 7), copy(3, 9)
     old_query = copy(5, 9, query="earlier")
     ahead = copy(6, 10)
     other_stage = copy(2, 3, uid="other")
-    useless = [live for live in cache.others(str(tmp_path), "op", 0)
-               if _useless(live, prior, "q", 7, spec)]  # type: ignore[arg-type]
-    assert useless == [changed, old_query]
-    for live in useless:
+    closed = [live for live in cache.others(str(tmp_path), "op", 0)
+              if useless(live, prior, "q", 7, spec)]  # type: ignore[arg-type]
+    assert closed == [changed, old_query]
+    for live in closed:
         assert cache.evict(live.spec_key, "test")
     assert not cache.evict(changed.spec_key, "test")  # gone already
     assert sorted(CLOSED) == [27, 59]
-    assert set(cache.cached()) == {unchanged.spec_key, current.spec_key, ahead.spec_key,
+    assert set(cache.cached()) == {extends.spec_key, current.spec_key, ahead.spec_key,
                                    other_stage.spec_key}

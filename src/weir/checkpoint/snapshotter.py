@@ -52,6 +52,7 @@ from typing import TypeVar
 from weir.checkpoint.changelog import (
     ChangelogPolicy,
     chain_after,
+    decode_delta,
     digest,
     encode_delta,
 )
@@ -238,12 +239,58 @@ class SubtaskCheckpointer:
         every delta file is unique to the attempt that wrote it, so an equal chain
         means no change since: the state of a subtask that moved to another worker
         for idle batches and came back."""
-        if self.mode is not SnapshotMode.CHANGELOG or self._chain is None:
-            return False
+        return self._extends(handle) == ()
+
+    def _extends(self, handle: SubtaskStateHandle) -> tuple[KeyedFullHandle, ...] | None:
+        """The deltas by which ``handle`` (a later checkpoint of this subtask, written
+        elsewhere) extends the changelog this checkpointer last wrote or adopted —
+        same base, this chain's deltas first, the same operator state file, key groups
+        and states — or None if it does not extend it."""
+        own = self._chain
+        keyed = handle.keyed
+        if (self.mode is not SnapshotMode.CHANGELOG or own is None
+                or not isinstance(keyed, KeyedChangelogHandle) or keyed.base != own.base
+                or keyed.deltas[:len(own.deltas)] != own.deltas):
+            return None
         assert isinstance(self.operator, KeyedOperator)
-        return (handle.keyed == self._chain and handle.operator_file == self._op_file
-                and handle.key_group_range == self._range()
-                and dict(handle.metas) == self.operator.keyed_state.metas)
+        if (handle.operator_file != self._op_file or handle.key_group_range != self._range()
+                or dict(handle.metas) != self.operator.keyed_state.metas):
+            return None
+        return keyed.deltas[len(own.deltas):]
+
+    def can_catch_up(self, handle: SubtaskStateHandle) -> bool:
+        """Whether :meth:`catch_up` to ``handle`` can work (no file read)."""
+        return self._extends(handle) is not None
+
+    def catch_up(self, handle: SubtaskStateHandle) -> bool:
+        """Bring the live state forward to ``handle``, a later checkpoint of this
+        subtask written by a copy of it elsewhere (the Spark runtime: another Python
+        worker) that extends this checkpointer's changelog: read and apply only the
+        deltas since (verified; O(changes)), then go on from ``handle``'s chain.
+        False, with nothing changed, if ``handle`` does not extend it or a delta
+        names a state not registered here. If it raises, discard the operator."""
+        deltas = self._extends(handle)
+        if deltas is None:
+            return False
+        assert isinstance(self.operator, KeyedOperator) and isinstance(
+            handle.keyed, KeyedChangelogHandle)
+        key_groups = self._range()
+        changes = []
+        for delta in deltas:
+            where = f"{self.storage.url}: {delta.file.path}"
+            decoded = decode_delta(self.storage.read(delta.file, where), delta.key_groups,
+                                   key_groups, where)
+            merged: dict[str, tuple[list[bytes], list[tuple[bytes, bytes]]]] = {}
+            for per_state in decoded.values():
+                for name, (keys, entries) in per_state.items():
+                    slot = merged.setdefault(name, ([], []))
+                    slot[0].extend(keys)
+                    slot[1].extend(entries)
+            changes.append(merged)
+        if not self.operator.apply_changes(changes):
+            return False
+        self._chain = handle.keyed
+        return True
 
     def adopt(self, handle: SubtaskStateHandle, storage: CheckpointStorage) -> bool:
         """After restoring exactly ``handle`` (this subtask's key groups, in

@@ -7,7 +7,7 @@ elements and time, ``snapshot``, ``close``.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,9 @@ from weir.state.snapshot import (
     assign_keyed_state,
 )
 from weir.state.timers import EVENT_TIMERS, PROCESSING_TIMERS, TimerQueue
+
+#: one state's part of a changelog delta: (primary keys replaced, their entries now)
+StateChange = tuple[Sequence[bytes], Sequence[tuple[bytes, bytes]]]
 
 __all__ = [
     "MAX_WATERMARK",
@@ -304,6 +307,29 @@ class KeyedOperator(OperatorBase, KeyedContext, TimerService):
         self.backend.track_changes()
         self.event_timers.track_changes()
         self.processing_timers.track_changes()
+
+    def apply_changes(self, changes: Sequence[Mapping[str, StateChange]]) -> bool:
+        """Bring the live hash-map state forward by changelog deltas (each: state name
+        -> (primary keys replaced, their entries now), this subtask's key groups), in
+        order; the state as of the last one is the base of the next changes. False,
+        with nothing applied, if a delta names a state that is not registered here
+        (or the backend is not the hash map). If it raises (a value that cannot be
+        decoded), the live state is part way: discard this operator."""
+        backend = self.backend
+        queues = {EVENT_TIMERS: self.event_timers, PROCESSING_TIMERS: self.processing_timers}
+        if not isinstance(backend, HashMapStateBackend) or not all(
+            name in queues or backend.has_table(name) for delta in changes for name in delta
+        ):
+            return False
+        for delta in changes:
+            for name, (primaries, entries) in delta.items():
+                queue = queues.get(name)
+                if queue is not None:
+                    queue.replace_entries(primaries, entries)
+                else:
+                    backend.replace_entries(name, primaries, entries)
+        self.track_changes()
+        return True
 
     def changed_share(self) -> float:
         """The share of the keyed state's keys written since changes were last taken

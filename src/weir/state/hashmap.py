@@ -454,6 +454,20 @@ class HashMapStateBackend(KeyedStateBackend):
         held = sum(len(t._data) for t in self._tables.values())
         return written, held + sum(len(e) for e in self._restored.values())
 
+    def has_table(self, name: str) -> bool:
+        """Whether state ``name`` is registered (its entries live in a table)."""
+        return name in self._tables
+
+    def replace_entries(
+        self, name: str, primaries: Iterable[bytes], entries: Iterable[tuple[bytes, bytes]]
+    ) -> None:
+        """Apply one state's part of a changelog delta to registered state ``name``:
+        every entry of the primary keys is removed, then ``entries`` are added."""
+        table = self._tables[name]
+        for key in primaries:
+            table.clear_at(key)
+        table.load(entries)
+
     def take_changes(
         self,
     ) -> Iterator[tuple[str, Iterator[tuple[bytes, Iterable[tuple[bytes, bytes]]]]]]:

@@ -88,6 +88,15 @@ class TimerQueue:
         """Canonical snapshot entries."""
         return [(key + ts.to_bytes(8, "big", signed=True), b"") for ts, key in self._live]
 
+    def replace_entries(
+        self, primaries: Iterable[bytes], entries: Iterable[tuple[bytes, bytes]]
+    ) -> None:
+        """Apply a changelog delta's timer changes: the timers named by ``primaries``
+        (entry keys) are deleted, then those of ``entries`` registered."""
+        for composite in primaries:
+            self.delete(int.from_bytes(composite[-8:], "big", signed=True), composite[:-8])
+        self.restore_entries(entries)
+
     def restore_entries(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
         """Add timers from snapshot entries."""
         for composite, _ in entries:

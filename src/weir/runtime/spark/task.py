@@ -7,7 +7,9 @@ For batch ``N`` of query ``Q`` the task of partition ``i``:
    input order, so a replay handles them identically, a slice at a time;
 2. gets subtask ``i``'s state as of batch ``N-1``: the live operator this Python
    worker kept from ``N-1`` if that is exactly the attempt whose part was published
-   (RocksDB on executor-local disk, or the hash map in memory), else a restore from
+   (RocksDB on executor-local disk, or the hash map in memory), or a hash-map copy
+   it kept from an earlier batch brought forward by the changelog deltas written
+   since by other workers (``catch_up``: O(changes)), else a restore from
    the parts of ``N-1`` in checkpoint storage (a different worker, a retry, a
    restart, a new parallelism), or, in ``Q``'s first batch, from the savepoint given
    or the latest completed checkpoint of any query;
@@ -36,11 +38,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from weir.api.functions import KeyedBroadcastProcessFunction
-from weir.checkpoint.changelog import ChangelogPolicy
 from weir.checkpoint.coordinator import CompletedCheckpoint
 from weir.checkpoint.format import uid_dir
-from weir.checkpoint.snapshotter import SnapshotMode, SubtaskCheckpointer
-from weir.checkpoint.storage import CheckpointStorage, storage_counts
+from weir.checkpoint.storage import storage_counts
 from weir.errors import CorruptCheckpointError, FencedError, TaskPlacementError
 from weir.runtime.collection import fewer_collections
 from weir.runtime.operator import (
@@ -48,30 +48,27 @@ from weir.runtime.operator import (
     MIN_WATERMARK,
     KeyedOperator,
     NonKeyedOperator,
-    OperatorConfig,
 )
 from weir.runtime.spark.cache import (
-    BatchClock,
     CacheLimits,
-    CurrentKey,
     LiveSubtask,
     evict,
     keep,
-    local_dir,
     others,
     take,
 )
-from weir.runtime.spark.epochs import MATERIALIZATION_MAX_LAG, EpochStore
+from weir.runtime.spark.epochs import EpochStore
 from weir.runtime.spark.keys import keys_of
 from weir.runtime.spark.lineage import Lineage, wall_ms
 from weir.runtime.spark.plan import lineage_state, plan_batch, recover_hint
-from weir.runtime.spark.prior import PriorBatch, stage_positions
+from weir.runtime.spark.prior import stage_positions
 from weir.runtime.spark.records import (
     columns_to_records,
     dumps_line,
     event_times_ms,
     to_record_batch,
 )
+from weir.runtime.spark.reuse import behind, caught_up, is_exactly, new_live, useless
 from weir.runtime.spark.routing import (
     BROADCAST_PREFIX,
     KIND,
@@ -83,7 +80,6 @@ from weir.runtime.spark.routing import (
 )
 from weir.runtime.spark.spec import StageSpec
 from weir.runtime.spark.spill import SpillBuffer, sorted_slices
-from weir.state.rocksdb import RocksDBMemory
 
 __all__ = ["process_pass"]
 
@@ -95,86 +91,6 @@ _ROW_ORDER = [(KIND, "ascending"), (ORDER, "ascending")]
 #: the column Spark's PERMISSIVE readers fill with the raw text of a malformed line
 CORRUPT_RECORD = "_corrupt_record"
 MALFORMED = f"malformed input: Spark could not parse it (its raw text is in {CORRUPT_RECORD})"
-
-
-def _is_exactly(
-    live: LiveSubtask, prior: PriorBatch, query: str, subtask: int, token: int, spec: StageSpec,
-) -> bool:
-    """Whether the worker-local ``live`` subtask is exactly subtask ``subtask``'s state
-    in ``prior`` (a completed batch of ``query``): the attempt the completion chose,
-    under the same claim, parallelism and ``process()`` call (so the same function
-    code)."""
-    return (_same_run(live, prior, query, token, spec) and live.batch == prior.batch
-            and prior.attempt(subtask) == live.attempt)
-
-
-def _same_run(
-    live: LiveSubtask, prior: PriorBatch, query: str, token: int, spec: StageSpec,
-) -> bool:
-    """``live`` ran under the same ``process()`` call, query, claim and parallelism."""
-    return (live.instance == spec.instance and live.query == query and live.token == token
-            and live.parallelism == spec.parallelism == prior.parallelism)
-
-
-def _unchanged_since(
-    live: LiveSubtask, prior: PriorBatch, query: str, subtask: int, token: int, spec: StageSpec,
-) -> bool:
-    """Whether the worker-local ``live`` subtask, left at an earlier batch of ``query``
-    (the task then ran in another Python worker), still holds exactly subtask
-    ``subtask``'s state in ``prior``: the batches since changed nothing of it (the hash
-    map's changelog chain and operator state file in ``prior``'s chosen part are the
-    ones ``live`` wrote; ``SubtaskCheckpointer.holds``). One read: that part."""
-    if not (_same_run(live, prior, query, token, spec) and 0 <= live.batch < prior.batch):
-        return False
-    handle = prior.own_handle(subtask)
-    return handle is not None and live.checkpointer.holds(handle)
-
-
-def _useless(
-    live: LiveSubtask, prior: PriorBatch, query: str, token: int, spec: StageSpec,
-) -> bool:
-    """Whether this worker's copy ``live`` of another subtask of the stage can never be
-    used again: it belongs to an earlier query, or it is behind ``prior`` (a completed
-    batch of ``query``) and its subtask's state changed since (so no later chain can
-    equal its own; a copy with nothing changed since stays for the next swap)."""
-    if live.query != query:
-        return True
-    if not _same_run(live, prior, query, token, spec) or live.batch >= prior.batch:
-        return False
-    subtask = live.spec_key[2]
-    return not _unchanged_since(live, prior, query, subtask, token, spec)
-
-
-def _new_live(spec: StageSpec, subtask: int, storage: CheckpointStorage) -> LiveSubtask:
-    """A fresh subtask whose checkpoints go to ``storage`` (its query's directory)."""
-    clock = BatchClock()
-    key = CurrentKey()
-    rocksdb_dir = (local_dir(spec.location, spec.uid, subtask)
-                   if spec.state_backend == "rocksdb" else None)
-    config = OperatorConfig(
-        uid=spec.uid, state_backend=spec.state_backend, max_parallelism=spec.max_parallelism,
-        parallelism=spec.parallelism, subtask_index=subtask, rocksdb_path=rocksdb_dir,
-        rocksdb_memory=RocksDBMemory(spec.rocksdb_memory_bytes),
-    )
-    operator: KeyedOperator | NonKeyedOperator
-    if spec.keyed:
-        operator = KeyedOperator(
-            spec.function, key, config, clock=clock,
-            broadcast_state_descriptors=spec.broadcast_state_descriptors,
-        )
-    else:
-        operator = NonKeyedOperator(spec.function, config, clock=clock)
-    mode = SnapshotMode(spec.snapshot_mode)
-    if not spec.keyed:
-        mode = SnapshotMode.FULL
-    elif spec.state_backend != "rocksdb" and mode is SnapshotMode.INCREMENTAL:
-        mode = SnapshotMode.CHANGELOG
-    policy = ChangelogPolicy(interval_ms=spec.materialize_interval_ms,
-                             max_lag=MATERIALIZATION_MAX_LAG, background=True)
-    checkpointer = SubtaskCheckpointer(operator, storage, mode=mode, asynchronous=False,
-                                       changelog=policy)
-    return LiveSubtask((spec.location, spec.uid, subtask), spec.parallelism, operator,
-                 checkpointer, clock, key, rocksdb_dir, instance=spec.instance)
 
 
 class _Task:
@@ -198,6 +114,7 @@ class _Task:
         self.counts = {"late": 0, "null_event_time": 0, "malformed": 0}
         self.buffers: dict[str, float] = {}
         self.restored = False
+        self.caught_up = False
 
     # input -----------------------------------------------------------------------------
     def _gather(self, batches: Iterator[pa.RecordBatch], into: SpillBuffer) -> None:
@@ -242,21 +159,22 @@ class _Task:
             prior = start.prior
             if prior is not None:
                 for other in others(spec.location, spec.uid, self.subtask):
-                    if _useless(other, prior, self.query, self.token, spec):
+                    if useless(other, prior, self.query, self.token, spec):
                         evict(other.spec_key, f"its state changed since batch {other.batch}")
-                if live is not None and _is_exactly(
+                if live is not None and is_exactly(
                     live, prior, self.query, self.subtask, self.token, spec,
                 ):
                     return live, prior.positions
-                if live is not None and _unchanged_since(
-                    live, prior, self.query, self.subtask, self.token, spec,
-                ):
+                handle = (None if live is None else
+                          behind(live, prior, self.query, self.token, spec))
+                if live is not None and handle is not None and caught_up(live, handle):
+                    self.caught_up = True
                     return live, prior.positions
                 completed = prior.for_subtask(self.subtask, spec.parallelism)
         if live is not None:
             live.close()
         self.restored = True
-        live = _new_live(spec, self.subtask, self.store.query_storage(self.query or "static"))
+        live = new_live(spec, self.subtask, self.store.query_storage(self.query or "static"))
         try:
             positions: dict[str, Any] = {}
             if completed is not None:
@@ -321,6 +239,7 @@ class _Task:
                         "spilled_bytes": (inputs.nbytes if inputs.spilled else 0)
                         + (outputs.nbytes if outputs.spilled else 0),
                         "restored": int(self.restored),  # 0: the worker's live copy
+                        "caught_up": int(self.caught_up),  # a copy left behind, + deltas
                         "restore_ms": _ms(acquired - started),
                         "process_ms": _ms(time.perf_counter() - acquired),
                     }
