@@ -226,6 +226,32 @@ def _run(spark: Any, peer: str, source: Path, location: Path, spark_dir: Path,
         query.stop()
         if peer.startswith("weir"):
             weir.spark.finish(query)
+    if peer.startswith("weir"):
+        tasks = _task_io(location, str(query.id))
+        for b in out:
+            b.update(tasks.get(b["batch"], {}))
+    return out
+
+
+def _task_io(location: Path, query: str) -> dict[int, dict[str, Any]]:
+    """Per completed batch of ``query``: how its tasks got their state (``restored``
+    from storage, ``caught_up`` by the deltas since, else the worker's live copy) and
+    the slowest task's restore/process/snapshot ms, from ``spark_io`` in ``_metadata``."""
+    from weir.checkpoint.format import decode_metadata
+
+    out: dict[int, dict[str, Any]] = {}
+    for meta in location.glob(f"stages/*/queries/{query}/chk-*/_metadata"):
+        positions = decode_metadata(meta.read_bytes(), str(meta)).source_positions
+        io = positions.get("spark_io") or {}
+        subtasks = io.get("subtasks") or {}
+        if not subtasks:
+            continue
+        out[int(meta.parent.name.removeprefix("chk-"))] = {
+            "restored": sum(int(t.get("restored") or 0) for t in subtasks.values()),
+            "caught_up": sum(int(t.get("caught_up") or 0) for t in subtasks.values()),
+            **{f"max_{k}": max(float(t.get(k) or 0) for t in subtasks.values())
+               for k in ("restore_ms", "process_ms", "snapshot_ms")},
+        }
     return out
 
 
