@@ -107,6 +107,15 @@ def _state(cluster: list[KeyedOperatorHarness], keys: list[str]) -> dict[str, An
     return out
 
 
+def _restored_state(url: str, keys: list[str], p: int = 1) -> dict[str, Any]:
+    """The state of ``keys`` in a cluster of ``p`` subtasks restored from ``url``."""
+    restored = _cluster(p, load_checkpoint(url))
+    try:
+        return _state(restored, keys)
+    finally:
+        _close(restored, [])
+
+
 def _checkpointers(
     cluster: list[KeyedOperatorHarness], storage: CheckpointStorage, policy: ChangelogPolicy
 ) -> list[SubtaskCheckpointer]:
@@ -154,12 +163,8 @@ def test_checkpoint_bytes_follow_the_change_not_the_state(tmp_path: Path) -> Non
     assert [d.file.path for d in _keyed(deleted).deltas] == [
         d.file.path for d in _keyed(churn).deltas] + [_keyed(deleted).deltas[-1].file.path]
     # the delete is recorded: the key is gone after a restore (its timers stay)
-    restored = _cluster(1, load_checkpoint(deleted.url))
-    try:
-        assert _state(restored, keys) == want
-        assert want[keys[0]][:3] == (None, [], {})
-    finally:
-        _close(restored, [])
+    assert _restored_state(deleted.url, keys) == want
+    assert want[keys[0]][:3] == (None, [], {})
 
 
 def test_a_checkpoint_that_changed_most_keys_writes_a_new_base_instead_of_a_delta(
@@ -190,11 +195,7 @@ def test_a_checkpoint_that_changed_most_keys_writes_a_new_base_instead_of_a_delt
     assert _keyed(at).base.file.path.rsplit("/", 1)[-1].startswith(f"{at.checkpoint_id}-")
     assert _keyed(after).base == _keyed(at).base and len(_keyed(after).deltas) == 1
     for p in (1, 3):
-        restored = _cluster(p, load_checkpoint(after.url))
-        try:
-            assert _state(restored, keys) == want
-        finally:
-            _close(restored, [])
+        assert _restored_state(after.url, keys, p) == want
 
 
 def test_an_asynchronous_changelog_checkpoint_extends_the_one_still_uploading(
@@ -275,11 +276,7 @@ def test_a_subtask_restored_from_its_own_checkpoint_goes_on_without_rewriting_it
     written = idle.metadata.operators["operator"].subtasks[0].stats.new_bytes
     assert written <= 0.05 * first.metadata.total_bytes, (written, first.metadata.total_bytes)
     assert first.metadata.shared_files() & idle.metadata.shared_files()
-    restored = _cluster(1, load_checkpoint(idle.url))
-    try:
-        assert _state(restored, keys) == want
-    finally:
-        _close(restored, [])
+    assert _restored_state(idle.url, keys) == want
 
 
 def test_rocksdb_timers_go_on_from_their_column_families_across_restores(
@@ -386,11 +383,7 @@ def test_a_changelog_restores_base_plus_deltas_at_any_parallelism(tmp_path: Path
     latest = coordinator.latest()
     assert latest is not None and len(_keyed(latest).deltas) == 5
     for p in (1, 2, 3, 5):
-        restored = _cluster(p, load_checkpoint(latest.url))
-        try:
-            assert _state(restored, keys) == expected[latest.checkpoint_id], p
-        finally:
-            _close(restored, [])
+        assert _restored_state(latest.url, keys, p) == expected[latest.checkpoint_id], p
 
 
 class ChangelogMachine(ClusterMachine):
@@ -492,11 +485,7 @@ def test_a_background_materialization_racing_processing_copies_one_consistent_st
         _close(cluster, checkpointers)
     assert switched >= 2, "no checkpoint used a materialization"
     for completed in CheckpointCoordinator(str(tmp_path)).completed_checkpoints:
-        restored = _cluster(1, load_checkpoint(completed.url))
-        try:
-            assert _state(restored, keys) == expected[completed.checkpoint_id]
-        finally:
-            _close(restored, [])
+        assert _restored_state(completed.url, keys) == expected[completed.checkpoint_id]
 
 
 def test_a_materialization_older_than_max_lag_is_not_used(tmp_path: Path) -> None:
@@ -528,11 +517,7 @@ def test_a_materialization_older_than_max_lag_is_not_used(tmp_path: Path) -> Non
     finally:
         gate.set()
         _close(cluster, [checkpointer])
-    restored = _cluster(1, load_checkpoint(completed.url))
-    try:
-        assert _state(restored, ["a", "b"]) == want
-    finally:
-        _close(restored, [])
+    assert _restored_state(completed.url, ["a", "b"]) == want
 
 
 def test_one_operator_has_one_changelog_checkpointer(tmp_path: Path) -> None:
@@ -652,11 +637,7 @@ def test_a_crash_at_any_step_of_a_checkpoint_switching_to_a_materialization(
             injected += crashed
             latest = CheckpointCoordinator(str(root)).latest()  # restart: clean-up too
             assert latest is not None and latest.checkpoint_id in (2, 3)
-            restored = _cluster(3, load_checkpoint(latest.url))
-            try:
-                got = _state(restored, keys)
-            finally:
-                _close(restored, [])
+            got = _restored_state(latest.url, keys, 3)
             restored_new += latest.checkpoint_id == 3
             assert got == want[latest.checkpoint_id], (crash_at, when)
     print(f"changelog switch crash points: steps={len(steps)} runs={runs} "
@@ -761,11 +742,7 @@ def test_a_copy_left_behind_catches_up_by_the_deltas_written_since(tmp_path: Pat
     fourth = take_checkpoint(coordinator, [ca])
     assert _keyed(fourth).deltas[:3] == _keyed(third).deltas
     want = _state(cluster_a, keys)
-    restored = _cluster(1, load_checkpoint(fourth.url))
-    try:
-        assert _state(restored, keys) == want
-    finally:
-        _close(restored, [])
+    assert _restored_state(fourth.url, keys) == want
     # B rebases (writes most keys): its chain no longer extends A's
     cb.policy = dataclasses.replace(SYNC, rebase_share=0.5)
     _send(cluster_b, [(k, 1) for k in keys])

@@ -51,20 +51,18 @@ so no materialization follows and a restore reads one file.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-
-import msgpack
+from typing import Any
 
 from weir.api.descriptors import StateKind
+from weir.checkpoint.datafiles import Entries, pack_groups, pairs, unpack_groups
 from weir.checkpoint.format import (
     KeyedChangelogHandle,
     KeyedFullHandle,
-    check_data_header,
     decode_keyed,
 )
 from weir.checkpoint.storage import FileRef
-from weir.errors import CorruptCheckpointError
 from weir.state.backend import split_map_key
 from weir.state.keygroups import KeyGroupRange
 from weir.state.snapshot import StateMeta
@@ -80,9 +78,6 @@ __all__ = [
 
 #: key group -> state name -> (primary keys replaced, their entries now)
 Changes = Mapping[int, Mapping[str, tuple[list[bytes], list[tuple[bytes, bytes]]]]]
-Entries = tuple[tuple[bytes, bytes], ...]
-_HEADER_LEN = 10  # magic (8) + version (2), as in weir.checkpoint.format
-_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
 
 @dataclass(frozen=True)
@@ -112,26 +107,28 @@ def checkpoint_of(ref: FileRef) -> int:
     return int(head) if head.isdigit() else -1
 
 
-def encode_delta(header: bytes, changes: Changes) -> tuple[bytes, dict[int, tuple[int, int]], int]:
-    """A ``.delta`` file (``header`` is the data-file header): the bytes, the key-group
-    index and the number of keys replaced."""
-    parts = [header]
-    index: dict[int, tuple[int, int]] = {}
-    offset = 0
+def encode_delta(changes: Changes) -> tuple[bytes, dict[int, tuple[int, int]], int]:
+    """A ``.delta`` file: the bytes, the key-group index and the number of keys
+    replaced."""
     replaced = 0
-    for group in sorted(changes):
-        per_state = {}
-        for name, (keys, entries) in changes[group].items():
-            if keys:
-                per_state[name] = [keys, [x for pair in entries for x in pair]]
-                replaced += len(keys)
-        if not per_state:
-            continue
-        blob = _packb(per_state)
-        index[group] = (offset, len(blob))
-        offset += len(blob)
-        parts.append(blob)
-    return b"".join(parts), index, replaced
+
+    def bodies() -> Iterator[tuple[int, dict[str, list[Any]]]]:
+        nonlocal replaced
+        for group in sorted(changes):
+            per_state: dict[str, list[Any]] = {}
+            for name, (keys, entries) in changes[group].items():
+                if keys:
+                    per_state[name] = [keys, [x for pair in entries for x in pair]]
+                    replaced += len(keys)
+            yield group, per_state
+
+    data, index = pack_groups(bodies())
+    return data, index, replaced
+
+
+def _delta_body(raw: Any) -> tuple[list[bytes], Entries]:
+    keys, flat = raw
+    return list(keys), pairs(flat)
 
 
 def decode_delta(
@@ -139,26 +136,7 @@ def decode_delta(
     where: str,
 ) -> dict[int, dict[str, tuple[list[bytes], Entries]]]:
     """The key groups of a ``.delta`` file that fall in ``key_groups`` (all if None)."""
-    check_data_header(data, where)
-    body = memoryview(data)[_HEADER_LEN:]
-    out: dict[int, dict[str, tuple[list[bytes], Entries]]] = {}
-    for group, (offset, length) in index.items():
-        if key_groups is not None and group not in key_groups:
-            continue
-        if offset < 0 or offset + length > len(body):
-            raise CorruptCheckpointError(f"{where}: key group {group} lies outside the file")
-        try:
-            per_state = msgpack.unpackb(body[offset : offset + length], raw=False)
-            decoded = {}
-            for name, (keys, flat) in per_state.items():
-                it = iter(flat)
-                decoded[name] = (list(keys), tuple(zip(it, it, strict=True)))
-        except (ValueError, TypeError, AttributeError, msgpack.UnpackException) as exc:
-            raise CorruptCheckpointError(
-                f"{where}: key group {group} of a changelog delta cannot be decoded ({exc})"
-            ) from exc
-        out[group] = decoded
-    return out
+    return unpack_groups(data, index, key_groups, f"{where} (changelog delta)", _delta_body)
 
 
 def replay(

@@ -6,7 +6,8 @@ data file starts with. The layout is specified in :mod:`weir.checkpoint.format`
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -21,7 +22,12 @@ __all__ = [
     "decode_operator_file",
     "encode_keyed",
     "encode_operator_file",
+    "pack_groups",
+    "pairs",
+    "unpack_groups",
 ]
+
+T = TypeVar("T")
 
 FORMAT_VERSION = 1
 _DATA_MAGIC = b"WEIRDATA"
@@ -58,29 +64,79 @@ def check_data_header(data: bytes, where: str) -> None:
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
 
-def encode_keyed(
-    groups: Mapping[int, Mapping[str, Iterable[tuple[bytes, bytes]]]],
-) -> tuple[bytes, dict[int, tuple[int, int]], int]:
-    """A ``.keyed`` file: header + one msgpack map per key group. Returns the bytes,
-    the key-group index and the number of entries."""
+def pack_groups(
+    groups: Iterable[tuple[int, Mapping[str, Any]]],
+) -> tuple[bytes, dict[int, tuple[int, int]]]:
+    """A data file of key groups: the header, then one msgpack map (state name ->
+    body) per key group, in the order given; empty maps are left out. Returns the
+    bytes and the key-group index (group -> offset after the header, length)."""
     parts = [_header()]
     index: dict[int, tuple[int, int]] = {}
     offset = 0
-    entries = 0
-    for group in sorted(groups):
-        per_state: dict[str, list[bytes]] = {}
-        for name, pairs in groups[group].items():
-            flat = [x for pair in pairs for x in pair]
-            if flat:
-                per_state[name] = flat
-                entries += len(flat) // 2
+    for group, per_state in groups:
         if not per_state:
             continue
         blob = _packb(per_state)
         index[group] = (offset, len(blob))
         offset += len(blob)
         parts.append(blob)
-    return b"".join(parts), index, entries
+    return b"".join(parts), index
+
+
+def unpack_groups(
+    data: bytes,
+    index: Mapping[int, tuple[int, int]],
+    key_groups: KeyGroupRange | None,
+    where: str,
+    decode: Callable[[Any], T],
+) -> dict[int, dict[str, T]]:
+    """The key groups of a data file that fall in ``key_groups`` (all if None), each
+    state's body passed through ``decode``; any malformed group is a
+    CorruptCheckpointError naming ``where``."""
+    _check_header(data, _DATA_MAGIC, where)
+    body = memoryview(data)[_DATA_HEADER:]
+    out: dict[int, dict[str, T]] = {}
+    for group, (offset, length) in index.items():
+        if key_groups is not None and group not in key_groups:
+            continue
+        if offset < 0 or offset + length > len(body):
+            raise CorruptCheckpointError(f"{where}: key group {group} lies outside the file")
+        try:
+            per_state = msgpack.unpackb(body[offset : offset + length], raw=False)
+            out[group] = {name: decode(raw) for name, raw in per_state.items()}
+        except (ValueError, TypeError, AttributeError, msgpack.UnpackException) as exc:
+            raise CorruptCheckpointError(
+                f"{where}: key group {group} cannot be decoded ({exc})"
+            ) from exc
+    return out
+
+
+def pairs(flat: Sequence[bytes]) -> Entries:
+    """``[k0, v0, k1, v1, ...]`` as ``((k0, v0), (k1, v1), ...)``."""
+    it = iter(flat)
+    return tuple(zip(it, it, strict=True))
+
+
+def encode_keyed(
+    groups: Mapping[int, Mapping[str, Iterable[tuple[bytes, bytes]]]],
+) -> tuple[bytes, dict[int, tuple[int, int]], int]:
+    """A ``.keyed`` file: header + one msgpack map per key group. Returns the bytes,
+    the key-group index and the number of entries."""
+    entries = 0
+
+    def flattened() -> Iterator[tuple[int, dict[str, list[bytes]]]]:
+        nonlocal entries
+        for group in sorted(groups):
+            per_state: dict[str, list[bytes]] = {}
+            for name, items in groups[group].items():
+                flat = [x for pair in items for x in pair]
+                if flat:
+                    per_state[name] = flat
+                    entries += len(flat) // 2
+            yield group, per_state
+
+    data, index = pack_groups(flattened())
+    return data, index, entries
 
 
 def decode_keyed(
@@ -90,26 +146,7 @@ def decode_keyed(
     where: str,
 ) -> dict[int, dict[str, Entries]]:
     """The key groups of a ``.keyed`` file that fall in ``key_groups`` (all if None)."""
-    _check_header(data, _DATA_MAGIC, where)
-    body = memoryview(data)[_DATA_HEADER:]
-    out: dict[int, dict[str, Entries]] = {}
-    for group, (offset, length) in index.items():
-        if key_groups is not None and group not in key_groups:
-            continue
-        if offset < 0 or offset + length > len(body):
-            raise CorruptCheckpointError(f"{where}: key group {group} lies outside the file")
-        try:
-            per_state = msgpack.unpackb(body[offset : offset + length], raw=False)
-            decoded = {}
-            for name, flat in per_state.items():
-                it = iter(flat)
-                decoded[name] = tuple(zip(it, it, strict=True))
-        except (ValueError, TypeError, AttributeError, msgpack.UnpackException) as exc:
-            raise CorruptCheckpointError(
-                f"{where}: key group {group} cannot be decoded ({exc})"
-            ) from exc
-        out[group] = decoded
-    return out
+    return unpack_groups(data, index, key_groups, where, pairs)
 
 
 def encode_operator_file(

@@ -57,18 +57,15 @@ from weir.checkpoint.changelog import (
     encode_delta,
 )
 from weir.checkpoint.format import (
-    FORMAT_VERSION,
     KeyedChangelogHandle,
     KeyedFullHandle,
-    KeyedHandle,
     KeyedIncrementalHandle,
     SubtaskStateHandle,
-    SubtaskStats,
     encode_keyed,
-    encode_operator_file,
     uid_dir,
 )
 from weir.checkpoint.storage import CheckpointStorage, FileRef
+from weir.checkpoint.subtask_files import operator_file_data, subtask_handle, write_snapshot
 from weir.errors import ConfigurationError
 from weir.runtime.operator import KeyedOperator, NonKeyedOperator
 from weir.state.hashmap import HashMapStateBackend
@@ -77,9 +74,8 @@ from weir.state.rocksdb import RocksDBStateBackend
 from weir.state.snapshot import OperatorSubtaskSnapshot
 
 log = logging.getLogger(__name__)
-_DATA_HEADER = b"WEIRDATA" + FORMAT_VERSION.to_bytes(2, "big")
 
-__all__ = ["PendingSnapshot", "SnapshotMode", "SubtaskCheckpointer", "write_snapshot"]
+__all__ = ["PendingSnapshot", "SnapshotMode", "SubtaskCheckpointer"]
 
 
 class SnapshotMode(enum.Enum):
@@ -362,7 +358,7 @@ class SubtaskCheckpointer:
         def delta() -> SubtaskStateHandle:
             written = time.perf_counter()
             new_bytes = 0
-            data, index, replaced = encode_delta(_DATA_HEADER, changes)
+            data, index, replaced = encode_delta(changes)
             keyed = chain
             if index:
                 ref = storage.write(prefix + ".delta", data)
@@ -370,31 +366,15 @@ class SubtaskCheckpointer:
                 keyed = KeyedChangelogHandle(chain.base, (*chain.deltas,
                                                           KeyedFullHandle(ref, index)))
             op_file = None
-            if snap.operator_states or snap.broadcast_states:
-                data = encode_operator_file(
-                    {n: st.elements for n, st in snap.operator_states.items()},
-                    {n: b.entries for n, b in snap.broadcast_states.items()},
-                )
+            op_data = operator_file_data(snap)
+            if op_data is not None:
                 op_file = self._op_file
-                if op_file is None or op_file.sha256 != digest(data):
-                    op_file = storage.write(prefix + ".op", data)
+                if op_file is None or op_file.sha256 != digest(op_data):
+                    op_file = storage.write(prefix + ".op", op_data)
                     new_bytes += op_file.size
             self._chain, self._op_file = keyed, op_file
-            assert snap.keyed is not None
-            handle = SubtaskStateHandle(
-                subtask_index=snap.subtask_index,
-                key_group_range=self._range(),
-                metas=snap.keyed.metas,
-                timer_states=snap.keyed.timer_states,
-                keyed=keyed,
-                operator_states={n: (st.mode, st.serializer)
-                                 for n, st in snap.operator_states.items()},
-                broadcast_states={n: b.serializers for n, b in snap.broadcast_states.items()},
-                operator_file=op_file,
-            )
-            stats = SubtaskStats(sum(f.size for f in handle.files()), new_bytes, sync_ms,
-                                 (time.perf_counter() - written) * 1000, replaced)
-            return dataclasses.replace(handle, stats=stats)
+            return subtask_handle(snap, self._range(), keyed, op_file, new_bytes=new_bytes,
+                                  sync_ms=sync_ms, started=written, entries=replaced)
 
         return self._changelog_pending(checkpoint_id, sync_ms, delta)
 
@@ -580,62 +560,3 @@ def _run_now(work: Callable[[], _T]) -> Future[_T]:
         if not isinstance(exc, Exception):
             raise
     return future
-
-
-NativeUpload = Callable[[str], tuple[dict[str, FileRef], dict[str, FileRef], int]]
-
-
-def write_snapshot(
-    snap: OperatorSubtaskSnapshot,
-    storage: CheckpointStorage,
-    prefix: str,
-    key_group_range: KeyGroupRange,
-    sync_ms: float = 0.0,
-    native: NativeUpload | None = None,
-) -> SubtaskStateHandle:
-    """Write the files of one subtask snapshot under ``prefix`` (``native`` uploads a
-    native RocksDB checkpoint and returns its shared and private files); the handle
-    to acknowledge."""
-    started = time.perf_counter()
-    keyed: KeyedHandle | None = None
-    new_bytes = 0
-    entries = 0
-    metas = snap.keyed.metas if snap.keyed is not None else {}
-    timer_states = snap.keyed.timer_states if snap.keyed is not None else ()
-    if snap.keyed is not None:
-        data, index, entries = encode_keyed(snap.keyed.groups)
-        full: KeyedFullHandle | None = None
-        if index or native is None:
-            suffix = ".timers" if native is not None else ".keyed"
-            ref = storage.write(prefix + suffix, data)
-            new_bytes += ref.size
-            full = KeyedFullHandle(ref, index)
-        if native is not None:
-            shared, private, uploaded = native(prefix)
-            new_bytes += uploaded
-            keyed = KeyedIncrementalHandle(shared, private, full)
-        else:
-            keyed = full
-    operator_file = None
-    if snap.operator_states or snap.broadcast_states:
-        data = encode_operator_file(
-            {n: s.elements for n, s in snap.operator_states.items()},
-            {n: b.entries for n, b in snap.broadcast_states.items()},
-        )
-        operator_file = storage.write(prefix + ".op", data)
-        new_bytes += operator_file.size
-    handle = SubtaskStateHandle(
-        subtask_index=snap.subtask_index,
-        key_group_range=key_group_range,
-        metas=metas,
-        timer_states=timer_states,
-        keyed=keyed,
-        operator_states={n: (s.mode, s.serializer) for n, s in snap.operator_states.items()},
-        broadcast_states={n: b.serializers for n, b in snap.broadcast_states.items()},
-        operator_file=operator_file,
-    )
-    stats = SubtaskStats(
-        sum(f.size for f in handle.files()), new_bytes, sync_ms,
-        (time.perf_counter() - started) * 1000, entries,
-    )
-    return dataclasses.replace(handle, stats=stats)

@@ -335,10 +335,9 @@ class KeyedOperator(OperatorBase, KeyedContext, TimerService):
         """The share of the keyed state's keys written since changes were last taken
         (hash map with changes tracked; else 0): near 1, a changelog delta is about as
         large as the whole state."""
-        counts = getattr(self.backend, "change_counts", None)
-        if counts is None:
+        if not isinstance(self.backend, HashMapStateBackend):
             return 0.0
-        written, held = counts()
+        written, held = self.backend.change_counts()
         return written / held if held else 0.0
 
     def snapshot_changes(

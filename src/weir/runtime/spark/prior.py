@@ -20,7 +20,7 @@ batch's directory. So a task of batch N reads:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from weir.checkpoint.coordinator import CompletedCheckpoint
@@ -75,6 +75,8 @@ class PriorBatch:
     source_positions: dict[str, Any]
     #: the whole checkpoint, once read (``full``)
     _full: CompletedCheckpoint | None = None
+    #: subtask -> its chosen handle, once read (``own_handle``)
+    _handles: dict[int, SubtaskStateHandle | None] = field(default_factory=dict)
 
     @property
     def positions(self) -> dict[str, Any]:
@@ -126,6 +128,11 @@ class PriorBatch:
         return self._own_handle(subtask)
 
     def _own_handle(self, subtask: int) -> SubtaskStateHandle | None:
+        if subtask not in self._handles:
+            self._handles[subtask] = self._read_handle(subtask)
+        return self._handles[subtask]
+
+    def _read_handle(self, subtask: int) -> SubtaskStateHandle | None:
         attempt = self.attempt(subtask)
         if attempt is None:
             return None

@@ -24,8 +24,8 @@ from weir.checkpoint.format import (
     encode_metadata,
     uid_dir,
 )
-from weir.checkpoint.snapshotter import write_snapshot
 from weir.checkpoint.storage import CheckpointStorage
+from weir.checkpoint.subtask_files import write_snapshot
 from weir.errors import CheckpointError
 from weir.state.keycontext import KeyContext
 from weir.state.keyed import KeyedStateStore
