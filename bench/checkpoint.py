@@ -47,10 +47,10 @@ from rich.table import Table
 from weir import (
     CheckpointCoordinator,
     KeyedProcessFunction,
+    SubtaskCheckpointer,
     ValueStateDescriptor,
     take_checkpoint,
 )
-from weir.checkpoint import SubtaskCheckpointer
 from weir.testing import KeyedOperatorHarness
 
 RESULTS = Path(__file__).resolve().parent / "results"

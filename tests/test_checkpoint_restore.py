@@ -37,7 +37,7 @@ from weir import (
     take_checkpoint,
     take_savepoint,
 )
-from weir.state.serializers import IntSerializer, MsgpackSerializer, PickleSerializer
+from weir.api.serializers import IntSerializer, MsgpackSerializer, PickleSerializer
 from weir.testing import KeyedOperatorHarness, ManualClock
 
 MAXP = 32

@@ -50,11 +50,11 @@ from weir import (
     take_checkpoint,
     take_savepoint,
 )
+from weir.api.serializers import PickleSerializer
 from weir.checkpoint.format import decode_keyed, encode_keyed
 from weir.checkpoint.storage import TMP_MARKER, FileRef
 from weir.cli import app
 from weir.state.keygroups import assign_key_to_parallel_operator, assign_to_key_group
-from weir.state.serializers import PickleSerializer
 from weir.testing import KeyedOperatorHarness
 
 MAXP = 32

@@ -31,6 +31,15 @@ from weir.api.functions import (
     KeyedProcessFunction,
     ProcessFunction,
 )
+from weir.api.serializers import (
+    BytesSerializer,
+    FloatSerializer,
+    IntSerializer,
+    MsgpackSerializer,
+    PickleSerializer,
+    Serializer,
+    StrSerializer,
+)
 from weir.api.state import (
     AggregatingState,
     BroadcastState,
@@ -53,11 +62,7 @@ from weir.checkpoint import (
     CheckpointKind,
     CheckpointStorage,
     CompletedCheckpoint,
-    SnapshotMode,
-    SubtaskCheckpointer,
     load_checkpoint,
-    take_checkpoint,
-    take_savepoint,
 )
 from weir.errors import (
     CheckpointError,
@@ -79,18 +84,11 @@ from weir.errors import (
     TaskPlacementError,
     WeirError,
 )
+from weir.runtime.checkpointer import SnapshotMode, SubtaskCheckpointer
+from weir.runtime.drivers import take_checkpoint, take_savepoint
 from weir.runtime.operator import OperatorConfig, StateBackendKind
 from weir.state.keygroups import KeyGroupRange
 from weir.state.rocksdb import RocksDBMemory
-from weir.state.serializers import (
-    BytesSerializer,
-    FloatSerializer,
-    IntSerializer,
-    MsgpackSerializer,
-    PickleSerializer,
-    Serializer,
-    StrSerializer,
-)
 from weir.state.snapshot import OperatorSubtaskSnapshot, RedistributionMode
 
 __version__ = "0.1.0"

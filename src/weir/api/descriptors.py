@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Self, TypeVar
 
+from weir.api.serializers import MsgpackSerializer, Serializer
 from weir.api.ttl import StateTtlConfig
 from weir.errors import ConfigurationError
-from weir.state.serializers import MsgpackSerializer, Serializer
 
 __all__ = [
     "AggregateFunction",

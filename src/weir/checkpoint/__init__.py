@@ -2,10 +2,12 @@
 
 * :mod:`weir.checkpoint.storage` — files under an fsspec URL, atomic and checksummed;
 * :mod:`weir.checkpoint.format` — the on-disk format (documented there);
-* :mod:`weir.checkpoint.snapshotter` — full (asynchronous) and incremental RocksDB
-  snapshots of one operator subtask;
 * :mod:`weir.checkpoint.coordinator` — trigger/complete/abort, retention and
   subsumption, savepoints, finding and loading what to restore.
+
+A subtask's side of a checkpoint (snapshot strategies) and the in-process drivers
+that run one whole checkpoint live in the runtime layer: ``weir.runtime.checkpointer``
+and ``weir.runtime.drivers``.
 """
 
 from weir.checkpoint.coordinator import (
@@ -13,11 +15,8 @@ from weir.checkpoint.coordinator import (
     CompletedCheckpoint,
     PendingCheckpoint,
     load_checkpoint,
-    take_checkpoint,
-    take_savepoint,
 )
 from weir.checkpoint.format import CheckpointKind
-from weir.checkpoint.snapshotter import PendingSnapshot, SnapshotMode, SubtaskCheckpointer
 from weir.checkpoint.storage import CheckpointStorage, FileRef
 
 __all__ = [
@@ -27,10 +26,5 @@ __all__ = [
     "CompletedCheckpoint",
     "FileRef",
     "PendingCheckpoint",
-    "PendingSnapshot",
-    "SnapshotMode",
-    "SubtaskCheckpointer",
     "load_checkpoint",
-    "take_checkpoint",
-    "take_savepoint",
 ]

@@ -1,7 +1,7 @@
 """The files of one subtask snapshot and the handle that names them.
 
 ``write_snapshot`` writes a full (or native RocksDB) snapshot; the changelog writer
-of ``weir.checkpoint.snapshotter`` shares ``operator_file_data`` and
+of ``weir.runtime.checkpointer`` shares ``operator_file_data`` and
 ``subtask_handle`` with it. Formats: :mod:`weir.checkpoint.format`.
 """
 

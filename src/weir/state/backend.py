@@ -36,9 +36,9 @@ from typing import Any
 
 import msgpack
 
+from weir.api.serializers import Serializer
 from weir.errors import StateError, StateSerializationError
 from weir.state.keycontext import KeyContext
-from weir.state.serializers import Serializer
 from weir.state.snapshot import NativeRocksDBState
 
 __all__ = [

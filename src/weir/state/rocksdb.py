@@ -27,6 +27,7 @@ from typing import Any
 
 import rocksdict
 
+from weir.api.serializers import Serializer
 from weir.errors import ConfigurationError, StateBackendError
 from weir.state.backend import (
     EntryFilter,
@@ -38,7 +39,6 @@ from weir.state.backend import (
 from weir.state.keycontext import KeyContext
 from weir.state.keygroups import KeyGroupRange
 from weir.state.rocksdb_tables import RocksListTable, RocksMapTable, RocksValueTable
-from weir.state.serializers import Serializer
 from weir.state.snapshot import NativeRocksDBState
 
 __all__ = [

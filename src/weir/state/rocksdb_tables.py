@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from weir.api.serializers import Serializer
 from weir.api.state import ListState, MapState, ValueState
 from weir.errors import StateError
 from weir.state.backend import (
@@ -28,7 +29,6 @@ from weir.state.backend import (
     unframe,
 )
 from weir.state.keycontext import NO_KEY, KeyContext
-from weir.state.serializers import Serializer
 
 __all__ = ["RocksListTable", "RocksMapTable", "RocksValueTable", "successor"]
 

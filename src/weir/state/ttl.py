@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from weir.api.descriptors import StateKind
+from weir.api.serializers import Serializer
 from weir.api.state import ListState, MapState, ValueState
 from weir.api.ttl import IncrementalCleanup, StateTtlConfig
 from weir.errors import StateError
@@ -24,7 +25,6 @@ from weir.state.backend import (
     frame,
     unframe,
 )
-from weir.state.serializers import Serializer
 
 __all__ = [
     "IncrementalCleaner",

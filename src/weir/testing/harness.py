@@ -13,15 +13,11 @@ from weir.api.functions import (
     KeyedProcessFunction,
     ProcessFunction,
 )
-from weir.checkpoint.coordinator import (
-    CheckpointCoordinator,
-    CompletedCheckpoint,
-    take_checkpoint,
-    take_savepoint,
-)
-from weir.checkpoint.snapshotter import SnapshotMode, SubtaskCheckpointer
+from weir.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import ConfigurationError
+from weir.runtime.checkpointer import SnapshotMode, SubtaskCheckpointer
+from weir.runtime.drivers import take_checkpoint, take_savepoint
 from weir.runtime.operator import (
     KeyedOperator,
     NonKeyedOperator,

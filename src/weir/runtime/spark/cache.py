@@ -30,7 +30,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from weir.checkpoint.snapshotter import SubtaskCheckpointer
+from weir.runtime.checkpointer import SubtaskCheckpointer
 from weir.runtime.operator import KeyedOperator, NonKeyedOperator
 from weir.runtime.spark.spill import local_base
 

@@ -14,9 +14,9 @@ import logging
 
 from weir.checkpoint.changelog import ChangelogPolicy
 from weir.checkpoint.format import SubtaskStateHandle
-from weir.checkpoint.snapshotter import SnapshotMode, SubtaskCheckpointer
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import WeirError
+from weir.runtime.checkpointer import SnapshotMode, SubtaskCheckpointer
 from weir.runtime.operator import KeyedOperator, NonKeyedOperator, OperatorConfig
 from weir.runtime.spark.cache import BatchClock, CurrentKey, LiveSubtask, local_dir
 from weir.runtime.spark.epochs import MATERIALIZATION_MAX_LAG
