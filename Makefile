@@ -5,9 +5,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup java demo test soak lint bench-state-ops bench-checkpoint bench-spark bench-large-state clean
+.PHONY: setup java compiler demo test soak lint bench-state-ops bench-checkpoint bench-spark bench-large-state clean
 
-setup: java $(STAMP)
+setup: java compiler $(STAMP)
 
 # Java 17 for Spark (the Spark runtime needs a JVM); installed only if missing.
 java:
@@ -15,7 +15,17 @@ java:
 	  echo "java not found: installing OpenJDK 17 (headless) with apt-get"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless; }
 
-$(STAMP): pyproject.toml
+# A C compiler and the Python headers: pip builds the hash map's C fast paths
+# (src/weir/state/_hashcore.c). Installed only if missing.
+compiler:
+	@command -v cc >/dev/null 2>&1 || { \
+	  echo "cc not found: installing gcc with apt-get"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc; }
+	@$(PYTHON) -c 'import os, sysconfig; raise SystemExit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' || { \
+	  echo "Python.h not found: installing python3-dev with apt-get"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-dev; }
+
+$(STAMP): pyproject.toml src/weir/state/_hashcore.c
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "weir needs Python 3.11+"'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

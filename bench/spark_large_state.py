@@ -249,6 +249,7 @@ def _task_io(location: Path, query: str) -> dict[int, dict[str, Any]]:
         out[int(meta.parent.name.removeprefix("chk-"))] = {
             "restored": sum(int(t.get("restored") or 0) for t in subtasks.values()),
             "caught_up": sum(int(t.get("caught_up") or 0) for t in subtasks.values()),
+            "workers": {i: t.get("worker_pid") for i, t in sorted(subtasks.items())},
             **{f"max_{k}": max(float(t.get(k) or 0) for t in subtasks.values())
                for k in ("restore_ms", "process_ms", "snapshot_ms")},
         }

@@ -16,6 +16,7 @@ from typing import Any
 from weir.api.serializers import Serializer
 from weir.api.state import ListState, MapState, ValueState
 from weir.errors import StateError
+from weir.state._hashcore import ListCore, MapCore, TableCore, ValueCore
 from weir.state.backend import (
     KeyedStateBackend,
     ListTable,
@@ -41,7 +42,15 @@ def _no_check(value: Any) -> None:
 _IMMUTABLE: frozenset[type] = frozenset({int, float, str, bytes, bool, type(None)})
 
 
-class _HashMapTable:
+class _HashMapTable(TableCore):
+    """The Python part of every hash-map table. The calls a record makes most
+    (value/update, list get/add, map get/put) are C methods of ``ValueCore``,
+    ``ListCore`` and ``MapCore`` (``_hashcore.c``); each handles only the common case
+    and otherwise calls the ``_slow_`` method here of the same name, which holds the
+    whole semantics."""
+
+    _ctx: KeyContext
+
     def __init__(self, name: str, ctx: KeyContext, serializer: Serializer[Any], check: bool):
         self.name = name
         self._ctx = ctx
@@ -56,7 +65,7 @@ class _HashMapTable:
         #: types of values loaded from snapshots (never passed through the write check)
         self._loaded_types: set[type] = set()
         #: prefixed keys written since the last ``take_changes`` (None: not tracked)
-        self._dirty: set[bytes] | None = None
+        self._dirty = None
 
     def _values_immutable(self) -> bool:
         return self._check is not _no_check and (self._ok | self._loaded_types) <= _IMMUTABLE
@@ -108,14 +117,14 @@ class _HashMapTable:
         return decode_checked(self.name, self._serializer, data)
 
 
-class _ValueTable(_HashMapTable, ValueTable, ValueState[Any]):
-    def value(self) -> Any:
+class _ValueTable(ValueCore, _HashMapTable, ValueTable, ValueState[Any]):
+    def _slow_value(self) -> Any:
         try:
             return self._data.get(self._ctx.key_bytes)
         except TypeError as exc:
             raise self._key_error(exc) from None
 
-    def update(self, value: Any) -> None:
+    def _slow_update(self, value: Any) -> None:
         if type(value) not in self._ok:
             if value is None:
                 self.clear()
@@ -129,7 +138,7 @@ class _ValueTable(_HashMapTable, ValueTable, ValueState[Any]):
         if self._dirty is not None:
             self._dirty.add(key)
 
-    def reduce_add(self, function: Any, value: Any) -> None:
+    def _slow_reduce_add(self, function: Any, value: Any) -> None:
         """Reducing state without TTL: store ``function(current, value)`` (or
         ``value``) in one lookup."""
         data = self._data
@@ -145,7 +154,7 @@ class _ValueTable(_HashMapTable, ValueTable, ValueState[Any]):
         if self._dirty is not None:
             self._dirty.add(key)
 
-    def aggregate_add(self, add: Any, create: Any, value: Any) -> None:
+    def _slow_aggregate_add(self, add: Any, create: Any, value: Any) -> None:
         """Aggregating state without TTL: store ``add(value, accumulator)`` in one
         lookup, starting from ``create()``."""
         data = self._data
@@ -195,19 +204,19 @@ class _ValueTable(_HashMapTable, ValueTable, ValueState[Any]):
         self._loaded_types.update(map(type, data.values()))
 
 
-class _ListTable(_HashMapTable, ListTable, ListState[Any]):
+class _ListTable(ListCore, _HashMapTable, ListTable, ListState[Any]):
     def __init__(self, name: str, ctx: KeyContext, serializer: Serializer[Any], check: bool):
         super().__init__(name, ctx, serializer, check)
         self._inline = serializer.inline_in_msgpack_array
 
-    def get(self) -> list[Any]:
+    def _slow_get(self) -> list[Any]:
         try:
             stored = self._data.get(self._ctx.key_bytes)
         except TypeError as exc:
             raise self._key_error(exc) from None
         return [] if stored is None else stored[:]
 
-    def add(self, value: Any) -> None:
+    def _slow_add(self, value: Any) -> None:
         if type(value) not in self._ok:
             if value is None:
                 raise StateError(f"list state {self.name!r}: cannot add None")
@@ -287,7 +296,7 @@ class _ListTable(_HashMapTable, ListTable, ListState[Any]):
             self._loaded_types.update(map(type, values))
 
 
-class _MapTable(_HashMapTable, MapTable, MapState[Any, Any]):
+class _MapTable(MapCore, _HashMapTable, MapTable, MapState[Any, Any]):
     """Entries are stored as ``identity -> (user_key, value)``. The identity of a user
     key is the key itself for ``str`` and ``(int, k)`` for ``int``, else its encoded
     bytes, so keys equal in Python but encoded differently (``1``, ``True``, ``1.0``)
@@ -311,7 +320,7 @@ class _MapTable(_HashMapTable, MapTable, MapState[Any, Any]):
             return (int, user_key)
         return encode_checked(self.name, self._key_serializer, user_key)
 
-    def get(self, user_key: Any, default: Any = None) -> Any:
+    def _slow_get(self, user_key: Any, default: Any = None) -> Any:
         try:
             entries = self._data.get(self._ctx.key_bytes)
         except TypeError as exc:
@@ -325,7 +334,7 @@ class _MapTable(_HashMapTable, MapTable, MapState[Any, Any]):
         )
         return default if pair is None else pair[1]
 
-    def put(self, user_key: Any, value: Any) -> None:
+    def _slow_put(self, user_key: Any, value: Any) -> None:
         if type(user_key) not in self._key_ok:
             self._key_check(user_key)
         if type(value) not in self._ok:

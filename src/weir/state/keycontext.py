@@ -13,6 +13,7 @@ from typing import Any
 import mmh3
 
 from weir.errors import KeyGroupError, NoKeyContextError
+from weir.state._hashcore import KeyCell
 from weir.state.keygroups import KeyGroupRange, canonical_key_bytes, decode_key
 
 __all__ = ["NO_KEY", "KeyContext", "key_group_of_prefixed", "split_prefixed"]
@@ -41,11 +42,11 @@ def split_prefixed(prefixed: bytes) -> tuple[int, Any]:
     return key_group_of_prefixed(prefixed), decode_key(prefixed[2:])
 
 
-class KeyContext:
-    """Holds the current key of one keyed operator subtask."""
+class KeyContext(KeyCell):
+    """Holds the current key of one keyed operator subtask (``key_bytes`` is a field of
+    the C base, where the hash map's fast paths read it)."""
 
-    __slots__ = ("description", "key", "key_bytes", "key_group", "key_group_range",
-                 "max_parallelism")
+    __slots__ = ("description", "key", "key_group", "key_group_range", "max_parallelism")
 
     def __init__(
         self, max_parallelism: int, key_group_range: KeyGroupRange, description: str = ""

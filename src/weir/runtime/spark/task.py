@@ -240,6 +240,7 @@ class _Task:
                         + (outputs.nbytes if outputs.spilled else 0),
                         "restored": int(self.restored),  # 0: the worker's live copy
                         "caught_up": int(self.caught_up),  # a copy left behind, + deltas
+                        "worker_pid": os.getpid(),  # which Python worker ran the task
                         "restore_ms": _ms(acquired - started),
                         "process_ms": _ms(time.perf_counter() - acquired),
                     }

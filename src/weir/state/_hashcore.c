@@ -1,0 +1,645 @@
+/* weir.state._hashcore: the per-call fast path of the hash-map backend's keyed state.
+ *
+ * A keyed-state call in pure Python costs a Python frame (about 50 ns here) before it
+ * does anything; a bare dict call costs about 20 ns. These types give the hash-map
+ * tables (weir/state/hashmap.py) C methods for the calls a record makes most:
+ * ValueState.value/update, reducing and aggregating add, ListState.get/add,
+ * MapState.get/put.
+ *
+ * Each method handles only the common case and otherwise calls the table's Python
+ * method of the same name prefixed with "_slow_" (which holds the whole semantics:
+ * errors without a current key, the serializer's write check of a value type not
+ * seen yet, None, entries of unexpected shapes). The fast case is exactly:
+ *   - the key context is a KeyCell whose key_bytes is a bytes object, and
+ *   - the table's _data is a dict, and
+ *   - for writes, type(value) is in the table's _ok set (types the write check has
+ *     already accepted), for map keys type(user_key) is in _key_ok (a reduced or
+ *     aggregated result of another type goes through the table's Python _check,
+ *     since the user's function has already run), and
+ *   - for map state, the user key is a str (identity: itself) or an int (identity:
+ *     (int, key)); other user keys are encoded by Python.
+ * A write adds the prefixed key to _dirty when _dirty is a set (changelog tracking).
+ * Nothing here knows serializers, TTL or snapshots.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+/* ------------------------------------------------------------------ KeyCell */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *key_bytes; /* the current prefixed key (bytes), or a sentinel */
+} KeyCell;
+
+static int
+keycell_traverse(KeyCell *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->key_bytes);
+    return 0;
+}
+
+static int
+keycell_clear(KeyCell *self)
+{
+    Py_CLEAR(self->key_bytes);
+    return 0;
+}
+
+static void
+keycell_dealloc(KeyCell *self)
+{
+    PyObject_GC_UnTrack(self);
+    keycell_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef keycell_members[] = {
+    {"key_bytes", T_OBJECT_EX, offsetof(KeyCell, key_bytes), 0,
+     "The current key's prefixed bytes (2-byte key group + canonical key bytes)."},
+    {NULL},
+};
+
+static PyTypeObject KeyCellType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "weir.state._hashcore.KeyCell",
+    .tp_doc = "Holds the current key's prefixed bytes where C code reads them directly.",
+    .tp_basicsize = sizeof(KeyCell),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_traverse = (traverseproc)keycell_traverse,
+    .tp_clear = (inquiry)keycell_clear,
+    .tp_dealloc = (destructor)keycell_dealloc,
+    .tp_members = keycell_members,
+};
+
+/* ---------------------------------------------------------------- TableCore */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *ctx;     /* the key context (fast path only when a KeyCell) */
+    PyObject *data;    /* prefixed key -> value / list / {identity: (user_key, value)} */
+    PyObject *ok;      /* value types the write check accepted (a set that only grows) */
+    PyObject *key_ok;  /* map state: user-key types the key check accepted (idem) */
+    PyObject *ok_last;     /* the type last found in ok (owned), or NULL */
+    PyObject *key_ok_last; /* the type last found in key_ok (owned), or NULL */
+    PyObject *dirty;   /* prefixed keys written since the last snapshot, or None */
+} TableCore;
+
+static PyObject *str_slow_value, *str_slow_update, *str_slow_get, *str_slow_add,
+    *str_slow_put, *str_slow_reduce_add, *str_slow_aggregate_add, *str_check;
+
+static int
+table_traverse(TableCore *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->ctx);
+    Py_VISIT(self->data);
+    Py_VISIT(self->ok);
+    Py_VISIT(self->key_ok);
+    Py_VISIT(self->ok_last);
+    Py_VISIT(self->key_ok_last);
+    Py_VISIT(self->dirty);
+    return 0;
+}
+
+static int
+table_clear(TableCore *self)
+{
+    Py_CLEAR(self->ctx);
+    Py_CLEAR(self->data);
+    Py_CLEAR(self->ok);
+    Py_CLEAR(self->key_ok);
+    Py_CLEAR(self->ok_last);
+    Py_CLEAR(self->key_ok_last);
+    Py_CLEAR(self->dirty);
+    return 0;
+}
+
+static void
+table_dealloc(TableCore *self)
+{
+    PyObject_GC_UnTrack(self);
+    table_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* T_OBJECT_EX, not T_OBJECT: CPython specializes attribute access from Python code
+ * (LOAD_ATTR_SLOT, STORE_ATTR_SLOT) only for T_OBJECT_EX members; the Python side
+ * of the tables reads these fields on every call it makes. */
+static PyMemberDef table_members[] = {
+    {"_ctx", T_OBJECT_EX, offsetof(TableCore, ctx), 0, "The key context."},
+    {"_data", T_OBJECT_EX, offsetof(TableCore, data), 0, "The state's entries."},
+    {"_dirty", T_OBJECT_EX, offsetof(TableCore, dirty), 0, "Keys written (or None)."},
+    {NULL},
+};
+
+static PyObject *
+get_field(PyObject *field)
+{
+    return Py_NewRef(field != NULL ? field : Py_None);
+}
+
+static PyObject *
+table_get_ok(TableCore *self, void *Py_UNUSED(closure))
+{
+    return get_field(self->ok);
+}
+
+static int
+table_set_ok(TableCore *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    Py_XINCREF(value);
+    Py_XSETREF(self->ok, value);
+    Py_CLEAR(self->ok_last);  /* a new set: nothing known accepted yet */
+    return 0;
+}
+
+static PyObject *
+table_get_key_ok(TableCore *self, void *Py_UNUSED(closure))
+{
+    return get_field(self->key_ok);
+}
+
+static int
+table_set_key_ok(TableCore *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    Py_XINCREF(value);
+    Py_XSETREF(self->key_ok, value);
+    Py_CLEAR(self->key_ok_last);
+    return 0;
+}
+
+static PyGetSetDef table_getset[] = {
+    {"_ok", (getter)table_get_ok, (setter)table_set_ok,
+     "Value types already accepted (a set that only grows).", NULL},
+    {"_key_ok", (getter)table_get_key_ok, (setter)table_set_key_ok,
+     "User-key types already accepted (a set that only grows).", NULL},
+    {NULL},
+};
+
+/* The current prefixed key (borrowed), or NULL when the fast path does not apply. */
+static inline PyObject *
+current_key(TableCore *self)
+{
+    PyObject *ctx = self->ctx;
+    if (ctx == NULL || !(Py_TYPE(ctx)->tp_base == &KeyCellType  /* KeyContext */
+                         || PyObject_TypeCheck(ctx, &KeyCellType))) {
+        return NULL;
+    }
+    PyObject *key = ((KeyCell *)ctx)->key_bytes;
+    if (key == NULL || !PyBytes_CheckExact(key) || self->data == NULL
+        || !PyDict_CheckExact(self->data)) {
+        return NULL;
+    }
+    return key;
+}
+
+/* 1: type(value) is in the accepted set; 0: not (or no set); -1: error. The type
+ * last found is remembered (owned, so its address cannot be reused by another type):
+ * the sets only grow, so it stays accepted until the set itself is replaced. */
+static inline int
+accepted(PyObject *types, PyObject **last, PyObject *value)
+{
+    PyObject *type = (PyObject *)Py_TYPE(value);
+    if (type == *last) {
+        return 1;
+    }
+    if (types == NULL || !PyAnySet_Check(types)) {
+        return 0;
+    }
+    int found = PySet_Contains(types, type);
+    if (found == 1) {
+        Py_XSETREF(*last, Py_NewRef(type));
+    }
+    return found;
+}
+
+static inline int
+mark_dirty(TableCore *self, PyObject *key)
+{
+    if (self->dirty != NULL && PySet_Check(self->dirty)) {
+        return PySet_Add(self->dirty, key);
+    }
+    return 0;
+}
+
+/* A type with TableCore's layout: TableCore itself and its three subtypes. */
+#define TABLE_TYPE(NAME, DOC, ...)                                                \
+    {                                                                             \
+        PyVarObject_HEAD_INIT(NULL, 0)                                            \
+        .tp_name = "weir.state._hashcore." NAME,                                  \
+        .tp_doc = DOC,                                                            \
+        .tp_basicsize = sizeof(TableCore),                                        \
+        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC, \
+        .tp_new = PyType_GenericNew,                                              \
+        .tp_traverse = (traverseproc)table_traverse,                              \
+        .tp_clear = (inquiry)table_clear,                                         \
+        .tp_dealloc = (destructor)table_dealloc,                                  \
+        __VA_ARGS__                                                               \
+    }
+
+static PyTypeObject TableCoreType = TABLE_TYPE(
+    "TableCore", "Fields shared by the hash-map tables' C fast paths.",
+    .tp_members = table_members, .tp_getset = table_getset);
+
+/* The table's Python method ``name`` called with the same arguments. */
+static PyObject *
+call_slow(PyObject *self, PyObject *name, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *method = PyObject_GetAttr(self, name);
+    if (method == NULL) {
+        return NULL;
+    }
+    PyObject *result = PyObject_Vectorcall(method, args, nargs, NULL);
+    Py_DECREF(method);
+    return result;
+}
+
+/* ---------------------------------------------------------------- ValueCore */
+
+static PyObject *
+value_value(TableCore *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *key = current_key(self);
+    if (key == NULL) {
+        return PyObject_CallMethodNoArgs((PyObject *)self, str_slow_value);
+    }
+    PyObject *value = PyDict_GetItemWithError(self->data, key);
+    if (value == NULL) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    return Py_NewRef(value);
+}
+
+static PyObject *
+value_update(TableCore *self, PyObject *value)
+{
+    PyObject *key = current_key(self);
+    int ok = key == NULL ? 0 : accepted(self->ok, &self->ok_last, value);
+    if (ok < 0) {
+        return NULL;
+    }
+    if (!ok) {
+        return PyObject_CallMethodOneArg((PyObject *)self, str_slow_update, value);
+    }
+    if (PyDict_SetItem(self->data, key, value) < 0 || mark_dirty(self, key) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* Store ``result`` (a new reference, consumed) for ``key`` after the write check:
+ * types not accepted yet go through the table's Python ``_check``. */
+static PyObject *
+store_checked(TableCore *self, PyObject *key, PyObject *result)
+{
+    int ok = accepted(self->ok, &self->ok_last, result);
+    if (ok == 0) {
+        PyObject *check = PyObject_GetAttr((PyObject *)self, str_check);
+        PyObject *checked = check == NULL ? NULL : PyObject_CallOneArg(check, result);
+        Py_XDECREF(check);
+        ok = checked == NULL ? -1 : 1;
+        Py_XDECREF(checked);
+    }
+    if (ok < 0 || PyDict_SetItem(self->data, key, result) < 0 || mark_dirty(self, key) < 0) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    Py_DECREF(result);
+    Py_RETURN_NONE;
+}
+
+/* reduce_add(function, value): store function(current, value), or value. */
+static PyObject *
+value_reduce_add(TableCore *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *key = nargs == 2 ? current_key(self) : NULL;
+    if (key == NULL) {
+        return call_slow((PyObject *)self, str_slow_reduce_add, args, nargs);
+    }
+    PyObject *current = PyDict_GetItemWithError(self->data, key);
+    PyObject *result;
+    if (current == NULL || current == Py_None) {  /* a stored None counts as absent */
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        result = Py_NewRef(args[1]);
+    }
+    else {
+        PyObject *call_args[2] = {Py_NewRef(current), args[1]};
+        result = PyObject_Vectorcall(args[0], call_args, 2, NULL);
+        Py_DECREF(call_args[0]);
+        if (result == NULL) {
+            return NULL;
+        }
+    }
+    return store_checked(self, key, result);
+}
+
+/* aggregate_add(add, create, value): store add(value, current or create()). */
+static PyObject *
+value_aggregate_add(TableCore *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *key = nargs == 3 ? current_key(self) : NULL;
+    if (key == NULL) {
+        return call_slow((PyObject *)self, str_slow_aggregate_add, args, nargs);
+    }
+    PyObject *acc = PyDict_GetItemWithError(self->data, key);
+    if (acc == NULL || acc == Py_None) {  /* a stored None counts as absent */
+        if (PyErr_Occurred() || (acc = PyObject_CallNoArgs(args[1])) == NULL) {
+            return NULL;
+        }
+    }
+    else {
+        Py_INCREF(acc);
+    }
+    PyObject *call_args[2] = {args[2], acc};
+    PyObject *result = PyObject_Vectorcall(args[0], call_args, 2, NULL);
+    Py_DECREF(acc);
+    if (result == NULL) {
+        return NULL;
+    }
+    return store_checked(self, key, result);
+}
+
+static PyMethodDef value_methods[] = {
+    {"value", (PyCFunction)value_value, METH_NOARGS, "The current key's value (None if none)."},
+    {"update", (PyCFunction)value_update, METH_O, "Set the current key's value."},
+    {"reduce_add", (PyCFunction)(void (*)(void))value_reduce_add, METH_FASTCALL,
+     "Reducing state: store function(current, value), or value, in one lookup."},
+    {"aggregate_add", (PyCFunction)(void (*)(void))value_aggregate_add, METH_FASTCALL,
+     "Aggregating state: store add(value, current or create()) in one lookup."},
+    {NULL},
+};
+
+static PyTypeObject ValueCoreType = TABLE_TYPE(
+    "ValueCore", "C fast paths of the hash map's value state (value, update, reduce_add, aggregate_add).",
+    .tp_methods = value_methods);
+
+/* ----------------------------------------------------------------- ListCore */
+
+static PyObject *
+list_get(TableCore *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *key = current_key(self);
+    if (key == NULL) {
+        return PyObject_CallMethodNoArgs((PyObject *)self, str_slow_get);
+    }
+    PyObject *stored = PyDict_GetItemWithError(self->data, key);
+    if (stored == NULL) {
+        return PyErr_Occurred() ? NULL : PyList_New(0);
+    }
+    if (!PyList_CheckExact(stored)) {
+        return PyObject_CallMethodNoArgs((PyObject *)self, str_slow_get);
+    }
+    return PyList_GetSlice(stored, 0, PyList_GET_SIZE(stored));
+}
+
+static PyObject *
+list_add(TableCore *self, PyObject *value)
+{
+    PyObject *key = current_key(self);
+    int ok = key == NULL ? 0 : accepted(self->ok, &self->ok_last, value);
+    if (ok < 0) {
+        return NULL;
+    }
+    PyObject *stored = NULL;
+    if (ok) {
+        stored = PyDict_GetItemWithError(self->data, key);
+        if (stored == NULL && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (stored != NULL && !PyList_CheckExact(stored)) {
+            ok = 0;
+        }
+    }
+    if (!ok) {
+        return PyObject_CallMethodOneArg((PyObject *)self, str_slow_add, value);
+    }
+    if (stored == NULL) {
+        PyObject *fresh = PyList_New(1);
+        if (fresh == NULL) {
+            return NULL;
+        }
+        PyList_SET_ITEM(fresh, 0, Py_NewRef(value));
+        int failed = PyDict_SetItem(self->data, key, fresh) < 0;
+        Py_DECREF(fresh);
+        if (failed) {
+            return NULL;
+        }
+    }
+    else if (PyList_Append(stored, value) < 0) {
+        return NULL;
+    }
+    if (mark_dirty(self, key) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef list_methods[] = {
+    {"get", (PyCFunction)list_get, METH_NOARGS, "A copy of the current key's list."},
+    {"add", (PyCFunction)list_add, METH_O, "Append a value to the current key's list."},
+    {NULL},
+};
+
+static PyTypeObject ListCoreType = TABLE_TYPE(
+    "ListCore", "C fast path of the hash map's list state (get, add).",
+    .tp_methods = list_methods);
+
+/* ------------------------------------------------------------------ MapCore */
+
+/* A new reference to the identity of a str or int user key; NULL without an error
+ * for any other type (Python encodes it). */
+static inline PyObject *
+identity_of(PyObject *user_key)
+{
+    if (PyUnicode_CheckExact(user_key)) {
+        return Py_NewRef(user_key);
+    }
+    if (PyLong_CheckExact(user_key)) {
+        return PyTuple_Pack(2, (PyObject *)&PyLong_Type, user_key);
+    }
+    return NULL;
+}
+
+static PyObject *
+map_get(TableCore *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 2) {
+        goto slow;  /* Python raises the TypeError */
+    }
+    PyObject *key = current_key(self);
+    PyObject *user_key = args[0];
+    PyObject *dflt = nargs == 2 ? args[1] : Py_None;
+    if (key == NULL || !(PyUnicode_CheckExact(user_key) || PyLong_CheckExact(user_key))) {
+        goto slow;
+    }
+    PyObject *entries = PyDict_GetItemWithError(self->data, key);
+    if (entries == NULL) {
+        return PyErr_Occurred() ? NULL : Py_NewRef(dflt);
+    }
+    if (!PyDict_CheckExact(entries)) {
+        goto slow;
+    }
+    PyObject *identity = identity_of(user_key);
+    if (identity == NULL) {
+        return NULL;  /* PyTuple_Pack failed: str/int never reach here otherwise */
+    }
+    PyObject *pair = PyDict_GetItemWithError(entries, identity);
+    Py_DECREF(identity);
+    if (pair == NULL) {
+        return PyErr_Occurred() ? NULL : Py_NewRef(dflt);
+    }
+    if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) {
+        goto slow;
+    }
+    return Py_NewRef(PyTuple_GET_ITEM(pair, 1));
+slow:
+    return call_slow((PyObject *)self, str_slow_get, args, nargs);
+}
+
+static PyObject *
+map_put(TableCore *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        return call_slow((PyObject *)self, str_slow_put, args, nargs);  /* TypeError */
+    }
+    PyObject *user_key = args[0], *value = args[1];
+    PyObject *key = current_key(self);
+    int ok = key == NULL ? 0 : accepted(self->key_ok, &self->key_ok_last, user_key);
+    if (ok > 0) {
+        ok = accepted(self->ok, &self->ok_last, value);
+    }
+    if (ok < 0) {
+        return NULL;
+    }
+    PyObject *entries = NULL;
+    if (ok) {
+        entries = PyDict_GetItemWithError(self->data, key);
+        if (entries == NULL && PyErr_Occurred()) {
+            return NULL;
+        }
+        if ((entries != NULL && !PyDict_CheckExact(entries))
+            || !(PyUnicode_CheckExact(user_key) || PyLong_CheckExact(user_key))) {
+            ok = 0;
+        }
+    }
+    if (!ok) {
+        return call_slow((PyObject *)self, str_slow_put, args, nargs);
+    }
+    PyObject *identity = identity_of(user_key);
+    if (identity == NULL) {
+        return NULL;
+    }
+    if (entries != NULL) {
+        /* An entry's pair that nothing but this map references (no snapshot copy, no
+         * items() list holds it) is rewritten in place instead of allocating a new
+         * one, as zip() reuses its result tuple; tracked by the GC once it can hold
+         * a container. */
+        PyObject *old = PyDict_GetItemWithError(entries, identity);
+        if (old == NULL && PyErr_Occurred()) {
+            Py_DECREF(identity);
+            return NULL;
+        }
+        if (old != NULL && PyTuple_CheckExact(old) && PyTuple_GET_SIZE(old) == 2
+            && Py_REFCNT(old) == 1) {
+            PyObject *old_key = PyTuple_GET_ITEM(old, 0);
+            PyObject *old_value = PyTuple_GET_ITEM(old, 1);
+            PyTuple_SET_ITEM(old, 0, Py_NewRef(user_key));
+            PyTuple_SET_ITEM(old, 1, Py_NewRef(value));
+            if (!PyObject_GC_IsTracked(old)) {
+                PyObject_GC_Track(old);
+            }
+            Py_DECREF(old_key);
+            Py_DECREF(old_value);
+            Py_DECREF(identity);
+            if (mark_dirty(self, key) < 0) {
+                return NULL;
+            }
+            Py_RETURN_NONE;
+        }
+    }
+    PyObject *pair = PyTuple_Pack(2, user_key, value);
+    if (pair == NULL) {
+        Py_DECREF(identity);
+        return NULL;
+    }
+    int failed;
+    if (entries == NULL) {
+        PyObject *fresh = PyDict_New();
+        failed = fresh == NULL || PyDict_SetItem(fresh, identity, pair) < 0
+                 || PyDict_SetItem(self->data, key, fresh) < 0;
+        Py_XDECREF(fresh);
+    }
+    else {
+        failed = PyDict_SetItem(entries, identity, pair) < 0;
+    }
+    Py_DECREF(identity);
+    Py_DECREF(pair);
+    if (failed || mark_dirty(self, key) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef map_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))map_get, METH_FASTCALL,
+     "The value of a user key under the current key (default if absent)."},
+    {"put", (PyCFunction)(void (*)(void))map_put, METH_FASTCALL,
+     "Set the value of a user key under the current key."},
+    {NULL},
+};
+
+static PyTypeObject MapCoreType = TABLE_TYPE(
+    "MapCore", "C fast path of the hash map's map state (get, put).",
+    .tp_methods = map_methods);
+
+/* ------------------------------------------------------------------- module */
+
+static struct PyModuleDef hashcore_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "weir.state._hashcore",
+    .m_doc = "C fast paths of the hash-map backend's keyed-state calls.",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC
+PyInit__hashcore(void)
+{
+    ValueCoreType.tp_base = &TableCoreType;
+    ListCoreType.tp_base = &TableCoreType;
+    MapCoreType.tp_base = &TableCoreType;
+    PyTypeObject *types[] = {&KeyCellType, &TableCoreType, &ValueCoreType, &ListCoreType,
+                             &MapCoreType};
+    const char *names[] = {"KeyCell", "TableCore", "ValueCore", "ListCore", "MapCore"};
+    for (size_t i = 0; i < 5; i++) {
+        if (PyType_Ready(types[i]) < 0) {
+            return NULL;
+        }
+    }
+    if ((str_slow_value = PyUnicode_InternFromString("_slow_value")) == NULL
+        || (str_slow_update = PyUnicode_InternFromString("_slow_update")) == NULL
+        || (str_slow_get = PyUnicode_InternFromString("_slow_get")) == NULL
+        || (str_slow_add = PyUnicode_InternFromString("_slow_add")) == NULL
+        || (str_slow_put = PyUnicode_InternFromString("_slow_put")) == NULL
+        || (str_slow_reduce_add = PyUnicode_InternFromString("_slow_reduce_add")) == NULL
+        || (str_slow_aggregate_add = PyUnicode_InternFromString("_slow_aggregate_add")) == NULL
+        || (str_check = PyUnicode_InternFromString("_check")) == NULL) {
+        return NULL;
+    }
+    PyObject *module = PyModule_Create(&hashcore_module);
+    if (module == NULL) {
+        return NULL;
+    }
+    for (size_t i = 0; i < 5; i++) {
+        if (PyModule_AddObjectRef(module, names[i], (PyObject *)types[i]) < 0) {
+            Py_DECREF(module);
+            return NULL;
+        }
+    }
+    return module;
+}

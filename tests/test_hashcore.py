@@ -1,0 +1,187 @@
+"""The hash map's C fast paths (``weir/state/_hashcore.c``) behave exactly as the
+Python ``_slow_`` methods that hold the whole semantics.
+
+Two operators get the same random calls: one through the public state methods (C
+whenever the fast case applies), one through the ``_slow_`` methods only. Results,
+errors, stored entries and the changelog's dirty keys must be identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from weir import (
+    AggregateFunction,
+    AggregatingStateDescriptor,
+    KeyedProcessFunction,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    NoKeyContextError,
+    ReducingStateDescriptor,
+    StateSerializationError,
+    ValueStateDescriptor,
+)
+from weir.state import hashmap
+from weir.state._hashcore import KeyCell, ListCore, MapCore, ValueCore
+from weir.testing import KeyedOperatorHarness
+
+
+class _Noop(KeyedProcessFunction[Any, Any]):
+    def process_element(self, value: Any, ctx: Any) -> None:
+        return None
+
+
+class _Count(AggregateFunction[Any, int, int]):
+    def create_accumulator(self) -> int:
+        return 0
+
+    def add(self, value: Any, accumulator: int) -> int:
+        return accumulator + 1
+
+    def get_result(self, accumulator: int) -> int:
+        return accumulator
+
+    def merge(self, a: int, b: int) -> int:
+        return a + b
+
+
+def _join(a: Any, b: Any) -> Any:
+    return [a, b] if b == "to-list" else (object() if b == "bad" else f"{a}{b}")
+
+
+DESCRIPTORS = {
+    "value": ValueStateDescriptor("value"),
+    "list": ListStateDescriptor("list"),
+    "map": MapStateDescriptor("map"),
+    "reducing": ReducingStateDescriptor("reducing", reduce_function=_join),
+    "aggregating": AggregatingStateDescriptor("aggregating", aggregate_function=_Count()),
+}
+
+KEYS = st.sampled_from(["a", "b", 7])
+VALUES = st.one_of(
+    st.integers(-3, 3), st.sampled_from(["x", "y", "to-list", "bad"]), st.none(),
+    st.booleans(), st.floats(allow_nan=False, width=32), st.lists(st.integers(0, 2), max_size=2),
+    st.just(object()),  # never encodable: the write check must refuse it
+)
+USER_KEYS = st.one_of(st.sampled_from(["k", "", "é"]), st.integers(-2, 2), st.booleans(),
+                      st.floats(allow_nan=False, width=16), st.tuples(st.integers(0, 1)))
+CALLS = st.lists(st.tuples(
+    st.sampled_from(["value", "update", "list_get", "list_add", "map_get", "map_get_default",
+                     "map_put", "reduce", "aggregate", "no_key"]),
+    KEYS, VALUES, USER_KEYS,
+), max_size=40)
+
+
+class _Side:
+    """One operator and the way its calls are made (public methods or ``_slow_``)."""
+
+    def __init__(self, slow: bool) -> None:
+        self.harness = KeyedOperatorHarness(_Noop(), lambda e: e)
+        op = self.harness.operator
+        op.open()
+        op.keyed_state.backend.track_changes()
+        self.op, self.slow = op, slow
+        self.states = {n: op.keyed_state.get_state(d) for n, d in DESCRIPTORS.items()}
+        self.tables = {n: op.keyed_state.backend._tables[d.name]  # type: ignore[attr-defined]
+                       for n, d in DESCRIPTORS.items()}
+
+    def _call(self, table: str, method: str, *args: Any) -> Any:
+        target = self.tables[table] if self.slow else self.states[table]
+        if self.slow:
+            method = f"_slow_{method}"
+        elif table in ("reducing", "aggregating"):
+            return target.add(*args)
+        return getattr(target, method)(*args)
+
+    def run(self, call: str, key: Any, value: Any, user_key: Any) -> Any:
+        if call == "no_key":
+            self.op.key_context.clear()
+            return self._call("value", "value")
+        self.op.key_context.set_current_key(key)
+        reduce_fn, agg = _join, _Count()
+        actions: dict[str, Callable[[], Any]] = {
+            "value": lambda: self._call("value", "value"),
+            "update": lambda: self._call("value", "update", value),
+            "list_get": lambda: self._call("list", "get"),
+            "list_add": lambda: self._call("list", "add", value),
+            "map_get": lambda: self._call("map", "get", user_key),
+            "map_get_default": lambda: self._call("map", "get", user_key, "absent"),
+            "map_put": lambda: self._call("map", "put", user_key, value),
+            "reduce": lambda: (self._call("reducing", "reduce_add", reduce_fn, value)
+                               if self.slow else self._call("reducing", "add", value)),
+            "aggregate": lambda: (
+                self._call("aggregating", "aggregate_add", agg.add, agg.create_accumulator,
+                           value) if self.slow else self._call("aggregating", "add", value)),
+        }
+        return actions[call]()
+
+    def stored(self) -> dict[str, Any]:
+        return {n: dict(t._data) for n, t in self.tables.items()}
+
+    def dirty(self) -> dict[str, Any]:
+        return {n: set(t._dirty or ()) for n, t in self.tables.items()}
+
+
+def _outcome(side: _Side, call: tuple[str, Any, Any, Any]) -> Any:
+    try:
+        result = side.run(*call)
+    except (NoKeyContextError, StateSerializationError) as exc:
+        return ("raised", type(exc).__name__, str(exc))
+    except Exception as exc:  # any other error must match too
+        return ("raised", type(exc).__name__, str(exc))
+    return ("returned", repr(result))
+
+
+@settings(max_examples=300, deadline=None)
+@given(calls=CALLS)
+def test_fast_paths_match_the_python_semantics(calls: list[tuple[str, Any, Any, Any]]) -> None:
+    fast, slow = _Side(slow=False), _Side(slow=True)
+    try:
+        for call in calls:
+            assert _outcome(fast, call) == _outcome(slow, call), call
+            assert repr(fast.stored()) == repr(slow.stored())
+            assert fast.dirty() == slow.dirty()
+    finally:
+        fast.harness.close()
+        slow.harness.close()
+
+
+def test_the_hash_map_tables_use_the_c_methods() -> None:
+    """The public calls resolve to the C fast paths (a refactoring that shadows them
+    with Python methods would silently lose the speed)."""
+    assert hashmap._ValueTable.value is ValueCore.value  # type: ignore[attr-defined]
+    assert hashmap._ValueTable.update is ValueCore.update  # type: ignore[attr-defined]
+    assert hashmap._ValueTable.reduce_add is ValueCore.reduce_add  # type: ignore[attr-defined]
+    assert hashmap._ListTable.get is ListCore.get  # type: ignore[attr-defined]
+    assert hashmap._ListTable.add is ListCore.add  # type: ignore[attr-defined]
+    assert hashmap._MapTable.get is MapCore.get  # type: ignore[attr-defined]
+    assert hashmap._MapTable.put is MapCore.put  # type: ignore[attr-defined]
+    from weir.state.keycontext import KeyContext
+
+    assert issubclass(KeyContext, KeyCell)
+
+
+@pytest.mark.parametrize("replace", ["_ok", "_key_ok"])
+def test_a_replaced_accepted_set_forgets_the_type_last_accepted(replace: str) -> None:
+    """The C side remembers the type last found in ``_ok``/``_key_ok``; a new set
+    starts with nothing accepted, so the write check runs again."""
+    side = _Side(slow=False)
+    try:
+        side.op.key_context.set_current_key("a")
+        m = side.states["map"]
+        m.put("k", 1)
+        checked: list[Any] = []
+        table = side.tables["map"]
+        check = table._key_check if replace == "_key_ok" else table._check
+        table._key_check = table._check = lambda v: (checked.append(v), check(v))
+        setattr(table, replace, set())
+        m.put("k", 2)
+        assert checked == ["k"] if replace == "_key_ok" else checked == [2]
+        assert m.get("k") == 2
+    finally:
+        side.harness.close()
