@@ -43,7 +43,7 @@ import tempfile
 import time
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +67,7 @@ from weir.checkpoint.format import (
 from weir.checkpoint.storage import CheckpointStorage, FileRef
 from weir.checkpoint.subtask_files import operator_file_data, subtask_handle, write_snapshot
 from weir.errors import ConfigurationError
-from weir.runtime.operator import KeyedOperator, NonKeyedOperator
+from weir.runtime.operator import KeyedOperator, NonKeyedOperator, StateChange
 from weir.state.hashmap import HashMapStateBackend
 from weir.state.keygroups import KeyGroupRange
 from weir.state.rocksdb import RocksDBStateBackend
@@ -271,18 +271,13 @@ class SubtaskCheckpointer:
         assert isinstance(self.operator, KeyedOperator) and isinstance(
             handle.keyed, KeyedChangelogHandle)
         key_groups = self._range()
-        changes = []
+        # per delta in order, then per key group (a delta's key groups have disjoint keys)
+        changes: list[Mapping[str, StateChange]] = []
         for delta in deltas:
             where = f"{self.storage.url}: {delta.file.path}"
             decoded = decode_delta(self.storage.read(delta.file, where), delta.key_groups,
                                    key_groups, where)
-            merged: dict[str, tuple[list[bytes], list[tuple[bytes, bytes]]]] = {}
-            for per_state in decoded.values():
-                for name, (keys, entries) in per_state.items():
-                    slot = merged.setdefault(name, ([], []))
-                    slot[0].extend(keys)
-                    slot[1].extend(entries)
-            changes.append(merged)
+            changes.extend(decoded.values())
         if not self.operator.apply_changes(changes):
             return False
         self._chain = handle.keyed

@@ -66,6 +66,7 @@ __all__ = [
     "NonKeyedOperator",
     "OperatorConfig",
     "StateBackendKind",
+    "StateChange",
     "system_clock",
 ]
 

@@ -38,7 +38,7 @@ import msgpack
 
 from weir.api.serializers import Serializer
 from weir.errors import StateError, StateSerializationError
-from weir.state.keycontext import KeyContext
+from weir.state.keycontext import NO_KEY, KeyContext
 from weir.state.snapshot import NativeRocksDBState
 
 __all__ = [
@@ -171,9 +171,25 @@ def decode_checked(name: str, serializer: Serializer[Any], data: bytes) -> Any:
 
 
 class _Table(ABC):
-    """Common part of the three table shapes."""
+    """Common part of the three table shapes, on every backend: a state's name, the
+    key context and the serializer of its values."""
 
     name: str
+    _ctx: KeyContext
+    _serializer: Serializer[Any]
+
+    def _current(self) -> bytes:
+        """The current prefixed key; NoKeyContextError without one."""
+        key = self._ctx.key_bytes
+        if key is NO_KEY:
+            raise self._ctx.no_key_error(f"state {self.name!r}")
+        return key  # type: ignore[no-any-return]
+
+    def _encode(self, value: Any) -> bytes:
+        return encode_checked(self.name, self._serializer, value)
+
+    def _decode(self, data: bytes) -> Any:
+        return decode_checked(self.name, self._serializer, data)
 
     @abstractmethod
     def keys_snapshot(self) -> list[bytes]:

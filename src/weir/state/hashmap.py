@@ -44,10 +44,10 @@ _IMMUTABLE: frozenset[type] = frozenset({int, float, str, bytes, bool, type(None
 
 class _HashMapTable(TableCore):
     """The Python part of every hash-map table. The calls a record makes most
-    (value/update, list get/add, map get/put) are C methods of ``ValueCore``,
-    ``ListCore`` and ``MapCore`` (``_hashcore.c``); each handles only the common case
-    and otherwise calls the ``_slow_`` method here of the same name, which holds the
-    whole semantics."""
+    (value/update, reducing/aggregating add, list get/add, map get/put) are C methods
+    of ``ValueCore``, ``ListCore`` and ``MapCore`` (``_hashcore.c``); each handles only
+    the common case and otherwise calls the ``_slow_`` method here of the same name,
+    which holds the whole semantics."""
 
     _ctx: KeyContext
 
@@ -99,22 +99,10 @@ class _HashMapTable(TableCore):
         """The canonical snapshot entries of one prefixed key (empty if absent)."""
         raise NotImplementedError
 
-    def _current(self) -> bytes:
-        key = self._ctx.key_bytes
-        if key is NO_KEY:
-            raise self._ctx.no_key_error(f"state {self.name!r}")
-        return key  # type: ignore[no-any-return]
-
     def _key_error(self, exc: TypeError) -> Exception:
         if self._ctx.key_bytes is NO_KEY:
             return self._ctx.no_key_error(f"state {self.name!r}")
         return exc
-
-    def _encode(self, value: Any) -> bytes:
-        return encode_checked(self.name, self._serializer, value)
-
-    def _decode(self, data: bytes) -> Any:
-        return decode_checked(self.name, self._serializer, data)
 
 
 class _ValueTable(ValueCore, _HashMapTable, ValueTable, ValueState[Any]):

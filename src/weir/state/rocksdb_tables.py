@@ -28,7 +28,7 @@ from weir.state.backend import (
     split_map_key,
     unframe,
 )
-from weir.state.keycontext import NO_KEY, KeyContext
+from weir.state.keycontext import KeyContext
 
 __all__ = ["RocksListTable", "RocksMapTable", "RocksValueTable", "successor"]
 
@@ -47,18 +47,6 @@ class _RocksTable:
         self._ctx = ctx
         self._cf = cf
         self._serializer = serializer
-
-    def _current(self) -> bytes:
-        key = self._ctx.key_bytes
-        if key is NO_KEY:
-            raise self._ctx.no_key_error(f"state {self.name!r}")
-        return key  # type: ignore[no-any-return]
-
-    def _encode(self, value: Any) -> bytes:
-        return encode_checked(self.name, self._serializer, value)
-
-    def _decode(self, data: bytes) -> Any:
-        return decode_checked(self.name, self._serializer, data)
 
     def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         it = self._cf.iter()

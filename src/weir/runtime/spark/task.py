@@ -161,15 +161,13 @@ class _Task:
                 for other in others(spec.location, spec.uid, self.subtask):
                     if useless(other, prior, self.query, self.token, spec):
                         evict(other.spec_key, f"its state changed since batch {other.batch}")
-                if live is not None and is_exactly(
-                    live, prior, self.query, self.subtask, self.token, spec,
-                ):
-                    return live, prior.positions
-                handle = (None if live is None else
-                          behind(live, prior, self.query, self.token, spec))
-                if live is not None and handle is not None and caught_up(live, handle):
-                    self.caught_up = True
-                    return live, prior.positions
+                if live is not None:
+                    if is_exactly(live, prior, self.query, self.subtask, self.token, spec):
+                        return live, prior.positions
+                    handle = behind(live, prior, self.query, self.token, spec)
+                    if handle is not None and caught_up(live, handle):
+                        self.caught_up = True
+                        return live, prior.positions
                 completed = prior.for_subtask(self.subtask, spec.parallelism)
         if live is not None:
             live.close()
