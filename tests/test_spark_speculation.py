@@ -17,9 +17,10 @@ function holds the first attempt of one subtask
 
 * in batch 2 until a speculative copy of the task started and published its part
   (``after_retry``): the held attempt then publishes after its retry;
-* in batch 3 until a copy started and batch 3 was completed and its parts swept
-  (``after_completion``): the held attempt then publishes into a completed batch; the
-  driver waits for that part before it stops.
+* in batch 3 until a copy started, batch 3 was completed and its parts swept, and
+  batch 4 was completed (so completion's sweep of batch 3 is over: it would delete a
+  part published during it) (``after_completion``): the held attempt then publishes
+  into a completed batch; the driver waits for that part before it stops.
 
 Spark launches the copies by itself (``SPECULATION``: it speculates a task that has run
 1.1 times the median of the stage's finished tasks, and at least 200 ms), and the

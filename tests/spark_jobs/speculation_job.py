@@ -34,8 +34,10 @@ The function (:class:`Speculating`) appends one JSON line per event to
 
   - ``after_retry``: the copy had published its part of B (``chk-B/_parts/S-*.part``)
     or B was complete; or
-  - ``after_completion``: B was complete (``chk-B/_metadata``) and completion had
-    swept its parts;
+  - ``after_completion``: B was complete (``chk-B/_metadata``), completion had swept
+    its parts, and B + 1 was complete too (``_metadata`` is written before the sweep;
+    the driver completes a stage's batches one at a time, so B's sweep is over once
+    B + 1 is complete);
 
   at most ``wait_s`` seconds each. Spark kills the held attempt once the copy
   succeeds, but a killed task's Python worker is destroyed only
@@ -188,12 +190,17 @@ class Speculating(fault_job.Tracker):  # type: ignore[misc,name-defined]
         chk = batch_dir(self.checkpoints, batch)
         metadata = os.path.join(chk, "_metadata")
         parts = os.path.join(chk, "_parts", "*.part")
+        # B's _metadata exists before completion swept B (then a part published meanwhile
+        # is swept too); the sweep is over once B + 1 is complete: the driver completes a
+        # stage's batches one at a time (the listener, finish() under the stage's lock;
+        # the planner of B + 1 before B + 1's tasks run)
+        after = os.path.join(batch_dir(self.checkpoints, batch + 1), "_metadata")
         if mode == "after_retry":
             mine = os.path.join(chk, "_parts", f"{subtask}-*.part")
             reached = speculated and wait(lambda: bool(glob.glob(mine) or glob.glob(metadata)))
-        else:  # complete, and the parts it did not choose swept
+        else:  # complete, and completion's sweep of what it did not choose is over
             reached = speculated and wait(
-                lambda: bool(glob.glob(metadata)) and {
+                lambda: bool(glob.glob(metadata)) and bool(glob.glob(after)) and {
                     os.path.basename(p) for p in glob.glob(parts)} <= chosen_parts(chk))
         found = glob.glob(metadata)
         digest = hashlib.sha256(Path(found[0]).read_bytes()).hexdigest() if found else None
