@@ -16,7 +16,7 @@ java:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless; }
 
 # A C compiler and the Python headers: pip builds the hash map's C fast paths
-# (src/weir/state/_hashcore.c). Installed only if missing.
+# (src/weir/state/_hashcore.c, _keycell.c). Installed only if missing.
 compiler:
 	@command -v cc >/dev/null 2>&1 || { \
 	  echo "cc not found: installing gcc with apt-get"; \
@@ -25,7 +25,7 @@ compiler:
 	  echo "Python.h not found: installing python3-dev with apt-get"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-dev; }
 
-$(STAMP): pyproject.toml src/weir/state/_hashcore.c
+$(STAMP): pyproject.toml $(wildcard src/weir/state/_*.c src/weir/state/_*.h)
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "weir needs Python 3.11+"'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

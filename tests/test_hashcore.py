@@ -185,3 +185,90 @@ def test_a_replaced_accepted_set_forgets_the_type_last_accepted(replace: str) ->
         assert m.get("k") == 2
     finally:
         side.harness.close()
+
+
+# ------------------------------------------------------------------ the current key
+
+#: keys of every kind: the C path takes str and int (msgpack's every int width, UTF-8
+#: of any length), Python the rest (other types, ints beyond 64 bits, lone surrogates)
+KEYS = st.one_of(
+    st.text(max_size=40), st.text(min_size=250, max_size=300),
+    st.integers(min_value=-(2**64), max_value=2**65),
+    st.sampled_from([0, 31, 32, 127, 128, 255, 256, 65535, 65536, 2**31 - 1, 2**31,
+                     2**32 - 1, 2**32, 2**63 - 1, 2**63, 2**64 - 1, 2**64, -1, -32, -33,
+                     -128, -129, -32768, -32769, -(2**31), -(2**31) - 1, -(2**63),
+                     -(2**63) - 1, "x" * 31, "x" * 32, "é" * 128, "\ud800", "a\udfffb"]),
+    st.none(), st.booleans(), st.floats(allow_nan=False), st.binary(max_size=8),
+    st.tuples(st.integers(), st.text(max_size=4)),
+)
+
+
+def _python_key(key: Any, max_parallelism: int) -> tuple[int, bytes] | type[Exception]:
+    """The specification: ``(group, prefixed key)``, or the error's type."""
+    import mmh3
+
+    from weir.state.keygroups import canonical_key_bytes
+
+    try:
+        raw = canonical_key_bytes(key)
+    except Exception as exc:  # the type is compared
+        return type(exc)
+    group = mmh3.hash(raw, 0, False) % max_parallelism
+    return group, group.to_bytes(2, "big") + raw
+
+
+@settings(max_examples=300, deadline=None)
+@given(keys=st.lists(KEYS, max_size=30), max_parallelism=st.integers(1, 32768),
+       parallelism=st.integers(1, 8), split=st.integers(0, 32767))
+def test_set_current_key_and_routes_in_c_match_the_python_specification(
+    keys: list[Any], max_parallelism: int, parallelism: int, split: int
+) -> None:
+    """``KeyContext.set_current_key`` (C for str and int keys) and ``route_keys`` give
+    every key the canonical bytes and murmur3 group of ``weir.state.keygroups``; keys of
+    groups outside the subtask's range raise KeyGroupError; keys C does not take go to
+    Python (``route_keys`` lists them), with the same errors."""
+    import array
+
+    from weir.errors import KeyGroupError
+    from weir.state._hashcore import route_keys
+    from weir.state.keycontext import KeyContext
+    from weir.state.keygroups import KeyGroupRange
+
+    parallelism = min(parallelism, max_parallelism)
+    end = split % max_parallelism
+    ctx = KeyContext(max_parallelism, KeyGroupRange(0, end))
+    for key in keys:
+        expected = _python_key(key, max_parallelism)
+        if isinstance(expected, type):
+            with pytest.raises(expected):
+                ctx.set_current_key(key)
+            continue
+        group, prefixed = expected
+        if group > end:
+            with pytest.raises(KeyGroupError):
+                ctx.set_current_key(key)
+            continue
+        ctx.set_current_key(key)
+        assert (ctx.key_bytes, ctx.key_group) == (prefixed, group)
+        assert ctx.key is key
+
+    table = tuple(range(100, 100 + parallelism))
+    data, slow = route_keys(keys, max_parallelism, parallelism, table)
+    routes = array.array("i", bytes(data))
+    c_kinds = (str, int)
+    assert slow == [j for j, k in enumerate(keys) if type(k) not in c_kinds
+                    or isinstance(_python_key(k, max_parallelism), type)]
+    for j, key in enumerate(keys):
+        if j not in slow:
+            group, _ = _python_key(key, max_parallelism)  # type: ignore[misc]
+            assert routes[j] == table[group * parallelism // max_parallelism]
+
+
+def test_int64_range_is_the_arrow_order_column() -> None:
+    import array
+
+    from weir.state._hashcore import int64_range
+
+    base = 3 << 40
+    assert list(array.array("q", bytes(int64_range(base, 5)))) == list(range(base, base + 5))
+    assert int64_range(7, 0) == bytearray()

@@ -19,59 +19,13 @@
  *   - for map state, the user key is a str (identity: itself) or an int (identity:
  *     (int, key)); other user keys are encoded by Python.
  * A write adds the prefixed key to _dirty when _dirty is a set (changelog tracking).
- * Nothing here knows serializers, TTL or snapshots.
+ * Nothing here knows serializers, TTL or snapshots. The key context's C base (KeyCell:
+ * the current key, set in C for str and int keys) and the route pass's helpers are in
+ * _keycell.c, compiled into this module.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_hashcore.h"
+
 #include <structmember.h>
-
-/* ------------------------------------------------------------------ KeyCell */
-
-typedef struct {
-    PyObject_HEAD
-    PyObject *key_bytes; /* the current prefixed key (bytes), or a sentinel */
-} KeyCell;
-
-static int
-keycell_traverse(KeyCell *self, visitproc visit, void *arg)
-{
-    Py_VISIT(self->key_bytes);
-    return 0;
-}
-
-static int
-keycell_clear(KeyCell *self)
-{
-    Py_CLEAR(self->key_bytes);
-    return 0;
-}
-
-static void
-keycell_dealloc(KeyCell *self)
-{
-    PyObject_GC_UnTrack(self);
-    keycell_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyMemberDef keycell_members[] = {
-    {"key_bytes", T_OBJECT_EX, offsetof(KeyCell, key_bytes), 0,
-     "The current key's prefixed bytes (2-byte key group + canonical key bytes)."},
-    {NULL},
-};
-
-static PyTypeObject KeyCellType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "weir.state._hashcore.KeyCell",
-    .tp_doc = "Holds the current key's prefixed bytes where C code reads them directly.",
-    .tp_basicsize = sizeof(KeyCell),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_new = PyType_GenericNew,
-    .tp_traverse = (traverseproc)keycell_traverse,
-    .tp_clear = (inquiry)keycell_clear,
-    .tp_dealloc = (destructor)keycell_dealloc,
-    .tp_members = keycell_members,
-};
 
 /* ---------------------------------------------------------------- TableCore */
 
@@ -600,11 +554,22 @@ static PyTypeObject MapCoreType = TABLE_TYPE(
 
 /* ------------------------------------------------------------------- module */
 
+static PyMethodDef module_methods[] = {
+    {"route_keys", (PyCFunction)(void (*)(void))weir_route_keys, METH_FASTCALL,
+     "route_keys(keys, max_parallelism, parallelism, table) -> (int32 routes, slow "
+     "positions): the route of each str or int key (see _keycell.c)."},
+    {"int64_range", (PyCFunction)(void (*)(void))weir_int64_range, METH_FASTCALL,
+     "int64_range(start, count) -> bytearray of count native int64s from start."},
+    {NULL},
+};
+
 static struct PyModuleDef hashcore_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "weir.state._hashcore",
-    .m_doc = "C fast paths of the hash-map backend's keyed-state calls.",
+    .m_doc = "C fast paths of the hash-map backend's keyed-state calls and of the "
+             "current key.",
     .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC
@@ -621,7 +586,8 @@ PyInit__hashcore(void)
             return NULL;
         }
     }
-    if ((str_slow_value = PyUnicode_InternFromString("_slow_value")) == NULL
+    if (weir_keycell_init() < 0
+        || (str_slow_value = PyUnicode_InternFromString("_slow_value")) == NULL
         || (str_slow_update = PyUnicode_InternFromString("_slow_update")) == NULL
         || (str_slow_get = PyUnicode_InternFromString("_slow_get")) == NULL
         || (str_slow_add = PyUnicode_InternFromString("_slow_add")) == NULL

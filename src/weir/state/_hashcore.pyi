@@ -3,9 +3,25 @@
 from typing import Any
 
 class KeyCell:
-    """Holds the current key's prefixed bytes where C code reads them directly."""
+    """The current key where C code reads it directly (KeyContext's base)."""
 
     key_bytes: Any
+    key: Any
+    key_group: int
+    max_parallelism: int
+    _kg_start: int
+    _kg_end: int
+
+    def set_current_key(self, key: Any) -> None:
+        """Make ``key`` current; raises KeyGroupError if another subtask owns it."""
+
+def route_keys(
+    keys: list[Any], max_parallelism: int, parallelism: int, table: tuple[int, ...]
+) -> tuple[bytearray, list[int]]:
+    """Native int32 routes of str and int keys; the positions of the others (route 0)."""
+
+def int64_range(start: int, count: int) -> bytearray:
+    """``count`` native int64s from ``start``."""
 
 class TableCore:
     """Fields shared by the hash-map tables' C fast paths."""

@@ -43,10 +43,12 @@ def split_prefixed(prefixed: bytes) -> tuple[int, Any]:
 
 
 class KeyContext(KeyCell):
-    """Holds the current key of one keyed operator subtask (``key_bytes`` is a field of
-    the C base, where the hash map's fast paths read it)."""
+    """Holds the current key of one keyed operator subtask. ``key``, ``key_group``,
+    ``key_bytes`` and ``max_parallelism`` are fields of the C base, which makes str and
+    int keys current in C (``set_current_key``) and where the hash map's fast paths read
+    the key; every other key takes :meth:`_slow_set_current_key`."""
 
-    __slots__ = ("description", "key", "key_group", "key_group_range", "max_parallelism")
+    __slots__ = ("_range", "description")
 
     def __init__(
         self, max_parallelism: int, key_group_range: KeyGroupRange, description: str = ""
@@ -54,12 +56,23 @@ class KeyContext(KeyCell):
         self.max_parallelism = max_parallelism
         self.key_group_range = key_group_range
         self.description = description
-        self.key: Any = None
+        self.key = None
         self.key_group = -1
-        self.key_bytes: Any = NO_KEY
+        self.key_bytes = NO_KEY
 
-    def set_current_key(self, key: Any) -> None:
-        """Make ``key`` current; raises :class:`KeyGroupError` if another subtask owns it."""
+    @property
+    def key_group_range(self) -> KeyGroupRange:
+        """The key groups this subtask owns."""
+        return self._range
+
+    @key_group_range.setter
+    def key_group_range(self, value: KeyGroupRange) -> None:
+        self._range = value
+        self._kg_start, self._kg_end = value.start, value.end
+
+    def _slow_set_current_key(self, key: Any) -> None:
+        """``set_current_key`` for every key (the C base handles str and int keys of
+        this subtask's groups and calls this for the rest)."""
         raw = canonical_key_bytes(key)
         group = mmh3.hash(raw, 0, False) % self.max_parallelism
         kgr = self.key_group_range

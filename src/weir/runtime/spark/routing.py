@@ -31,12 +31,14 @@ from __future__ import annotations
 import enum
 import functools
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import mmh3
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from weir.runtime.spark.keys import keys_of
+from weir.state._hashcore import int64_range, route_keys
 from weir.state.keygroups import canonical_key_bytes
 
 __all__ = [
@@ -94,10 +96,25 @@ def _partition_id() -> int:
 def _with_internal(
     batch: pa.RecordBatch, routes: Sequence[int], kinds: Sequence[int], orders: Sequence[int]
 ) -> pa.RecordBatch:
-    arrays = [*batch.columns, pa.array(routes, pa.int32()), pa.array(kinds, pa.int8()),
-              pa.array(orders, pa.int64())]
-    names = [*batch.schema.names, ROUTE, KIND, ORDER]
-    return pa.RecordBatch.from_arrays(arrays, names=names)
+    return _with_arrays(batch, pa.array(routes, pa.int32()), pa.array(kinds, pa.int8()),
+                        pa.array(orders, pa.int64()))
+
+
+def _with_arrays(
+    batch: pa.RecordBatch, routes: pa.Array, kinds: pa.Array, orders: pa.Array
+) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([*batch.columns, routes, kinds, orders],
+                                      names=[*batch.schema.names, ROUTE, KIND, ORDER])
+
+
+def _column(kind: pa.DataType, n: int, data: bytearray) -> pa.Array:
+    """An Arrow array of ``n`` values of fixed-width ``kind`` over native-order bytes."""
+    return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(data)])
+
+
+def _distinct_routes(data: bytearray, n: int) -> set[int]:
+    """The distinct values of a native int32 route buffer."""
+    return set(pc.unique(_column(pa.int32(), n, data)).to_pylist())
 
 
 def keyed_route_pass(
@@ -115,10 +132,13 @@ def keyed_route_pass(
         for batch in batches:
             n = batch.num_rows
             keys = keys_of(batch, key_columns)
-            routes = [0] * n
-            kinds = [int(RowKind.RECORD)] * n
-            for j, key in enumerate(keys):
+            # str and int keys in C (the same bytes and hash); the rest here
+            data, slow = route_keys(keys, max_parallelism, parallelism, table)
+            routes = memoryview(data).cast("i")
+            kinds = bytearray([int(RowKind.RECORD)]) * n
+            for j in slow:
                 try:
+                    key = keys[j]
                     if key is None:
                         raise ValueError("null key")
                     group = hash_(canonical_key_bytes(key), 0, False) % max_parallelism
@@ -126,8 +146,9 @@ def keyed_route_pass(
                 except Exception:
                     routes[j] = table[(row + j) % parallelism]
                     kinds[j] = int(RowKind.BAD_KEY)
-            clock.saw(batch, routes)
-            yield _with_internal(batch, routes, kinds, range(base + row, base + row + n))
+            clock.saw(batch, set(routes) if slow else _distinct_routes(data, n))
+            yield _with_arrays(batch, _column(pa.int32(), n, data), _column(pa.int8(), n, kinds),
+                               _column(pa.int64(), n, int64_range(base + row, n)))
             row += n
         yield from clock.rows(base + row)
 
@@ -169,7 +190,7 @@ class _Clock:
         self.covered: set[int] = set()
         self.template: pa.RecordBatch | None = None
 
-    def saw(self, batch: pa.RecordBatch, routes: Sequence[int]) -> None:
+    def saw(self, batch: pa.RecordBatch, routes: Iterable[int]) -> None:
         if batch.num_rows:
             self.covered.update(routes)
             if self.template is None:

@@ -1,0 +1,31 @@
+/* What the two files of the extension module weir.state._hashcore share: the key
+ * context's C base KeyCell (_keycell.c defines it and the route pass's helpers;
+ * _hashcore.c's tables read the current key from it and registers the module). */
+#ifndef WEIR_HASHCORE_H
+#define WEIR_HASHCORE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *key_bytes; /* the current prefixed key (bytes), or a sentinel */
+    PyObject *key;       /* the current key (NULL: None) */
+    int key_group;       /* the current key's group, -1 without one */
+    int max_parallelism; /* the number of key groups (0: not set, Python path only) */
+    int kg_start;        /* the subtask's key-group range, both ends included */
+    int kg_end;
+} KeyCell;
+
+extern PyTypeObject KeyCellType;
+
+/* Interns the names _keycell.c calls; 0 on success, -1 with an exception. */
+int weir_keycell_init(void);
+
+/* route_keys(keys, max_parallelism, parallelism, table) (see _keycell.c). */
+PyObject *weir_route_keys(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
+/* int64_range(start, count) (see _keycell.c). */
+PyObject *weir_int64_range(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
+#endif /* WEIR_HASHCORE_H */

@@ -1,0 +1,218 @@
+/* weir.state._hashcore, part 2: the current key in C.
+ *
+ * KeyCell is the C base of weir.state.keycontext.KeyContext. Its set_current_key
+ * makes a str or int key current in C: canonical bytes, murmur3 key group, the check
+ * that this subtask owns the group, the prefixed key (weir/state/_keybytes.h). Any
+ * other key, an unencodable one, a group outside the subtask's range, or a cell whose
+ * max_parallelism is not set goes to the Python method _slow_set_current_key, which
+ * holds the whole semantics (every key type, KeyGroupError, serialization errors).
+ *
+ * route_keys gives the Spark runtime's route pass the routes of a column of keys in
+ * one call (the same encoding and hash), and int64_range its row-order column.
+ */
+#include "_hashcore.h"
+
+#include <structmember.h>
+
+#include "_keybytes.h"
+
+static PyObject *str_slow_set_current_key;
+
+int
+weir_keycell_init(void)
+{
+    str_slow_set_current_key = PyUnicode_InternFromString("_slow_set_current_key");
+    return str_slow_set_current_key == NULL ? -1 : 0;
+}
+
+static int
+keycell_traverse(KeyCell *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->key_bytes);
+    Py_VISIT(self->key);
+    return 0;
+}
+
+static int
+keycell_clear(KeyCell *self)
+{
+    Py_CLEAR(self->key_bytes);
+    Py_CLEAR(self->key);
+    return 0;
+}
+
+static void
+keycell_dealloc(KeyCell *self)
+{
+    PyObject_GC_UnTrack(self);
+    keycell_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+keycell_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    KeyCell *self = (KeyCell *)PyType_GenericNew(type, args, kwds);
+    if (self != NULL) {
+        self->key_group = -1;
+        self->kg_start = 0;
+        self->kg_end = -1; /* an empty range until Python sets it */
+    }
+    return (PyObject *)self;
+}
+
+static PyObject *
+keycell_set_current_key(KeyCell *self, PyObject *key)
+{
+    int group = -1;
+    PyObject *prefixed = weir_prefixed_key(key, self->max_parallelism, &group);
+    if (prefixed == NULL || group < self->kg_start || group > self->kg_end) {
+        Py_XDECREF(prefixed);
+        return PyObject_CallMethodOneArg((PyObject *)self, str_slow_set_current_key, key);
+    }
+    Py_XSETREF(self->key_bytes, prefixed);
+    Py_XSETREF(self->key, Py_NewRef(key));
+    self->key_group = group;
+    Py_RETURN_NONE;
+}
+
+static PyMemberDef keycell_members[] = {
+    {"key_bytes", T_OBJECT_EX, offsetof(KeyCell, key_bytes), 0,
+     "The current key's prefixed bytes (2-byte key group + canonical key bytes)."},
+    {"key", T_OBJECT, offsetof(KeyCell, key), 0, "The current key (None without one)."},
+    {"key_group", T_INT, offsetof(KeyCell, key_group), 0,
+     "The current key's group (-1 without one)."},
+    {"max_parallelism", T_INT, offsetof(KeyCell, max_parallelism), 0,
+     "The number of key groups."},
+    {"_kg_start", T_INT, offsetof(KeyCell, kg_start), 0,
+     "First key group of this subtask's range."},
+    {"_kg_end", T_INT, offsetof(KeyCell, kg_end), 0, "Last key group of this subtask's range."},
+    {NULL},
+};
+
+static PyMethodDef keycell_methods[] = {
+    {"set_current_key", (PyCFunction)keycell_set_current_key, METH_O,
+     "Make key current; raises KeyGroupError if another subtask owns it."},
+    {NULL},
+};
+
+PyTypeObject KeyCellType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "weir.state._hashcore.KeyCell",
+    .tp_doc = "The current key where C code reads it directly (KeyContext's base).",
+    .tp_basicsize = sizeof(KeyCell),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = keycell_new,
+    .tp_traverse = (traverseproc)keycell_traverse,
+    .tp_clear = (inquiry)keycell_clear,
+    .tp_dealloc = (destructor)keycell_dealloc,
+    .tp_members = keycell_members,
+    .tp_methods = keycell_methods,
+};
+
+/* ----------------------------------------------------------------- routes */
+
+/* route_keys(keys: list, max_parallelism: int, parallelism: int, table: tuple[int])
+ * -> (routes: bytearray, slow: list[int]).
+ *
+ * routes holds one native int32 per key: table[group * parallelism // max_parallelism]
+ * for a str or int key; slow lists the positions of every other key (their routes are
+ * 0: the caller computes them in Python). */
+PyObject *
+weir_route_keys(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyList_Check(args[0]) || !PyLong_Check(args[1])
+        || !PyLong_Check(args[2]) || !PyTuple_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "route_keys(keys: list, max_parallelism: int, parallelism: int, "
+                        "table: tuple)");
+        return NULL;
+    }
+    PyObject *keys = args[0], *table = args[3];
+    long maxp = PyLong_AsLong(args[1]);
+    long p = PyLong_AsLong(args[2]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (maxp <= 0 || maxp > 32768 || p <= 0 || p > maxp || PyTuple_GET_SIZE(table) != p) {
+        PyErr_SetString(PyExc_ValueError,
+                        "route_keys: need 0 < parallelism <= max_parallelism <= 32768 "
+                        "and one table entry per subtask");
+        return NULL;
+    }
+    int32_t *routes_of = PyMem_Malloc(sizeof(int32_t) * (size_t)p);
+    if (routes_of == NULL) {
+        return PyErr_NoMemory();
+    }
+    for (long i = 0; i < p; i++) {
+        long v = PyLong_AsLong(PyTuple_GET_ITEM(table, i));
+        if (v == -1 && PyErr_Occurred()) {
+            PyMem_Free(routes_of);
+            return NULL;
+        }
+        routes_of[i] = (int32_t)v;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    PyObject *routes = PyByteArray_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int32_t));
+    PyObject *slow = PyList_New(0);
+    if (routes == NULL || slow == NULL) {
+        goto fail;
+    }
+    int32_t *out = (int32_t *)PyByteArray_AS_STRING(routes);
+    for (Py_ssize_t j = 0; j < n; j++) {
+        int group = weir_key_group(PyList_GET_ITEM(keys, j), maxp);
+        if (group == -2) {
+            goto fail;
+        }
+        if (group < 0) {
+            out[j] = 0;
+            PyObject *at = PyLong_FromSsize_t(j);
+            int failed = at == NULL || PyList_Append(slow, at) < 0;
+            Py_XDECREF(at);
+            if (failed) {
+                goto fail;
+            }
+            continue;
+        }
+        out[j] = routes_of[(long long)group * p / maxp];
+    }
+    PyMem_Free(routes_of);
+    PyObject *result = PyTuple_Pack(2, routes, slow);
+    Py_DECREF(routes);
+    Py_DECREF(slow);
+    return result;
+fail:
+    PyMem_Free(routes_of);
+    Py_XDECREF(routes);
+    Py_XDECREF(slow);
+    return NULL;
+}
+
+/* int64_range(start: int, count: int) -> bytearray: count native int64s start,
+ * start + 1, ... (an Arrow int64 column's buffer). */
+PyObject *
+weir_int64_range(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyLong_Check(args[0]) || !PyLong_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "int64_range(start: int, count: int)");
+        return NULL;
+    }
+    long long start = PyLong_AsLongLong(args[0]);
+    Py_ssize_t count = PyLong_AsSsize_t(args[1]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (count < 0 || count > PY_SSIZE_T_MAX / 8) {
+        PyErr_SetString(PyExc_ValueError, "int64_range: count out of range");
+        return NULL;
+    }
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, count * 8);
+    if (out == NULL) {
+        return NULL;
+    }
+    int64_t *p = (int64_t *)PyByteArray_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        p[i] = (int64_t)(start + i);
+    }
+    return out;
+}
