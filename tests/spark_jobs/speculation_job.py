@@ -282,24 +282,37 @@ def chosen_parts(chk: str) -> set[str]:
     return out
 
 
-def wait_for_zombies(paths: Any, injections: dict[str, dict[str, str]],
-                     timeout: float) -> dict[str, dict[str, list[str]]]:
-    """Before the driver stops (its executors with it): wait until every attempt held
-    until after completion (its ``resume`` line says it got there) published its part
-    of the swept batch. Returns, per backend and batch, the parts there."""
-    resumed = set()
+def _resumes(paths: Any) -> dict[tuple[str, int, int], bool]:
+    """(backend, batch, subtask) -> reached, of every ``after_completion`` hold that
+    logged its ``resume`` line so far."""
+    out = {}
     with contextlib.suppress(OSError):
         for line in (paths.work / SIDE_LOG).read_text().splitlines():
             doc = json.loads(line)
-            if doc["phase"] == "resume" and doc["mode"] == "after_completion" and doc["reached"]:
-                resumed.add((doc["tag"], doc["batch"], doc["subtask"]))
+            if doc["phase"] == "resume" and doc["mode"] == "after_completion":
+                out[(doc["tag"], doc["batch"], doc["subtask"])] = bool(doc["reached"])
+    return out
+
+
+def wait_for_zombies(paths: Any, injections: dict[str, dict[str, str]],
+                     timeout: float) -> dict[str, dict[str, list[str]]]:
+    """Before the driver stops (its executors with it): wait until every attempt held
+    until after completion logged its ``resume`` line (it holds until the batch after
+    its own is complete, which may be the run's last: so the line may still be due)
+    and, if it got there, published its part of the swept batch. Returns, per backend
+    and batch, the late parts there."""
     out: dict[str, dict[str, list[str]]] = {}
     deadline = time.monotonic() + timeout
     for backend, holds in injections.items():
         for key, mode in holds.items():
             batch, subtask = (int(x) for x in key.split(":"))
-            if mode != "after_completion" or (backend, batch, subtask) not in resumed:
+            if mode != "after_completion":
                 continue
+            held = (backend, batch, subtask)
+            while held not in _resumes(paths) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if not _resumes(paths).get(held):
+                continue  # never held, or gave up waiting: the test says which
             pattern = os.path.join(batch_dir(str(paths.weir_chk(backend)), batch), "_parts",
                                    f"{subtask}-*.part")
             chk = batch_dir(str(paths.weir_chk(backend)), batch)
@@ -312,8 +325,6 @@ def wait_for_zombies(paths: Any, injections: dict[str, dict[str, str]],
                 time.sleep(0.1)
             out.setdefault(backend, {})[str(batch)] = late()
     return out
-
-
 
 
 def run_queries(spark: Any, paths: Any, backends: list[str],
