@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 
 from weir.runtime.spark.keys import keys_of
 from weir.state._hashcore import int64_range, route_keys
-from weir.state.keygroups import canonical_key_bytes
+from weir.state.keygroups import canonical_key_bytes, key_group_for_key_bytes
 
 __all__ = [
     "RowKind",
@@ -127,7 +127,6 @@ def keyed_route_pass(
     def route(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         base = _partition_id() << 40
         row = 0
-        hash_ = mmh3.hash
         clock = _Clock(table)
         for batch in batches:
             n = batch.num_rows
@@ -141,12 +140,12 @@ def keyed_route_pass(
                     key = keys[j]
                     if key is None:
                         raise ValueError("null key")
-                    group = hash_(canonical_key_bytes(key), 0, False) % max_parallelism
+                    group = key_group_for_key_bytes(canonical_key_bytes(key), max_parallelism)
                     routes[j] = table[group * parallelism // max_parallelism]
                 except Exception:
                     routes[j] = table[(row + j) % parallelism]
                     kinds[j] = int(RowKind.BAD_KEY)
-            clock.saw(batch, set(routes) if slow else _distinct_routes(data, n))
+            clock.saw(batch, _distinct_routes(data, n))  # (routes writes into data)
             yield _with_arrays(batch, _column(pa.int32(), n, data), _column(pa.int8(), n, kinds),
                                _column(pa.int64(), n, int64_range(base + row, n)))
             row += n
