@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from pyspark.sql.types import (
     ArrayType,
@@ -40,7 +41,14 @@ from spark_support import by_value, run, write_file  # type: ignore[import-not-f
 from weir.errors import ConfigurationError
 from weir.runtime.spark import keys as spark_keys
 from weir.runtime.spark.keys import UNCONVERTIBLE, check_key_types, keys_of
-from weir.runtime.spark.routing import KEY, RowKind, keyed_route_pass, route_table
+from weir.runtime.spark.routing import (
+    KEY,
+    NOW,
+    RowKind,
+    batch_time,
+    keyed_route_pass,
+    route_table,
+)
 from weir.state.keygroups import assign_key_to_parallel_operator, canonical_key_bytes
 from weir.testing import KeyedOperatorHarness
 
@@ -105,7 +113,7 @@ def test_a_value_python_cannot_hold_is_a_bad_key_of_its_own_row_only() -> None:
                              pa.array([1, 2, 3], pa.int64())], names=["ts", "seq"])
     keys = keys_of(batch, ["ts"])
     assert keys[1] is UNCONVERTIBLE and keys[0] == dt.datetime(1970, 1, 1, tzinfo=UTC)
-    routed = next(keyed_route_pass(["ts"], M, P)(iter([batch])))
+    routed = next(keyed_route_pass(["ts"], M, P)(iter([_at(batch, 5)])))
     kinds = routed.column("_weir_kind").to_pylist()
     assert kinds == [RowKind.RECORD, RowKind.BAD_KEY, RowKind.RECORD]
 
@@ -114,11 +122,41 @@ def test_the_route_pass_puts_every_new_key_type_with_its_owner() -> None:
     batch = pa.record_batch(
         [pa.array([dt.date(2024, 1, d) for d in range(1, 21)]),
          pa.array([[d, d + 1] for d in range(20)], pa.list_(pa.int32()))], names=["d", "a"])
-    routed = next(keyed_route_pass(["d", "a"], M, P)(iter([batch])))
+    routed = next(keyed_route_pass(["d", "a"], M, P)(iter([_at(batch, 5)])))
     want = [route_table(P)[assign_key_to_parallel_operator((dt.date(2024, 1, d), [d - 1, d]),
                                                           M, P)] for d in range(1, 21)]
     assert routed.column("_weir_route").to_pylist() == want
     assert set(routed.column("_weir_kind").to_pylist()) == {RowKind.RECORD}
+
+
+def _at(batch: pa.RecordBatch, now: int) -> pa.RecordBatch:
+    """``batch`` as the route pass gets it: with the batch timestamp column."""
+    return batch.append_column(NOW, pa.array([now] * batch.num_rows, pa.int64()))
+
+
+def test_every_subtask_gets_the_batch_time_in_a_clock_row_and_no_row_carries_it() -> None:
+    # 3 keys, all owned by one subtask of 4: the others get only the clock rows
+    key = "k"
+    owner = assign_key_to_parallel_operator(key, M, 4)
+    batch = pa.record_batch([pa.array([key] * 3), pa.array([1, 2, 3])], names=["k", "v"])
+    out = pa.Table.from_batches(list(keyed_route_pass(["k"], M, 4)(
+        iter([_at(batch.slice(0, 2), 1234), _at(batch.slice(2), 1234)]))))
+    assert NOW not in out.column_names
+    table = route_table(4)
+    by_route = {r: out.filter(pc.equal(out["_weir_route"], r)) for r in table}
+    for subtask, route in enumerate(table):
+        rows = by_route[route]
+        kinds = rows.column("_weir_kind").to_pylist()
+        assert kinds == ([RowKind.RECORD] * 3 if subtask == owner else []) + [RowKind.HEARTBEAT]
+        assert batch_time(rows) == 1234
+    # the records keep their input order across batches
+    mine = by_route[table[owner]]
+    assert mine.column("v").to_pylist()[:3] == [1, 2, 3]
+    assert mine.column("_weir_order").to_pylist()[:3] == [0, 1, 2]
+    assert batch_time(mine.slice(0, 3)) is None  # no clock row: no batch time
+    # an input partition with no row sends nothing, not even a clock row
+    empty = keyed_route_pass(["k"], M, 4)(iter([_at(batch.slice(0, 0), 1)]))
+    assert sum(b.num_rows for b in empty) == 0
 
 
 # ------------------------------------------------------------------ check_key_types

@@ -165,10 +165,12 @@ def _output_schema(spark: SparkSession, schema: str | StructType) -> tuple[Any, 
 
 
 def _with_internal(struct: StructType) -> StructType:
+    """The route pass's output: ``struct`` without ``_weir_now``, with the internal
+    columns."""
     from pyspark.sql.types import ByteType, IntegerType, LongType, StructField, StructType
 
     return StructType([
-        *struct.fields, StructField(ROUTE, IntegerType()),
+        *[f for f in struct.fields if f.name != NOW], StructField(ROUTE, IntegerType()),
         StructField(KIND, ByteType()), StructField(ORDER, LongType()),
     ])
 

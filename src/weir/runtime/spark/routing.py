@@ -8,22 +8,26 @@ as Spark hashes an ``int``: the 4 little-endian bytes, seed 42). Hash partitioni
 that column is then the identity on subtasks, on every executor layout, for every
 batch; the process pass checks it for every row (``TaskPlacementError``).
 
-The route pass (a ``mapInArrow`` on each input) adds the internal columns:
+The route pass (a ``mapInArrow`` on each input) takes the input's columns and
+``_weir_now`` (the batch timestamp, ms), drops ``_weir_now`` and adds the internal
+columns:
 
 * ``_weir_route`` (int) — the route value of the owning subtask;
 * ``_weir_kind`` (tinyint) — what the row is (:class:`RowKind`);
 * ``_weir_order`` (bigint) — input partition id << 40 | row index: the process pass
   handles rows in this order, so a replayed batch sees its records in the same order
-  (Spark's shuffle does not preserve it).
+  (Spark's shuffle does not preserve it). In ``HEARTBEAT`` rows: the batch timestamp.
 
 Keyed records go to the owner of their key group (weir's key groups: murmur3 of the
 canonical key bytes, the same function on every runtime); keys are read from the key
 columns by :func:`weir.runtime.spark.keys.keys_of`, as in the process pass. A record
 whose key cannot be computed (null, or a value Python cannot hold) goes to some
-subtask as ``BAD_KEY`` to be dead-lettered there. Broadcast
-and heartbeat rows are copied to every subtask. Each input partition with rows also
-sends a *clock row* (``HEARTBEAT``, carrying the batch timestamp) to every subtask it
-sent no record to: in a batch with any row, every subtask runs and sees the batch time.
+subtask as ``BAD_KEY`` to be dead-lettered there. Broadcast rows are copied to every
+subtask. Each input partition with rows (and the heartbeat stream's) ends with a
+*clock row* (``HEARTBEAT``, the batch timestamp in ``_weir_order``) to every subtask:
+in a batch with any row, every subtask runs and sees the batch time. The batch time
+is a constant of the batch: it travels in p rows per input partition, not in a
+column of every row (a column costs every row of the shuffle).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from __future__ import annotations
 import enum
 import functools
 import struct
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import mmh3
 import pyarrow as pa
@@ -43,6 +47,7 @@ from weir.state.keygroups import canonical_key_bytes, key_group_for_key_bytes
 
 __all__ = [
     "RowKind",
+    "batch_time",
     "fan_out_pass",
     "keyed_route_pass",
     "round_robin_pass",
@@ -93,6 +98,13 @@ def _partition_id() -> int:
     return ctx.partitionId() if ctx is not None else 0
 
 
+def _without_now(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, int | None]:
+    """``batch`` without its ``_weir_now`` column, and that column's (constant) value."""
+    i = batch.schema.get_field_index(NOW)
+    now = batch.column(i)[0].as_py() if batch.num_rows else None
+    return batch.remove_column(i), now
+
+
 def _with_internal(
     batch: pa.RecordBatch, routes: Sequence[int], kinds: Sequence[int], orders: Sequence[int]
 ) -> pa.RecordBatch:
@@ -112,11 +124,6 @@ def _column(kind: pa.DataType, n: int, data: bytearray) -> pa.Array:
     return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(data)])
 
 
-def _distinct_routes(data: bytearray, n: int) -> set[int]:
-    """The distinct values of a native int32 route buffer."""
-    return set(pc.unique(_column(pa.int32(), n, data)).to_pylist())
-
-
 def keyed_route_pass(
     key_columns: Sequence[str], max_parallelism: int, parallelism: int
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -129,6 +136,8 @@ def keyed_route_pass(
         row = 0
         clock = _Clock(table)
         for batch in batches:
+            batch, now = _without_now(batch)
+            clock.saw(batch, now)
             n = batch.num_rows
             keys = keys_of(batch, key_columns)
             # str and int keys in C (the same bytes and hash); the rest here
@@ -145,11 +154,10 @@ def keyed_route_pass(
                 except Exception:
                     routes[j] = table[(row + j) % parallelism]
                     kinds[j] = int(RowKind.BAD_KEY)
-            clock.saw(batch, _distinct_routes(data, n))  # (routes writes into data)
             yield _with_arrays(batch, _column(pa.int32(), n, data), _column(pa.int8(), n, kinds),
                                _column(pa.int64(), n, int64_range(base + row, n)))
             row += n
-        yield from clock.rows(base + row)
+        yield from clock.rows()
 
     return route
 
@@ -166,64 +174,73 @@ def round_robin_pass(
         row = 0
         clock = _Clock(table)
         for batch in batches:
+            batch, now = _without_now(batch)
+            clock.saw(batch, now)
             n = batch.num_rows
             routes = [table[(pid + row + j) % parallelism] for j in range(n)]
-            clock.saw(batch, routes)
             yield _with_internal(
                 batch, routes, [int(RowKind.RECORD)] * n, range(base + row, base + row + n)
             )
             row += n
-        yield from clock.rows(base + row)
+        yield from clock.rows()
 
     return route
 
 
 class _Clock:
-    """Clock rows of one input partition: after its rows, one ``HEARTBEAT`` row (a copy
-    of its first row, so it carries the batch timestamp) for every subtask it sent no
-    row to. So in a batch with any row, every subtask gets at least one row: it runs,
-    knows its subtask and sees the batch time."""
+    """The clock rows of one input partition: after its rows, one ``HEARTBEAT`` row
+    per subtask (a copy of its first row, the batch timestamp as its order). So in a
+    batch with any row, every subtask gets at least one row: it runs, knows its
+    subtask and sees the batch time."""
 
     def __init__(self, table: Sequence[int]) -> None:
         self.table = table
-        self.covered: set[int] = set()
         self.template: pa.RecordBatch | None = None
+        self.now: int | None = None
 
-    def saw(self, batch: pa.RecordBatch, routes: Iterable[int]) -> None:
-        if batch.num_rows:
-            self.covered.update(routes)
-            if self.template is None:
-                self.template = batch.slice(0, 1)
+    def saw(self, batch: pa.RecordBatch, now: int | None) -> None:
+        if batch.num_rows and self.template is None:
+            self.template, self.now = batch.slice(0, 1), now
 
-    def rows(self, order: int) -> Iterator[pa.RecordBatch]:
-        missing = [v for v in self.table if v not in self.covered]
-        if self.template is None or not missing:
+    def rows(self) -> Iterator[pa.RecordBatch]:
+        if self.template is None or self.now is None:  # (now: never null in a row)
             return
-        k = len(missing)
-        yield _with_internal(self.template.take([0] * k), missing,
-                             [int(RowKind.HEARTBEAT)] * k, range(order, order + k))
+        k = len(self.table)
+        yield _with_internal(self.template.take([0] * k), self.table,
+                             [int(RowKind.HEARTBEAT)] * k, [self.now] * k)
+
+
+def batch_time(table: pa.Table) -> int | None:
+    """The batch timestamp (ms) in a subtask's routed rows: the order of its clock rows
+    (None if it got none)."""
+    clocks = pc.filter(table[ORDER], pc.equal(table[KIND], int(RowKind.HEARTBEAT)))
+    now = pc.max(clocks).as_py()
+    return None if now is None else int(now)
 
 
 def fan_out_pass(
     kind: RowKind, parallelism: int
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The route pass of broadcast rows (every row to every subtask) and heartbeat
-    rows (one row per subtask per input partition that had any)."""
+    """The route pass of broadcast rows (every row to every subtask, then clock rows)
+    and of the heartbeat stream (clock rows only: one per subtask per input partition
+    that had any row)."""
     table = route_table(parallelism)
 
     def route(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         base = _partition_id() << 40
         row = 0
+        clock = _Clock(table)
         for batch in batches:
-            if kind is RowKind.HEARTBEAT:
-                if row or not batch.num_rows:
-                    continue
-                batch = batch.slice(0, 1)
+            batch, now = _without_now(batch)
+            clock.saw(batch, now)
             n = batch.num_rows
+            if kind is RowKind.HEARTBEAT or not n:
+                continue
             for value in table:
                 yield _with_internal(
                     batch, [value] * n, [int(kind)] * n, range(base + row, base + row + n)
                 )
             row += n
+        yield from clock.rows()
 
     return route

@@ -72,10 +72,10 @@ from weir.runtime.spark.reuse import behind, caught_up, is_exactly, new_live, us
 from weir.runtime.spark.routing import (
     BROADCAST_PREFIX,
     KIND,
-    NOW,
     ORDER,
     ROUTE,
     RowKind,
+    batch_time,
     subtask_of_route,
 )
 from weir.runtime.spark.spec import StageSpec
@@ -280,7 +280,7 @@ class _Task:
             if drain is not None and self.batch >= drain:
                 watermark = MAX_WATERMARK  # drained: every event-time timer fires now
         self.watermark, self.max_event = watermark, max_event
-        now = pc.max(table[NOW]).as_py() if NOW in table.column_names else None
+        now = batch_time(table)
         if now is not None:
             live.clock.now = int(now)
         self.batch_time = live.clock.now
