@@ -16,6 +16,10 @@ one row ``(key, count)`` per input record. Peers (``--peers``, all by default):
   records as dicts. Its counts restart when Spark runs a partition's task in another
   Python worker (it keeps no state across them), so only its rows per key are verified,
   not its count sequences.
+* ``dict-routed`` — ``dict`` with weir's route pass in front (the same ``mapInArrow``
+  that computes key groups and routes, and the shuffle by route, as in weir's plan):
+  what a Python pass before the shuffle costs by itself, the ceiling of any stage that
+  routes by weir's key groups.
 
 **Throughput** (default): the records are generated once (fixed seed, uniform keys, or
 bounded Zipf with ``--zipf S``) as parquet files, read with ``readStream.parquet`` and
@@ -78,9 +82,9 @@ from rich.table import Table
 import weir
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PEERS = ("tws-pandas", "tws-row", "weir-hashmap", "weir-rocksdb", "dict")
+PEERS = ("tws-pandas", "tws-row", "weir-hashmap", "weir-rocksdb", "dict", "dict-routed")
 #: peers whose count sequences are not checked (no state across Python workers)
-UNCHECKED_SEQUENCE = ("dict",)
+UNCHECKED_SEQUENCE = ("dict", "dict-routed")
 LATENCY_PEERS = ("tws-row", "weir-hashmap", "weir-rocksdb")
 BASELINE = "tws-row"  # the ratio column is records/s relative to this peer
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -189,9 +193,10 @@ def weir_spark() -> tuple[Any, str | None]:
     return ws, None
 
 
-def _dict_counts(run: str) -> Any:
+def _dict_counts(run: str, routed: bool = False) -> Any:
     """The ``dict`` peer's ``mapInArrow`` function: a running count per key in a plain
-    dict that lives in the Python worker (per run and partition), nothing else."""
+    dict that lives in the Python worker (per run and partition), nothing else.
+    ``routed``: the rows come from weir's route pass (records only are counted)."""
 
     def count(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import builtins
@@ -204,6 +209,8 @@ def _dict_counts(run: str) -> Any:
         counts = stores.setdefault((run, part), {})
         get = counts.get
         for batch in batches:
+            if routed:
+                batch = batch.filter(pc.equal(batch.column("_weir_kind"), 1))
             keys = batch.column(0)
             out: list[int] = []
             append = out.append
@@ -224,6 +231,17 @@ def build(peer: str, events: Any, with_ts: bool, weir_dir: str) -> Any:
             raise ValueError("the dict peer runs the throughput workload only")
         return events.repartition(2, "key").mapInArrow(
             _dict_counts(weir_dir), schema)
+    if peer == "dict-routed":  # the raw limit with weir's route pass in front
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import ByteType, IntegerType, LongType, StructField, StructType
+
+        from weir.runtime.spark.routing import KIND, NOW, ORDER, ROUTE, keyed_route_pass
+
+        stamped = events.select("*", F.unix_millis(F.current_timestamp()).alias(NOW))
+        routed_schema = StructType([*events.schema.fields, StructField(ROUTE, IntegerType()),
+                                    StructField(KIND, ByteType()), StructField(ORDER, LongType())])
+        return (stamped.mapInArrow(keyed_route_pass(["key"], 128, 2), routed_schema)
+                .repartition(2, ROUTE).mapInArrow(_dict_counts(weir_dir, True), schema))
     if peer == "tws-pandas":
         return events.groupBy("key").transformWithStateInPandas(
             statefulProcessor=PandasCount(with_ts), outputStructType=schema,

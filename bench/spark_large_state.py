@@ -19,7 +19,10 @@ for ``--idle-batches`` batches: time and bytes per idle batch (the heartbeat kee
 batches running, so timers and TTL work without input). Restore: the time of the
 first batch of a new query on the same location (same parallelism), and of one at
 parallelism 3 (rescale). Peak RSS: the largest ``VmHWM`` of the Python workers, next
-to the state's size (the bytes of a full copy: the load batch's checkpoint).
+to the state's size (the bytes of a full copy: the load batch's checkpoint), the
+baseline of a worker that only imported weir, and, for the hash map, the live state:
+the memory the same state takes in weir's hash map, and as a plain ``dict``, each
+built in a fresh process (:func:`live_state_mb`).
 
 Targets (issue 10): idle batch <= 1% of the state's bytes, its time within 2x from 10k
 to 1M keys; 1% churn <= 5% of the state's bytes; hash-map peak RSS <= 2x the state.
@@ -151,6 +154,57 @@ def _worker_rss_mb() -> float:
     return peak / 1024
 
 
+_LIVE_STATE = """
+import gc, sys
+from bench.spark_keyed_count import CountFunction
+from weir.testing import KeyedOperatorHarness
+
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+
+n = int(sys.argv[1])
+harness = KeyedOperatorHarness(CountFunction(), key_selector=lambda v: v["key"])
+harness.open()
+gc.collect()
+base = rss()
+for start in range(0, n, 100_000):
+    keys = [f"k{i}" for i in range(start, min(n, start + 100_000))]
+    harness.operator.process_keyed([{"key": k} for k in keys], keys, [None] * len(keys), [])
+    del keys
+gc.collect()
+weir_bytes = rss() - base
+plain = {f"k{i}": 1 for i in range(n)}
+gc.collect()
+print(weir_bytes, rss() - base - weir_bytes)
+"""
+
+
+def live_state_mb(keys: int) -> tuple[float, float]:
+    """The memory (RSS growth, MB) of the benchmark's state held live in weir's hash
+    map (one subtask, every key) and as a plain ``dict`` of the same keys and counts,
+    each measured in a fresh process."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", _LIVE_STATE, str(keys)], check=True,
+                         capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent).stdout.split()
+    return int(out[0]) / 2**20, int(out[1]) / 2**20
+
+
+def worker_baseline_mb(spark: Any) -> float:
+    """The peak RSS of a Python worker that imported weir and ran one Arrow batch."""
+
+    def touch(batches: Any) -> Any:
+        import weir.spark  # noqa: F401
+
+        yield from batches
+
+    spark.range(2, numPartitions=2).mapInArrow(touch, "id long").collect()
+    return _worker_rss_mb()
+
+
 def _build(peer: str, events: Any, location: Path, parallelism: int,
            heartbeat: bool) -> Any:
     import weir.spark
@@ -277,6 +331,8 @@ def measure(spark: Any, peer: str, keys: int, work: Path, idle: int, seed: int
         "churn": [{"fraction": c, **b} for c, b in zip(CHURN, batches[1:], strict=True)],
         "worker_peak_rss_mb": _worker_rss_mb(),
     }
+    if peer == "weir-hashmap":
+        doc["live_state_mb"], doc["plain_dict_mb"] = live_state_mb(keys)
     if peer.startswith("weir"):
         empty = work / "empty"  # new queries: no input, only the heartbeat
         empty.mkdir()
@@ -306,6 +362,7 @@ def _row(doc: dict[str, Any]) -> dict[str, Any]:
         "idle s": idle_s, "idle of state": None if idle_bytes is None else idle_bytes / state,
         "restore s": doc.get("restore_seconds"), "rescale s": doc.get("rescale_seconds"),
         "worker RSS MB": doc["worker_peak_rss_mb"],
+        "live state MB": doc.get("live_state_mb"),
     }
 
 
@@ -356,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     keys_list = [int(k) for k in a.keys.split(",")]
     peers = a.peers.split(",")
     spark = spark_session()
+    baseline = worker_baseline_mb(spark)
     docs = []
     started = time.time()
     for keys in keys_list:
@@ -373,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "spark_large_state", "params": vars(a), "runs": docs,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "pyspark": _version("pyspark"), "weir": _version("weir")},
-        "seconds": round(time.time() - started, 1),
+        "seconds": round(time.time() - started, 1), "worker_baseline_rss_mb": baseline,
     }
     (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2))
     plot(docs, RESULTS / f"{name}.png")
