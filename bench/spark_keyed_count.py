@@ -233,14 +233,13 @@ def build(peer: str, events: Any, with_ts: bool, weir_dir: str) -> Any:
             _dict_counts(weir_dir), schema)
     if peer == "dict-routed":  # the raw limit with weir's route pass in front
         from pyspark.sql import functions as F
-        from pyspark.sql.types import ByteType, IntegerType, LongType, StructField, StructType
 
-        from weir.runtime.spark.routing import KIND, NOW, ORDER, ROUTE, keyed_route_pass
+        from weir.runtime.spark.routing import NOW, ROUTE, keyed_route_pass
+        from weir.spark import _with_internal  # weir's route pass's output schema
 
         stamped = events.select("*", F.unix_millis(F.current_timestamp()).alias(NOW))
-        routed_schema = StructType([*events.schema.fields, StructField(ROUTE, IntegerType()),
-                                    StructField(KIND, ByteType()), StructField(ORDER, LongType())])
-        return (stamped.mapInArrow(keyed_route_pass(["key"], 128, 2), routed_schema)
+        return (stamped.mapInArrow(keyed_route_pass(["key"], 128, 2),
+                                   _with_internal(stamped.schema))
                 .repartition(2, ROUTE).mapInArrow(_dict_counts(weir_dir, True), schema))
     if peer == "tws-pandas":
         return events.groupBy("key").transformWithStateInPandas(

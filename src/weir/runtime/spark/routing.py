@@ -98,10 +98,11 @@ def _partition_id() -> int:
     return ctx.partitionId() if ctx is not None else 0
 
 
-def _without_now(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, int | None]:
-    """``batch`` without its ``_weir_now`` column, and that column's (constant) value."""
+def _without_now(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, int]:
+    """``batch`` without its ``_weir_now`` column, and that column's (constant) value
+    (0 for a batch without rows)."""
     i = batch.schema.get_field_index(NOW)
-    now = batch.column(i)[0].as_py() if batch.num_rows else None
+    now = int(batch.column(i)[0].as_py()) if batch.num_rows else 0
     return batch.remove_column(i), now
 
 
@@ -196,14 +197,14 @@ class _Clock:
     def __init__(self, table: Sequence[int]) -> None:
         self.table = table
         self.template: pa.RecordBatch | None = None
-        self.now: int | None = None
+        self.now = 0
 
-    def saw(self, batch: pa.RecordBatch, now: int | None) -> None:
+    def saw(self, batch: pa.RecordBatch, now: int) -> None:
         if batch.num_rows and self.template is None:
             self.template, self.now = batch.slice(0, 1), now
 
     def rows(self) -> Iterator[pa.RecordBatch]:
-        if self.template is None or self.now is None:  # (now: never null in a row)
+        if self.template is None:
             return
         k = len(self.table)
         yield _with_internal(self.template.take([0] * k), self.table,

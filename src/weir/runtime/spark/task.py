@@ -282,12 +282,12 @@ class _Task:
         self.watermark, self.max_event = watermark, max_event
         now = batch_time(table)
         if now is not None:
-            live.clock.now = int(now)
+            live.clock.now = now
         self.batch_time = live.clock.now
         if isinstance(op, KeyedOperator):
             self._emit(op.advance_watermark(watermark), outputs)
             if now is not None:
-                self._emit(op.advance_processing_time(int(now)), outputs)
+                self._emit(op.advance_processing_time(now), outputs)
         kinds = (int(RowKind.BROADCAST), int(RowKind.RECORD), int(RowKind.BAD_KEY))
         for kind, part in sorted_slices(table, _ROW_ORDER, KIND, kinds, _SLICE_ROWS, in_memory):
             if kind == RowKind.BROADCAST:
