@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -450,8 +451,8 @@ def _ranges(ids: list[int]) -> str:
 
 
 def _job_failed(console: Console, run: JobRun, why: str) -> int:
-    console.print(f"[bold red]job run {run.number} failed: {why}[/]")
-    console.print(log_tail(run.log))
+    console.print(f"[bold red]job run {run.number} failed: {escape(why)}[/]")
+    console.print(log_tail(run.log), markup=False)
     return 1
 
 
