@@ -273,7 +273,7 @@ def machine_info() -> dict[str, Any]:
         "python": sys.version.split()[0], "implementation": platform.python_implementation(),
         "platform": platform.platform(), "machine": platform.machine(),
         "processor": platform.processor(), "cpu_count": os.cpu_count(),
-        "packages": {p: metadata.version(p) for p in ("weir", "rocksdict", "msgpack", "mmh3")},
+        "packages": {p: metadata.version(p) for p in ("weir", "rocksdict", "msgpack")},
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 

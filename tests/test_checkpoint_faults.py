@@ -73,6 +73,7 @@ from weir.checkpoint.format import (
     KeyedChangelogHandle,
     KeyedFullHandle,
     KeyedIncrementalHandle,
+    check_data_header,
 )
 from weir.checkpoint.storage import TMP_MARKER
 from weir.state.keygroups import assign_key_to_parallel_operator
@@ -1140,3 +1141,29 @@ def test_a_zombie_attempt_publishing_after_the_retry_completed_changes_nothing(
         restored.close()
     tally.report(f"zombie attempt [{backend}/{mode}] zombie files={len(zombie_files)}")
     tally.assert_clean()
+
+
+def test_a_format_1_checkpoint_is_refused_because_its_keys_are_in_other_key_groups(
+    tmp_path: Path,
+) -> None:
+    """Format 1 placed keys by murmur3 of their bytes; restoring it with the key hash of
+    format 2 would look every key up in another group (state silently empty): its
+    metadata and its data files are refused, saying why and what to do."""
+    root = tmp_path / "checkpoints"
+    _, chk2 = _build_two_checkpoints(root, "hashmap", "full")
+    meta = root / "chk-2" / "_metadata"
+    data = meta.read_bytes()
+    doc = json.loads(data[8 + 2 + 32:])
+    assert doc["format_version"] == FORMAT_VERSION == 2
+    doc["format_version"] = 1
+    body = json.dumps(doc).encode()
+    meta.write_bytes(data[:8] + struct.pack(">H", 1) + hashlib.sha256(body).digest() + body)
+    with pytest.raises(CheckpointFormatError, match="format 1 put keys in other key groups"):
+        load_checkpoint(str(root / "chk-2"))
+    first = chk2.metadata.operators["operator"].subtasks[0]
+    assert first.operator_file is not None
+    op_file = root / first.operator_file.path
+    raw = bytearray(op_file.read_bytes())
+    struct.pack_into(">H", raw, 8, 1)
+    with pytest.raises(CheckpointFormatError, match="start the query on a new checkpoint"):
+        check_data_header(bytes(raw), str(op_file))

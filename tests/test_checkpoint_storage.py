@@ -51,7 +51,7 @@ from weir import (
     take_savepoint,
 )
 from weir.api.serializers import PickleSerializer
-from weir.checkpoint.format import decode_keyed, encode_keyed
+from weir.checkpoint.format import FORMAT_VERSION, decode_keyed, encode_keyed
 from weir.checkpoint.storage import TMP_MARKER, FileRef
 from weir.cli import app
 from weir.state.keygroups import assign_key_to_parallel_operator, assign_to_key_group
@@ -713,7 +713,8 @@ def forbid_pickle(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def write_metadata_body(path: Path, body: bytes) -> None:
     """A _metadata that passes the magic, version and checksum checks."""
-    path.write_bytes(META_HEADER.pack(b"WEIRMETA", 1, hashlib.sha256(body).digest()) + body)
+    path.write_bytes(META_HEADER.pack(b"WEIRMETA", FORMAT_VERSION, hashlib.sha256(body).digest())
+                     + body)
 
 
 def metadata_doc(path: Path) -> Any:
@@ -847,7 +848,7 @@ def test_pickle_in_data_files_is_rejected_unexecuted(
         if shape == "raw pickle":
             return PAYLOAD, keyed["key_groups"]
         if shape == "pickle body":
-            data = b"WEIRDATA" + struct.pack(">H", 1) + PAYLOAD
+            data = b"WEIRDATA" + struct.pack(">H", FORMAT_VERSION) + PAYLOAD
             return data, [[group, 0, len(PAYLOAD)]]
         index = {g: (off, n) for g, off, n in keyed["key_groups"]}
         groups = decode_keyed(old, index, None, "test")

@@ -205,15 +205,14 @@ KEYS = st.one_of(
 
 def _python_key(key: Any, max_parallelism: int) -> tuple[int, bytes] | type[Exception]:
     """The specification: ``(group, prefixed key)``, or the error's type."""
-    import mmh3
-
     from weir.state.keygroups import canonical_key_bytes
+    from weir.state.keyhash import key_hash
 
     try:
         raw = canonical_key_bytes(key)
     except Exception as exc:  # the type is compared
         return type(exc)
-    group = mmh3.hash(raw, 0, False) % max_parallelism
+    group = key_hash(key) % max_parallelism
     return group, group.to_bytes(2, "big") + raw
 
 
@@ -224,7 +223,7 @@ def test_set_current_key_and_routes_in_c_match_the_python_specification(
     keys: list[Any], max_parallelism: int, parallelism: int, split: int
 ) -> None:
     """``KeyContext.set_current_key`` (C for str and int keys) and ``route_keys`` give
-    every key the canonical bytes and murmur3 group of ``weir.state.keygroups``; keys of
+    every key the canonical bytes and key-hash group of ``weir.state.keygroups``; keys of
     groups outside the subtask's range raise KeyGroupError; keys C does not take go to
     Python (``route_keys`` lists them), with the same errors."""
     import array

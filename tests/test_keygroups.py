@@ -1,4 +1,5 @@
-"""Tests for weir.state.keygroups: Flink's key-group formulas and stable key hashing."""
+"""Tests for weir.state.keygroups: Flink's key-group formulas and stable key groups (the
+key hash itself: tests/test_keyhash.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import subprocess
 import sys
 from decimal import Decimal
 
-import mmh3
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,9 +25,9 @@ from weir.state.keygroups import (
     compute_default_max_parallelism,
     compute_operator_index_for_key_group,
     decode_key,
-    key_group_for_key_bytes,
     key_group_range_for_operator,
 )
+from weir.state.keyhash import key_hash
 
 MAX_M = 32768
 m_and_p = st.integers(1, MAX_M).flatmap(lambda m: st.tuples(st.just(m), st.integers(1, m)))
@@ -116,7 +116,7 @@ def test_key_lands_in_exactly_the_subtask_whose_range_holds_its_group(key, mp):
     m, p = mp
     g = assign_to_key_group(key, m)
     assert 0 <= g < m
-    assert g == key_group_for_key_bytes(canonical_key_bytes(key), m)
+    assert g == key_hash(key) % m
     sub = assign_key_to_parallel_operator(key, m, p)
     holders = [i for i in range(p) if g in key_group_range_for_operator(m, p, i)]
     assert holders == [sub]
@@ -153,18 +153,6 @@ FLINK_OPERATOR_INDEX = {  # (M, p, key group) -> subtask
 }
 FLINK_DEFAULT_MAX_PARALLELISM = {1: 128, 2: 128, 85: 128, 86: 256, 100: 256, 171: 256, 172: 512,
                                  1000: 2048, 10923: 16384, 10924: 32768, 30000: 32768, 32768: 32768}
-# MurmurHash3_x86_32 published vectors, each confirmed in two sources (the SMHasher-derived
-# table in Stack Overflow's "MurmurHash3 Test Vectors" and hlibc's murmur test suite):
-# (input, seed, unsigned hash).
-MURMUR3_VECTORS = [
-    (b"", 0, 0),
-    (b"", 1, 0x514E28B7),
-    (b"\xff\xff\xff\xff", 0, 0x76293B50),
-    (b"!Ce\x87", 0, 0xF55B516B),
-    (b"Hello, world!", 1234, 0xFAF6CDB3),
-]
-
-
 @pytest.mark.parametrize(("m", "p"), sorted(FLINK_RANGES))
 def test_key_group_ranges_match_flink(m, p):
     got = [key_group_range_for_operator(m, p, i) for i in range(p)]
@@ -181,22 +169,15 @@ def test_default_max_parallelism_matches_flink():
     assert got == FLINK_DEFAULT_MAX_PARALLELISM
 
 
-@pytest.mark.parametrize(("data", "seed", "want"), MURMUR3_VECTORS)
-def test_murmur3_matches_published_x86_32_vectors(data, seed, want):
-    assert mmh3.hash(data, seed, signed=False) == want
-    if seed == 0:  # weir always hashes with seed 0
-        for m in (1, 7, 128, MAX_M):
-            assert key_group_for_key_bytes(data, m) == want % m
-
-
 def test_pinned_key_groups_are_unchanged():
     # Regression constants: changing any of these moves keys to other key groups and
     # breaks every existing savepoint/checkpoint. Do not "fix" them, fix the code.
     assert canonical_key_bytes("card-42") == b"\xa7card-42"  # msgpack fixstr
     assert canonical_key_bytes(("a", 1)) == b"\x92\xa1a\x01"  # msgpack fixarray
-    assert assign_to_key_group("card-42", 128) == 97
-    assert assign_to_key_group(12345, 30) == 23
-    assert assign_to_key_group(("a", 1), 32768) == 24957
+    # key format 2: Spark's hash() of the key (weir.state.keyhash)
+    assert assign_to_key_group("card-42", 128) == 25
+    assert assign_to_key_group(12345, 30) == 20
+    assert assign_to_key_group(("a", 1), 32768) == 1489
 
 
 # --- 3. stability across interpreters --------------------------------------------------
@@ -435,36 +416,36 @@ def test_a_list_is_the_key_of_the_tuple_of_its_items(items):
 
 #: Regression constants (msgpack by hand: fixstr a7, fixarray 92, uint64 cf, int64 d3,
 #: float64 cb, true c3, false c2, nil c0, bin8 c4, str8 d9). These bytes are in every
-#: savepoint and decide every key group: they must never change. Do not "fix" them.
+#: savepoint and, with the key hash (checkpoint format 2: weir.state.keyhash), decide
+#: every key group: they must never change. Do not "fix" them.
 PINNED_EXISTING = [
-    ("card-42", "a7636172642d3432", 14817),
-    ("", "a0", 8245),
-    ("é", "a2c3a9", 10097),
-    (("a", 1), "92a16101", 24957),
-    (0, "00", 10423),
-    (1, "01", 20907),
-    (-1, "ff", 28941),
-    (127, "7f", 21913),
-    (128, "cc80", 10894),
-    (-33, "d0df", 8880),
-    (12345, "cd3039", 4511),
-    (2**32, "cf0000000100000000", 30092),
-    (2**63, "cf8000000000000000", 31634),
-    (2**64 - 1, "cfffffffffffffffff", 8962),
-    (-(2**63), "d38000000000000000", 9516),
-    (1.5, "cb3ff8000000000000", 17640),
-    (-0.0, "cb8000000000000000", 7286),
-    (float("inf"), "cb7ff0000000000000", 32255),
+    ("card-42", "a7636172642d3432", 29721),
+    ("", "a0", 19804),
+    ("é", "a2c3a9", 246),
+    (("a", 1), "92a16101", 1489),
+    (0, "00", 14429),
+    (1, "01", 5277),
+    (-1, "ff", 1321),
+    (127, "7f", 20191),
+    (128, "cc80", 30930),
+    (-33, "d0df", 29072),
+    (12345, "cd3039", 17120),
+    (2**32, "cf0000000100000000", 16197),
+    (2**63, "cf8000000000000000", 12193),
+    (2**64 - 1, "cfffffffffffffffff", 7447),
+    (-(2**63), "d38000000000000000", 25851),
+    (1.5, "cb3ff8000000000000", 32229),
+    (-0.0, "cb8000000000000000", 14429),
+    (float("inf"), "cb7ff0000000000000", 29794),
     (float("nan"), "cb7ff8000000000000", None),
-    (True, "c3", 2643),
-    (False, "c2", 26050),
-    (None, "c0", 13715),
-    (b"", "c400", 28112),
-    (b"\x00\xff", "c40200ff", 30522),
-    (("k", 7, True, None, 0.5, b"x"), "96a16b07c3c0cb3fe0000000000000c40178", 10878),
-    (((), ("a", (None,))), "929092a16191c0", 29605),
-    ("x" * 40, "d928" + "78" * 40, 12151),
-]
+    (True, "c3", 30947),
+    (False, "c2", 11919),
+    (None, "c0", 42),
+    (b"", "c400", 19804),
+    (b"\x00\xff", "c40200ff", 31937),
+    (("k", 7, True, None, 0.5, b"x"), "96a16b07c3c0cb3fe0000000000000c40178", 30775),
+    (((), ("a", (None,))), "929092a16191c0", 30802),
+    ("x" * 40, "d928" + "78" * 40, 18674),]
 #: The new encodings, pinned the same way (ext: fixext4 d6, fixext8 d7, ext8 c7 + len).
 PINNED_NEW = [
     (dt.date(1970, 1, 1), "d61000000000"),
@@ -486,7 +467,7 @@ PINNED_NEW = [
     ([1, (2, 3)], "9201920203"),
     ((dt.date(1970, 1, 2), {"x": Decimal("0.1")}), "92d6100000000181a178c705130000000101"),
 ]
-GROUPS_NEW = (110, 46, 91, 104)
+GROUPS_NEW = (84, 23, 31, 81)
 
 
 @pytest.mark.parametrize(("key", "hex_bytes", "group"), PINNED_EXISTING, ids=repr)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import re
 from collections import Counter
 from collections.abc import Iterator
 from decimal import Decimal
@@ -378,3 +379,133 @@ def test_process_refuses_a_map_key_column_before_the_query_starts(
                            output_schema="seq long", uid="maps",
                            checkpoint_location=str(tmp_path / "weir"))
     assert not (tmp_path / "weir").exists()  # refused before anything was written
+
+
+# ------------------------------------------------------------------ the JVM route
+
+JVM_SCHEMA = ("id long, s string, b tinyint, sh smallint, i int, l long, bo boolean, "
+              "bi binary, f float, d double, dt date, ts timestamp, ntz timestamp_ntz, "
+              "ai array<int>, as_ array<string>, af array<float>")
+#: key columns routed in the JVM: each type alone, and mixes
+JVM_KEYS = [[c] for c in ("s", "b", "sh", "i", "l", "bo", "bi", "f", "d", "dt", "ts", "ntz",
+                          "ai", "as_", "af")] + [
+    ["s", "l"], ["bo", "bi", "f", "d"], ["dt", "ts", "ntz"], ["ai", "as_", "i", "sh", "b"]]
+
+
+def _jvm_rows(n: int) -> list[tuple[Any, ...]]:
+    """Random rows with the edges of every type: nulls, extremes, NaN, -0.0, the first
+    and last day Python can hold, non-ASCII text, empty arrays and null elements."""
+    import math
+    import random
+
+    rng = random.Random(20261123)
+
+    def maybe(value: Any) -> Any:
+        return None if rng.random() < 0.08 else value
+
+    def integer(bits: int) -> int:
+        top = 2 ** (bits - 1)
+        edges = [e for e in (0, 1, -1, top - 1, -top, 127, 128, -33) if -top <= e < top]
+        return rng.choice(edges) if rng.random() < 0.3 else rng.randrange(-2 ** (bits - 1),
+                                                                          2 ** (bits - 1))
+
+    def real() -> float:
+        return rng.choice([0.0, -0.0, math.nan, math.inf, -math.inf, 1.5, rng.uniform(-1e9, 1e9)])
+
+    def text() -> str:
+        return "".join(rng.choice("aé日\U0001f600z ") for _ in range(rng.randrange(0, 40)))
+
+    day = dt.date(1, 1, 1)
+    rows = []
+    for j in range(n):
+        days = rng.choice([0, 3652058, rng.randrange(0, 3652059)])  # 0001-01-01..9999-12-31
+        micros = rng.randrange(-62_135_596_800_000_000, 253_402_300_799_999_999)
+        rows.append((
+            j, maybe(text()), maybe(integer(8)), maybe(integer(16)), maybe(integer(32)),
+            maybe(integer(64)), maybe(rng.random() < 0.5),
+            maybe(bytes(rng.randrange(256) for _ in range(rng.randrange(0, 9)))),
+            maybe(real()), maybe(real()), maybe(day + dt.timedelta(days=days)),
+            maybe(dt.datetime(1970, 1, 1, tzinfo=UTC) + dt.timedelta(microseconds=micros)),
+            maybe(dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=micros)),
+            maybe([maybe(integer(32)) for _ in range(rng.randrange(0, 4))]),
+            maybe([maybe(text()) for _ in range(rng.randrange(0, 3))]),
+            maybe([maybe(real()) for _ in range(rng.randrange(0, 3))]),
+        ))
+    return rows
+
+
+@pytest.mark.spark
+def test_the_jvm_route_sends_every_record_where_the_python_route_pass_does(spark: Any) -> None:
+    """For every key type Spark hashes as weir does, alone and mixed: Spark's ``hash``
+    in the JVM gives each record the route (and kind: null keys and dates or timestamps
+    Python cannot hold are bad keys) of the Python route pass over the same rows, its
+    input position as its order, and each input partition's first row is followed by
+    one clock row per subtask with the batch time."""
+    from pyspark.sql import functions as F
+
+    from weir.runtime.spark.jvm_route import jvm_keyed_route
+    from weir.runtime.spark.routing import KIND, ORDER, ROUTE
+
+    p = 3
+    df = spark.createDataFrame(_jvm_rows(1500), JVM_SCHEMA).repartition(2)
+    beyond = F.col("id") % 97 == 0  # a year-10000 value Python cannot hold
+    df = (df.withColumn("dt", F.when(beyond, F.expr("make_date(10000, 1, 1)"))
+                        .otherwise(F.col("dt")))
+          .withColumn("ts", F.when(beyond, F.expr("make_timestamp(10000, 1, 1, 0, 0, 0, 'UTC')"))
+                      .otherwise(F.col("ts")))
+          .withColumn("ntz", F.when(beyond, F.expr("make_timestamp_ntz(10000, 1, 1, 0, 0, 0)"))
+                      .otherwise(F.col("ntz")))).cache()
+    source = df.toArrow()
+    for keys in JVM_KEYS:
+        routed = jvm_keyed_route(df, keys, M, p, F.lit(1234).cast("bigint"))
+        assert routed is not None, keys
+        got = routed.toArrow()
+        heartbeat = pc.equal(got[KIND], int(RowKind.HEARTBEAT))
+        clocks = got.filter(heartbeat)
+        assert set(clocks[ORDER].to_pylist()) == {1234}, keys
+        assert Counter(clocks[ROUTE].to_pylist()) == {r: 2 for r in route_table(p)}, keys
+        rows = got.filter(pc.invert(heartbeat))
+        assert rows["id"].to_pylist() == source["id"].to_pylist()
+        orders = rows[ORDER].to_pylist()  # input order, each row its own
+        assert orders == sorted(orders) and len(set(orders)) == len(orders), keys
+        python = pa.Table.from_batches(list(keyed_route_pass(keys, M, p)(iter(
+            source.append_column(NOW, pa.array([1234] * source.num_rows, pa.int64()))
+            .to_batches()))))
+        python = python.filter(pc.not_equal(python[KIND], int(RowKind.HEARTBEAT)))
+        want = {i: (k, r) for i, k, r in zip(python["id"].to_pylist(), python[KIND].to_pylist(),
+                                            python[ROUTE].to_pylist(), strict=True)}
+        have = {i: (k, r) for i, k, r in zip(rows["id"].to_pylist(), rows[KIND].to_pylist(),
+                                            rows[ROUTE].to_pylist(), strict=True)}
+        assert have.keys() == want.keys()
+        # a bad key goes to any subtask (to be dead-lettered there); a record to its owner
+        assert {i: k for i, (k, _) in have.items()} == {i: k for i, (k, _) in want.items()}, keys
+        records = {i: r for i, (k, r) in want.items() if k == int(RowKind.RECORD)}
+        assert {i: have[i][1] for i in records} == records, keys
+        assert len(records) > 1000, keys
+    df.unpersist()
+
+
+@pytest.mark.spark
+def test_keys_the_jvm_cannot_hash_as_weir_take_the_python_route_pass(spark: Any) -> None:
+    """Decimals, structs, collated strings, arrays of dates and every streaming input are
+    routed by the Python pass; string and long keys of a static input add no Python pass
+    before the shuffle."""
+    from pyspark.sql import functions as F
+
+    from weir.runtime.spark.jvm_route import jvm_keyed_route
+
+    df = spark.createDataFrame([], "dec decimal(10,2), st struct<a:int>, ad array<date>, "
+                                   "s string, l long")
+    now = F.lit(0).cast("bigint")
+    for keys in (["dec"], ["st"], ["ad"], ["s", "dec"]):
+        assert jvm_keyed_route(df, keys, M, P, now) is None, keys
+    lcase = df.select(F.col("s").cast("string collate UTF8_LCASE").alias("s"))
+    assert jvm_keyed_route(lcase, ["s"], M, P, now) is None
+    stream = spark.readStream.format("rate").load().select(F.col("value").alias("l"))
+    assert jvm_keyed_route(stream, ["l"], M, P, now) is None  # no row numbers in a stream
+    plan = weir.spark.process(df, key_by=["s", "l"], function=_Nothing(), output_schema="x int",
+                              uid="plan", checkpoint_location="/tmp/weir-unused-plan",
+                              parallelism=P, max_parallelism=M)
+    text = plan._jdf.queryExecution().executedPlan().toString()
+    # the only route pass is the heartbeat's (a static input's one clock row)
+    assert re.findall(r"MapInArrow route\((\w+)#", text) == ["_weir_now"], text

@@ -335,6 +335,8 @@ def process(
     from pyspark.sql import Column
     from pyspark.sql import functions as F
 
+    from weir.runtime.spark.jvm_route import jvm_keyed_route
+
     spark = df.sparkSession
     streaming = df.isStreaming
     keyed = key_by is not None
@@ -425,10 +427,18 @@ def process(
         task_buffer_bytes=byte_size(task_buffer_memory, "task_buffer_memory"),
     )
 
-    now = F.unix_millis(F.current_timestamp()).alias(NOW)
-    events = df.select(*[F.col(f"`{c}`") for c in columns], *extra, now)
-    route = keyed_route_pass(key_columns, max_parallelism, p) if keyed else round_robin_pass(p)
-    routed = events.mapInArrow(route, _with_internal(events.schema))
+    batch_ms = F.unix_millis(F.current_timestamp())
+    now = batch_ms.alias(NOW)
+    inputs = df.select(*[F.col(f"`{c}`") for c in columns], *extra)
+    # keys Spark hashes as weir does are routed in the JVM (no Python pass before the
+    # shuffle); the others, and non-keyed input, by a route pass
+    routed = (jvm_keyed_route(inputs, key_columns, max_parallelism, p, batch_ms)
+              if keyed else None)
+    if routed is None:
+        events = inputs.select("*", now)
+        route = (keyed_route_pass(key_columns, max_parallelism, p) if keyed
+                 else round_robin_pass(p))
+        routed = events.mapInArrow(route, _with_internal(events.schema))
     if broadcast is not None:
         b = broadcast.select(
             *[F.col(f"`{c}`").alias(BROADCAST_PREFIX + c) for c in broadcast.columns], now

@@ -1,4 +1,4 @@
-"""Changelog checkpoints of the hash-map backend (checkpoint format version 1).
+"""Changelog checkpoints of the hash-map backend (checkpoint format version 2).
 
 A hash-map subtask in changelog mode (``SnapshotMode.CHANGELOG``) writes its keyed
 state once in full (the *base*), then per checkpoint only what changed since the

@@ -25,11 +25,14 @@ __all__ = [
     "pack_groups",
     "pairs",
     "unpack_groups",
+    "version_advice",
 ]
 
 T = TypeVar("T")
 
-FORMAT_VERSION = 1
+#: 2: key groups by weir.state.keyhash (Spark's hash() of the key); 1 placed keys by
+#: murmur3 of their canonical bytes, so its key groups are not this weir's.
+FORMAT_VERSION = 2
 _DATA_MAGIC = b"WEIRDATA"
 _VERSION = struct.Struct(">H")
 _DATA_HEADER = len(_DATA_MAGIC) + _VERSION.size
@@ -51,8 +54,20 @@ def _check_header(data: bytes, magic: bytes, where: str) -> None:
     if version != FORMAT_VERSION:
         raise CheckpointFormatError(
             f"{where}: checkpoint format version {version}, this weir reads version "
-            f"{FORMAT_VERSION}; restore it with a weir that writes version {version}"
+            f"{FORMAT_VERSION}{version_advice(version)}"
         )
+
+
+def version_advice(version: object) -> str:
+    """What to do with a checkpoint of another format ``version`` (appended to the
+    error that refuses it)."""
+    if version == 1:
+        return (
+            "; format 1 put keys in other key groups (weir before its key hash became "
+            "Spark's hash()), so this weir cannot restore it: restore it with the weir "
+            "that wrote it, or start the query on a new checkpoint location"
+        )
+    return f"; restore it with a weir that writes version {version}"
 
 
 def check_data_header(data: bytes, where: str) -> None:

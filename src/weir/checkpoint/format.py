@@ -44,7 +44,7 @@ overwrites a published file.
 **Metadata** (``_metadata``) is the 8-byte magic ``WEIRMETA``, a ``uint16_be`` format
 version, the 32-byte SHA-256 of the body, and the body: UTF-8 JSON (never pickle)::
 
-    {"format": "weir", "format_version": 1,
+    {"format": "weir", "format_version": 2,
      "kind": "checkpoint" | "savepoint", "checkpoint_id": 7,
      "trigger_timestamp_ms": ..., "completion_timestamp_ms": ...,
      "source_positions": {...},               # opaque JSON from the runtime
@@ -88,6 +88,7 @@ from weir.checkpoint.datafiles import (
     decode_operator_file,
     encode_keyed,
     encode_operator_file,
+    version_advice,
 )
 from weir.checkpoint.storage import FileRef
 from weir.errors import CheckpointFormatError, CorruptCheckpointError
@@ -358,9 +359,11 @@ def _open_envelope(magic: bytes, data: bytes, where: str) -> Any:
     if not isinstance(doc, dict) or doc.get("format") != "weir" or (
         doc.get("format_version") != FORMAT_VERSION
     ):
+        version = doc.get("format_version") if isinstance(doc, dict) else None
         raise CheckpointFormatError(
             f"{where}: not a weir version {FORMAT_VERSION} file; it was written by another "
             f"weir version or is foreign"
+            + (version_advice(version) if isinstance(version, int) else "")
         )
     return doc
 
@@ -467,6 +470,7 @@ def decode_metadata(data: bytes, where: str) -> CheckpointMetadata:
             raise CheckpointFormatError(
                 f"{where}: metadata of format {doc.get('format')!r} version "
                 f"{doc.get('format_version')!r}; this weir reads weir version {FORMAT_VERSION}"
+                + version_advice(doc.get("format_version"))
             )
         operators = {}
         for uid, op in doc["operators"].items():

@@ -560,6 +560,12 @@ static PyMethodDef module_methods[] = {
      "positions): the route of each str or int key (see _keycell.c)."},
     {"int64_range", (PyCFunction)(void (*)(void))weir_int64_range, METH_FASTCALL,
      "int64_range(start, count) -> bytearray of count native int64s from start."},
+    {"spark_hash_int", (PyCFunction)(void (*)(void))weir_py_spark_hash_int, METH_FASTCALL,
+     "spark_hash_int(value, seed) -> Spark's Murmur3 hashInt, unsigned."},
+    {"spark_hash_long", (PyCFunction)(void (*)(void))weir_py_spark_hash_long, METH_FASTCALL,
+     "spark_hash_long(value, seed) -> Spark's Murmur3 hashLong, unsigned."},
+    {"spark_hash_bytes", (PyCFunction)(void (*)(void))weir_py_spark_hash_bytes, METH_FASTCALL,
+     "spark_hash_bytes(data, seed) -> Spark's Murmur3 hashUnsafeBytes, unsigned."},
     {NULL},
 };
 

@@ -23,6 +23,15 @@ def route_keys(
 def int64_range(start: int, count: int) -> bytearray:
     """``count`` native int64s from ``start``."""
 
+def spark_hash_int(value: int, seed: int) -> int:
+    """Spark's Murmur3 ``hashInt`` of ``value``'s low 32 bits, unsigned."""
+
+def spark_hash_long(value: int, seed: int) -> int:
+    """Spark's Murmur3 ``hashLong`` of ``value``'s low 64 bits, unsigned."""
+
+def spark_hash_bytes(data: bytes, seed: int) -> int:
+    """Spark's Murmur3 ``hashUnsafeBytes`` of ``data``, unsigned."""
+
 class TableCore:
     """Fields shared by the hash-map tables' C fast paths."""
 

@@ -3,9 +3,10 @@
  *
  * A key's canonical bytes are its msgpack encoding (use_bin_type): for a str, UTF-8
  * after a fixstr / str8 / str16 / str32 header; for an int in [-2**63, 2**64), the
- * smallest of positive / negative fixint, uint8..64, int8..64. Its key group is
- * murmur3_x86_32(bytes, seed 0) modulo max_parallelism, and the prefixed key is the
- * group as two big-endian bytes followed by the canonical bytes.
+ * smallest of positive / negative fixint, uint8..64, int8..64. Its key group is its
+ * key hash (weir.state.keyhash: Spark's hash() of the key as a Spark value, here of a
+ * str's UTF-8 or an int as a long) modulo max_parallelism, and the prefixed key is
+ * the group as two big-endian bytes followed by the canonical bytes.
  *
  * The functions here decline (weir_prefixed_key: NULL *without* an exception set;
  * weir_key_group: -1) when the key is not an exact str or int, or cannot be encoded
@@ -25,41 +26,30 @@ weir_rotl32(uint32_t x, int r)
     return (x << r) | (x >> (32 - r));
 }
 
-/* MurmurHash3_x86_32 (Austin Appleby's reference; blocks read little-endian). */
+/* Spark's Murmur3_x86_32 (org.apache.spark.unsafe.hash.Murmur3_x86_32), the hash of
+ * Spark's hash() function: weir's key hash (weir.state.keyhash is the specification). */
+#define WEIR_KEY_SEED 42u
+
 static inline uint32_t
-weir_murmur3_32(const uint8_t *data, Py_ssize_t len, uint32_t seed)
+weir_mix_k1(uint32_t k1)
 {
-    const uint32_t c1 = 0xcc9e2d51u, c2 = 0x1b873593u;
-    uint32_t h1 = seed;
-    Py_ssize_t nblocks = len / 4;
-    for (Py_ssize_t i = 0; i < nblocks; i++) {
-        const uint8_t *b = data + i * 4;
-        uint32_t k1 = (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16)
-                      | ((uint32_t)b[3] << 24);
-        k1 *= c1;
-        k1 = weir_rotl32(k1, 15);
-        k1 *= c2;
-        h1 ^= k1;
-        h1 = weir_rotl32(h1, 13);
-        h1 = h1 * 5 + 0xe6546b64u;
-    }
-    const uint8_t *tail = data + nblocks * 4;
-    uint32_t k1 = 0;
-    switch (len & 3) {
-    case 3:
-        k1 ^= (uint32_t)tail[2] << 16;
-        /* fall through */
-    case 2:
-        k1 ^= (uint32_t)tail[1] << 8;
-        /* fall through */
-    case 1:
-        k1 ^= tail[0];
-        k1 *= c1;
-        k1 = weir_rotl32(k1, 15);
-        k1 *= c2;
-        h1 ^= k1;
-    }
-    h1 ^= (uint32_t)len;
+    k1 *= 0xcc9e2d51u;
+    k1 = weir_rotl32(k1, 15);
+    return k1 * 0x1b873593u;
+}
+
+static inline uint32_t
+weir_mix_h1(uint32_t h1, uint32_t k1)
+{
+    h1 ^= k1;
+    h1 = weir_rotl32(h1, 13);
+    return h1 * 5 + 0xe6546b64u;
+}
+
+static inline uint32_t
+weir_fmix(uint32_t h1, uint32_t length)
+{
+    h1 ^= length;
     h1 ^= h1 >> 16;
     h1 *= 0x85ebca6bu;
     h1 ^= h1 >> 13;
@@ -68,10 +58,47 @@ weir_murmur3_32(const uint8_t *data, Py_ssize_t len, uint32_t seed)
     return h1;
 }
 
+/* Spark's hashInt (an int, boolean or date). */
+static inline uint32_t
+weir_spark_hash_int(uint32_t value, uint32_t seed)
+{
+    return weir_fmix(weir_mix_h1(seed, weir_mix_k1(value)), 4);
+}
+
+/* Spark's hashLong (a long, double bits, timestamp). */
+static inline uint32_t
+weir_spark_hash_long(uint64_t value, uint32_t seed)
+{
+    uint32_t h1 = weir_mix_h1(seed, weir_mix_k1((uint32_t)value));
+    h1 = weir_mix_h1(h1, weir_mix_k1((uint32_t)(value >> 32)));
+    return weir_fmix(h1, 8);
+}
+
+/* Spark's hashUnsafeBytes (a string's UTF-8, a binary): 4-byte blocks little-endian,
+ * then each remaining byte, sign-extended, as a block of its own (not the reference
+ * murmur3 tail). */
+static inline uint32_t
+weir_spark_hash_bytes(const uint8_t *data, Py_ssize_t len, uint32_t seed)
+{
+    uint32_t h1 = seed;
+    Py_ssize_t aligned = len - len % 4;
+    for (Py_ssize_t i = 0; i < aligned; i += 4) {
+        const uint8_t *b = data + i;
+        uint32_t k1 = (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16)
+                      | ((uint32_t)b[3] << 24);
+        h1 = weir_mix_h1(h1, weir_mix_k1(k1));
+    }
+    for (Py_ssize_t i = aligned; i < len; i++) {
+        h1 = weir_mix_h1(h1, weir_mix_k1((uint32_t)(int32_t)(int8_t)data[i]));
+    }
+    return weir_fmix(h1, (uint32_t)len);
+}
+
 /* The msgpack header of an int key and its size (1..9 bytes into out); 0 if the key
- * is not an int msgpack can hold. */
+ * is not an int msgpack can hold. *hash is the key's hash: Spark's hashLong of an int
+ * in [-2**63, 2**63), hashUnsafeBytes of the 9 canonical bytes above. */
 static inline int
-weir_int_header(PyObject *key, uint8_t out[9])
+weir_int_header(PyObject *key, uint8_t out[9], uint32_t *hash)
 {
     int overflow = 0;
     long long v = PyLong_AsLongLongAndOverflow(key, &overflow);
@@ -88,12 +115,17 @@ weir_int_header(PyObject *key, uint8_t out[9])
             return 0;
         }
         out[0] = 0xcf;
-        width = 8;
+        for (int i = 0; i < 8; i++) {
+            out[1 + i] = (uint8_t)(u >> (8 * (7 - i)));
+        }
+        *hash = weir_spark_hash_bytes(out, 9, WEIR_KEY_SEED);
+        return 9;
     }
-    else if (overflow < 0) {
+    if (overflow < 0) {
         return 0;
     }
-    else if (v < -(1LL << 5)) {
+    *hash = weir_spark_hash_long((uint64_t)v, WEIR_KEY_SEED);
+    if (v < -(1LL << 5)) {
         u = (uint64_t)v;
         if (v < -(1LL << 15)) {
             out[0] = v < -(1LL << 31) ? 0xd3 : 0xd2;
@@ -127,15 +159,16 @@ weir_int_header(PyObject *key, uint8_t out[9])
 
 /* The canonical bytes of an exact str or int key as a msgpack header (head[0 ..
  * *head_len)) followed by a body (*body, *body_len: a str's UTF-8, borrowed from the
- * str; none for an int). 0 when Python must encode the key (see the top). */
+ * str; none for an int), and the key's hash (Spark's hash of a str: its UTF-8). 0 when
+ * Python must encode the key (see the top). */
 static inline int
 weir_key_parts(PyObject *key, uint8_t head[9], int *head_len, const char **body,
-               Py_ssize_t *body_len)
+               Py_ssize_t *body_len, uint32_t *hash)
 {
     *body = NULL;
     *body_len = 0;
     if (PyLong_CheckExact(key)) {
-        *head_len = weir_int_header(key, head);
+        *head_len = weir_int_header(key, head, hash);
         return *head_len != 0;
     }
     if (!PyUnicode_CheckExact(key)) {
@@ -174,6 +207,7 @@ weir_key_parts(PyObject *key, uint8_t head[9], int *head_len, const char **body,
     }
     *body = utf8;
     *body_len = n;
+    *hash = weir_spark_hash_bytes((const uint8_t *)utf8, n, WEIR_KEY_SEED);
     return 1;
 }
 
@@ -186,7 +220,9 @@ weir_prefixed_key(PyObject *key, long max_parallelism, int *group)
     int head_len;
     const char *body;
     Py_ssize_t body_len;
-    if (max_parallelism <= 0 || !weir_key_parts(key, head, &head_len, &body, &body_len)) {
+    uint32_t hash;
+    if (max_parallelism <= 0
+        || !weir_key_parts(key, head, &head_len, &body, &body_len, &hash)) {
         return NULL;
     }
     PyObject *out = PyBytes_FromStringAndSize(NULL, 2 + head_len + body_len);
@@ -199,17 +235,15 @@ weir_prefixed_key(PyObject *key, long max_parallelism, int *group)
     if (body_len) {
         memcpy(p + 2 + head_len, body, body_len);
     }
-    int g = (int)(weir_murmur3_32(p + 2, head_len + body_len, 0) % (uint32_t)max_parallelism);
+    int g = (int)(hash % (uint32_t)max_parallelism);
     p[0] = (uint8_t)(g >> 8);
     p[1] = (uint8_t)g;
     *group = g;
     return out;
 }
 
-/* The key group of an exact str or int key (no bytes object made; keys up to
- * ``WEIR_STACK_KEY`` bytes hashed from the stack); -1 when Python must do it, -2 on
- * a memory error (exception set). */
-#define WEIR_STACK_KEY 512
+/* The key group of an exact str or int key (no bytes object made); -1 when Python
+ * must do it. */
 static inline int
 weir_key_group(PyObject *key, long max_parallelism)
 {
@@ -217,23 +251,10 @@ weir_key_group(PyObject *key, long max_parallelism)
     int head_len;
     const char *body;
     Py_ssize_t body_len;
-    if (max_parallelism <= 0 || !weir_key_parts(key, head, &head_len, &body, &body_len)) {
+    uint32_t hash;
+    if (max_parallelism <= 0
+        || !weir_key_parts(key, head, &head_len, &body, &body_len, &hash)) {
         return -1;
-    }
-    uint8_t stack[WEIR_STACK_KEY];
-    Py_ssize_t total = head_len + body_len;
-    uint8_t *buf = total <= WEIR_STACK_KEY ? stack : PyMem_Malloc(total);
-    if (buf == NULL) {
-        PyErr_NoMemory();
-        return -2;
-    }
-    memcpy(buf, head, head_len);
-    if (body_len) {
-        memcpy(buf + head_len, body, body_len);
-    }
-    uint32_t hash = weir_murmur3_32(buf, total, 0);
-    if (buf != stack) {
-        PyMem_Free(buf);
     }
     return (int)(hash % (uint32_t)max_parallelism);
 }

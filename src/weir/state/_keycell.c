@@ -1,7 +1,7 @@
 /* weir.state._hashcore, part 2: the current key in C.
  *
  * KeyCell is the C base of weir.state.keycontext.KeyContext. Its set_current_key
- * makes a str or int key current in C: canonical bytes, murmur3 key group, the check
+ * makes a str or int key current in C: canonical bytes, key hash and group, the check
  * that this subtask owns the group, the prefixed key (weir/state/_keybytes.h). Any
  * other key, an unencodable one, a group outside the subtask's range, or a cell whose
  * max_parallelism is not set goes to the Python method _slow_set_current_key, which
@@ -9,6 +9,7 @@
  *
  * route_keys gives the Spark runtime's route pass the routes of a column of keys in
  * one call (the same encoding and hash), and int64_range its row-order column.
+ * spark_hash_int / _long / _bytes are Spark's hash primitives for weir.state.keyhash.
  */
 #include "_hashcore.h"
 
@@ -161,9 +162,6 @@ weir_route_keys(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     int32_t *out = (int32_t *)PyByteArray_AS_STRING(routes);
     for (Py_ssize_t j = 0; j < n; j++) {
         int group = weir_key_group(PyList_GET_ITEM(keys, j), maxp);
-        if (group == -2) {
-            goto fail;
-        }
         if (group < 0) {
             out[j] = 0;
             PyObject *at = PyLong_FromSsize_t(j);
@@ -215,4 +213,57 @@ weir_int64_range(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         p[i] = (int64_t)(start + i);
     }
     return out;
+}
+
+/* spark_hash_int(value, seed) / spark_hash_long(value, seed): Spark's hashInt and
+ * hashLong of the value's low 32 / 64 bits (two's complement), as an unsigned int. */
+static int
+weir_hash_args(PyObject *const *args, Py_ssize_t nargs, const char *usage,
+               unsigned long long *value, uint32_t *seed)
+{
+    if (nargs != 2 || !PyLong_Check(args[0]) || !PyLong_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    *value = PyLong_AsUnsignedLongLongMask(args[0]);
+    *seed = (uint32_t)PyLong_AsUnsignedLongMask(args[1]);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+PyObject *
+weir_py_spark_hash_int(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    unsigned long long value;
+    uint32_t seed;
+    if (weir_hash_args(args, nargs, "spark_hash_int(value: int, seed: int)", &value, &seed)) {
+        return NULL;
+    }
+    return PyLong_FromUnsignedLong(weir_spark_hash_int((uint32_t)value, seed));
+}
+
+PyObject *
+weir_py_spark_hash_long(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    unsigned long long value;
+    uint32_t seed;
+    if (weir_hash_args(args, nargs, "spark_hash_long(value: int, seed: int)", &value, &seed)) {
+        return NULL;
+    }
+    return PyLong_FromUnsignedLong(weir_spark_hash_long((uint64_t)value, seed));
+}
+
+/* spark_hash_bytes(data, seed): Spark's hashUnsafeBytes of a bytes object. */
+PyObject *
+weir_py_spark_hash_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_Check(args[0]) || !PyLong_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "spark_hash_bytes(data: bytes, seed: int)");
+        return NULL;
+    }
+    uint32_t seed = (uint32_t)PyLong_AsUnsignedLongMask(args[1]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    return PyLong_FromUnsignedLong(weir_spark_hash_bytes(
+        (const uint8_t *)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]), seed));
 }

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import mmh3
-
 from weir.errors import KeyGroupError, NoKeyContextError
 from weir.state._hashcore import KeyCell
 from weir.state.keygroups import KeyGroupRange, canonical_key_bytes, decode_key
+from weir.state.keyhash import key_hash
 
 __all__ = ["NO_KEY", "KeyContext", "key_group_of_prefixed", "split_prefixed"]
 
@@ -74,7 +73,7 @@ class KeyContext(KeyCell):
         """``set_current_key`` for every key (the C base handles str and int keys of
         this subtask's groups and calls this for the rest)."""
         raw = canonical_key_bytes(key)
-        group = mmh3.hash(raw, 0, False) % self.max_parallelism
+        group = key_hash(key) % self.max_parallelism
         kgr = self.key_group_range
         if not kgr.start <= group <= kgr.end:
             raise KeyGroupError(

@@ -3,10 +3,14 @@
 ``repartition(p, col)`` places a row in partition ``pmod(murmur3_32(col, seed=42), p)``
 (Spark's ``HashPartitioning``), which is not ``col`` itself. So each record carries a
 *route value*: for subtask ``i`` the smallest non-negative int ``v`` with
-``pmod(murmur3_32(v), p) == i`` (:func:`route_table`, computed with ``mmh3`` exactly
-as Spark hashes an ``int``: the 4 little-endian bytes, seed 42). Hash partitioning of
+``pmod(murmur3_32(v), p) == i`` (:func:`route_table`, computed with Spark's
+``hashInt``, seed 42, as ``weir.state.keyhash`` has it). Hash partitioning of
 that column is then the identity on subtasks, on every executor layout, for every
 batch; the process pass checks it for every row (``TaskPlacementError``).
+
+Keyed static inputs whose key columns Spark hashes as weir does are routed in the JVM
+(``weir.runtime.spark.jvm_route``, the same columns and clock rows); streaming and
+other inputs, broadcast rows and the heartbeat take a route pass here.
 
 The route pass (a ``mapInArrow`` on each input) takes the input's columns and
 ``_weir_now`` (the batch timestamp, ms), drops ``_weir_now`` and adds the internal
@@ -15,11 +19,12 @@ columns:
 * ``_weir_route`` (int) — the route value of the owning subtask;
 * ``_weir_kind`` (tinyint) — what the row is (:class:`RowKind`);
 * ``_weir_order`` (bigint) — input partition id << 40 | row index: the process pass
-  handles rows in this order, so a replayed batch sees its records in the same order
-  (Spark's shuffle does not preserve it). In ``HEARTBEAT`` rows: the batch timestamp.
+  handles rows in this order (a stable sort), so a replayed batch sees its records in
+  the same order (Spark's shuffle interleaves map outputs in arrival order). In
+  ``HEARTBEAT`` rows: the batch timestamp.
 
-Keyed records go to the owner of their key group (weir's key groups: murmur3 of the
-canonical key bytes, the same function on every runtime); keys are read from the key
+Keyed records go to the owner of their key group (weir's key groups: the key hash of
+``weir.state.keyhash``, the same function on every runtime); keys are read from the key
 columns by :func:`weir.runtime.spark.keys.keys_of`, as in the process pass. A record
 whose key cannot be computed (null, or a value Python cannot hold) goes to some
 subtask as ``BAD_KEY`` to be dead-lettered there. Broadcast rows are copied to every
@@ -34,16 +39,15 @@ from __future__ import annotations
 
 import enum
 import functools
-import struct
 from collections.abc import Callable, Iterator, Sequence
 
-import mmh3
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from weir.runtime.spark.keys import keys_of
-from weir.state._hashcore import int64_range, route_keys
-from weir.state.keygroups import canonical_key_bytes, key_group_for_key_bytes
+from weir.state._hashcore import int64_range, route_keys, spark_hash_int
+from weir.state.keygroups import assign_to_key_group
+from weir.state.keyhash import KEY_HASH_SEED
 
 __all__ = [
     "RowKind",
@@ -70,7 +74,8 @@ class RowKind(enum.IntEnum):
 
 def _spark_hash_int(value: int) -> int:
     """Spark's ``Murmur3Hash`` of an ``IntegerType`` value (seed 42)."""
-    return int(mmh3.hash(struct.pack("<i", value), 42))
+    unsigned = spark_hash_int(value, KEY_HASH_SEED)
+    return unsigned - (1 << 32) if unsigned >= 1 << 31 else unsigned
 
 
 @functools.lru_cache(maxsize=64)
@@ -150,7 +155,7 @@ def keyed_route_pass(
                     key = keys[j]
                     if key is None:
                         raise ValueError("null key")
-                    group = key_group_for_key_bytes(canonical_key_bytes(key), max_parallelism)
+                    group = assign_to_key_group(key, max_parallelism)
                     routes[j] = table[group * parallelism // max_parallelism]
                 except Exception:
                     routes[j] = table[(row + j) % parallelism]

@@ -224,6 +224,13 @@ class _Task:
                 if self.batch is not None:
                     self.store.mark_empty(self.query, self.batch)
                 return
+            if batch_time(table) is None:  # then a subtask without rows took it as empty
+                raise TaskPlacementError(
+                    f"operator {spec.uid!r}, subtask {self.subtask}, batch {self.batch}: rows "
+                    f"came without a clock row (every input partition with rows sends one "
+                    f"to each subtask); the routing of this Spark version is not what weir "
+                    f"expects: report it with the Spark version"
+                )
             started = time.perf_counter()
             live, positions = self._acquire()
             try:

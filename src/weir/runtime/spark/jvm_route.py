@@ -1,0 +1,168 @@
+"""The keyed route in the JVM: Spark's own ``hash`` computes each record's key group,
+so no Python pass runs over the records of a static DataFrame before the shuffle.
+
+A key's group is ``weir.state.keyhash.key_hash(key) % max_parallelism``, and the key
+hash is Spark's ``hash()`` of the key as a Spark value. So for a keyed static input
+whose key columns Spark hashes as weir does (:func:`jvm_key_hash`),
+:func:`jvm_keyed_route` adds the route pass's internal columns
+(``weir.runtime.spark.routing``) with Spark expressions:
+
+* ``_weir_route`` — ``route_table(p)[group * p div M]``, the group being
+  ``pmod(hash(key columns), 2**32) % M``;
+* ``_weir_kind`` — ``RECORD``, or ``BAD_KEY`` (dead-lettered by the process pass, as
+  the route pass does) for a null key of one column and for a date or timestamp
+  Python cannot hold;
+* ``_weir_order`` — ``monotonically_increasing_id()`` (input partition << 33 | row):
+  a rerun handles the records in the same order;
+
+and after the first row of each input partition one ``HEARTBEAT`` clock row per
+subtask with the batch time as its order (an ``explode`` of that row), as the route
+pass ends each partition with them.
+
+**Streaming input takes the route pass.** Spark refuses
+``monotonically_increasing_id`` in a streaming query, and no other streaming
+expression tells a partition's first row (``rand`` is reseeded per micro-batch), so
+the clock rows — which let every subtask run and see the batch time in every batch
+with a row — cannot be made in the JVM; the order alone could (the task's sort is
+stable and a map output reaches a reduce task in order).
+
+=============================  ==================================================
+key column type                hashed as
+=============================  ==================================================
+string (UTF8_BINARY)           itself (Spark: its UTF-8)
+byte, short, int, long         cast to long
+boolean, binary, double,       themselves
+date, timestamp, timestamp_ntz
+float                          cast to double (a float key is its double value)
+array of the above (but date   cast element-wise as above; Spark folds the elements
+and timestamps)                as weir folds a tuple
+=============================  ==================================================
+
+Any other key type (decimal, struct, char/varchar, a collated string, arrays of dates
+or timestamps) takes the Python route pass. The process pass computes each key's group
+again from the key (in C for str and int keys) and a key outside its subtask's groups
+fails the batch (``KeyGroupError``), so the JVM and Python can never disagree silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DataType,
+    DateType,
+    DoubleType,
+    FloatType,
+    IntegralType,
+    LongType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from weir.runtime.spark.routing import KIND, ORDER, ROUTE, RowKind, route_table
+
+__all__ = ["jvm_key_hash", "jvm_keyed_route"]
+
+_ROW_MASK = (1 << 33) - 1  # monotonically_increasing_id: partition << 33 | row
+_FAN = "_weir_fan"
+#: Python's datetime range (years 1 to 9999): keys outside it are bad keys
+_DATE_RANGE = ("date'0001-01-01'", "date'9999-12-31'")
+_NTZ_RANGE = ("timestamp_ntz'0001-01-01 00:00:00'", "timestamp_ntz'9999-12-31 23:59:59.999999'")
+_TS_RANGE = ("timestamp'0001-01-01 00:00:00Z'", "timestamp'9999-12-31 23:59:59.999999Z'")
+
+
+def _hash_type(dtype: DataType, in_array: bool) -> DataType | None:
+    """The type a key column (or array element) of ``dtype`` is hashed as, or None if
+    Spark's hash of it is not weir's key hash."""
+    if type(dtype) is StringType:
+        return dtype if dtype.collation == "UTF8_BINARY" else None
+    if isinstance(dtype, IntegralType):
+        return LongType()
+    if isinstance(dtype, FloatType | DoubleType):
+        return DoubleType()
+    if isinstance(dtype, BooleanType | BinaryType):
+        return dtype
+    if isinstance(dtype, DateType | TimestampType | TimestampNTZType):
+        return None if in_array else dtype  # (their range check is per column)
+    if isinstance(dtype, ArrayType):
+        element = _hash_type(dtype.elementType, True)
+        return None if element is None else ArrayType(element, dtype.containsNull)
+    return None
+
+
+def _out_of_range(column: Column, dtype: DataType) -> Column | None:
+    """True where a date or timestamp key value is outside Python's datetime range."""
+    bounds = (_DATE_RANGE if isinstance(dtype, DateType) else _NTZ_RANGE if isinstance(
+        dtype, TimestampNTZType) else _TS_RANGE if isinstance(dtype, TimestampType) else None)
+    if bounds is None:
+        return None
+    return (column < F.expr(bounds[0])) | (column > F.expr(bounds[1]))
+
+
+def jvm_key_hash(schema: StructType, key_columns: Sequence[str]) -> Column | None:
+    """Spark's ``hash`` of the key columns cast as weir's key hash takes them (a signed
+    int), or None if some key column needs the Python route pass."""
+    casts = []
+    for name in key_columns:
+        dtype = schema[name].dataType
+        as_type = _hash_type(dtype, False)
+        if as_type is None:
+            return None
+        column = F.col(f"`{name}`")
+        casts.append(column if as_type == dtype else column.cast(as_type))
+    return F.hash(*casts)
+
+
+def _bad_key(schema: StructType, key_columns: Sequence[str]) -> Column:
+    """True where the key cannot be computed (as ``keys_of`` and the route pass decide)."""
+    bad = F.lit(False)
+    if len(key_columns) == 1:
+        bad = F.col(f"`{key_columns[0]}`").isNull()
+    for name in key_columns:
+        outside = _out_of_range(F.col(f"`{name}`"), schema[name].dataType)
+        if outside is not None:
+            bad = bad | F.coalesce(outside, F.lit(False))
+    return bad
+
+
+def jvm_keyed_route(
+    events: DataFrame, key_columns: Sequence[str], max_parallelism: int, parallelism: int,
+    now: Column,
+) -> DataFrame | None:
+    """``events`` (a static DataFrame) with the route pass's internal columns and clock
+    rows (the batch time ``now``) computed in the JVM; None for a streaming DataFrame
+    or if a key column needs the Python route pass (:func:`jvm_key_hash`)."""
+    hashed = jvm_key_hash(events.schema, key_columns)
+    if hashed is None or events.isStreaming:
+        return None
+    m, p = max_parallelism, parallelism
+    table = F.array(*[F.lit(v) for v in route_table(p)])
+    group = F.pmod(hashed.cast("bigint"), F.lit(1 << 32)) % F.lit(m)
+    subtask = F.floor(group * F.lit(p) / F.lit(m)).cast("int")  # exact: group * p < 2**30
+    bad = _bad_key(events.schema, key_columns)
+    order = F.col(ORDER)
+    staged = events.select("*", F.monotonically_increasing_id().alias(ORDER))
+    first = order.bitwiseAND(F.lit(_ROW_MASK)) == 0  # an input partition's first row
+    fanned = staged.select("*", F.explode(
+        F.when(first, F.sequence(F.lit(-1), F.lit(p - 1))).otherwise(F.array(F.lit(-1)))
+    ).alias(_FAN))
+    fan = F.col(_FAN)
+    # a bad key goes to some subtask, to be dead-lettered there
+    record_route = F.when(bad, F.element_at(table, (F.pmod(order, F.lit(p)) + 1).cast("int")))
+    record_route = record_route.otherwise(F.element_at(table, subtask + 1))
+    record_kind = F.when(bad, F.lit(int(RowKind.BAD_KEY))).otherwise(F.lit(int(RowKind.RECORD)))
+    return fanned.select(
+        *[F.col(f"`{c}`") for c in events.columns],
+        F.when(fan < 0, record_route).otherwise(F.element_at(table, fan + 1))
+        .cast("int").alias(ROUTE),
+        F.when(fan < 0, record_kind).otherwise(F.lit(int(RowKind.HEARTBEAT)))
+        .cast("tinyint").alias(KIND),
+        F.when(fan < 0, order).otherwise(now).cast("bigint").alias(ORDER),
+    )
