@@ -430,8 +430,8 @@ def process(
     batch_ms = F.unix_millis(F.current_timestamp())
     now = batch_ms.alias(NOW)
     inputs = df.select(*[F.col(f"`{c}`") for c in columns], *extra)
-    # keys Spark hashes as weir does are routed in the JVM (no Python pass before the
-    # shuffle); the others, and non-keyed input, by a route pass
+    # a static input whose keys Spark hashes as weir does is routed in the JVM (no Python
+    # pass before the shuffle); streaming, other keys and non-keyed input by a route pass
     routed = (jvm_keyed_route(inputs, key_columns, max_parallelism, p, batch_ms)
               if keyed else None)
     if routed is None:
