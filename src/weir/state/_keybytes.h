@@ -106,27 +106,21 @@ weir_int_header(PyObject *key, uint8_t out[9], uint32_t *hash)
         PyErr_Clear();
         return 0;
     }
-    uint64_t u;
+    uint64_t u = (uint64_t)v;
     int width;
-    if (overflow > 0) {
+    if (overflow > 0) { /* [2**63, 2**64): uint64 */
         u = PyLong_AsUnsignedLongLong(key);
         if (u == (uint64_t)-1 && PyErr_Occurred()) {
             PyErr_Clear();
             return 0;
         }
         out[0] = 0xcf;
-        for (int i = 0; i < 8; i++) {
-            out[1 + i] = (uint8_t)(u >> (8 * (7 - i)));
-        }
-        *hash = weir_spark_hash_bytes(out, 9, WEIR_KEY_SEED);
-        return 9;
+        width = 8;
     }
-    if (overflow < 0) {
+    else if (overflow < 0) {
         return 0;
     }
-    *hash = weir_spark_hash_long((uint64_t)v, WEIR_KEY_SEED);
-    if (v < -(1LL << 5)) {
-        u = (uint64_t)v;
+    else if (v < -(1LL << 5)) {
         if (v < -(1LL << 15)) {
             out[0] = v < -(1LL << 31) ? 0xd3 : 0xd2;
             width = v < -(1LL << 31) ? 8 : 4;
@@ -138,22 +132,22 @@ weir_int_header(PyObject *key, uint8_t out[9], uint32_t *hash)
     }
     else if (v < (1LL << 7)) {
         out[0] = (uint8_t)(int8_t)v; /* positive or negative fixint */
+        *hash = weir_spark_hash_long(u, WEIR_KEY_SEED);
         return 1;
     }
+    else if (v < (1LL << 16)) {
+        out[0] = v < (1LL << 8) ? 0xcc : 0xcd;
+        width = v < (1LL << 8) ? 1 : 2;
+    }
     else {
-        u = (uint64_t)v;
-        if (v < (1LL << 16)) {
-            out[0] = v < (1LL << 8) ? 0xcc : 0xcd;
-            width = v < (1LL << 8) ? 1 : 2;
-        }
-        else {
-            out[0] = v < (1LL << 32) ? 0xce : 0xcf;
-            width = v < (1LL << 32) ? 4 : 8;
-        }
+        out[0] = v < (1LL << 32) ? 0xce : 0xcf;
+        width = v < (1LL << 32) ? 4 : 8;
     }
     for (int i = 0; i < width; i++) {
         out[1 + i] = (uint8_t)(u >> (8 * (width - 1 - i)));
     }
+    *hash = overflow > 0 ? weir_spark_hash_bytes(out, 9, WEIR_KEY_SEED)
+                         : weir_spark_hash_long(u, WEIR_KEY_SEED);
     return 1 + width;
 }
 

@@ -224,7 +224,8 @@ class _Task:
                 if self.batch is not None:
                     self.store.mark_empty(self.query, self.batch)
                 return
-            if batch_time(table) is None:  # then a subtask without rows took it as empty
+            now = batch_time(table)
+            if now is None:  # then a subtask without rows took the batch as empty
                 raise TaskPlacementError(
                     f"operator {spec.uid!r}, subtask {self.subtask}, batch {self.batch}: rows "
                     f"came without a clock row (every input partition with rows sends one "
@@ -236,7 +237,7 @@ class _Task:
             try:
                 with fewer_collections():  # records, outputs, changelog: many containers
                     acquired = time.perf_counter()
-                    self._process(live, table, not inputs.spilled, positions, outputs)
+                    self._process(live, table, now, not inputs.spilled, positions, outputs)
                     del table
                     self.buffers = {  # recorded with the storage operations in the part
                         "rows_in": inputs.rows, "arrow_in_bytes": inputs.nbytes,
@@ -271,8 +272,8 @@ class _Task:
             outputs.append(to_record_batch(out[start : start + _OUTPUT_CHUNK], schema, uid))
 
     def _process(
-        self, live: LiveSubtask, table: pa.Table, in_memory: bool, positions: dict[str, Any],
-        outputs: SpillBuffer,
+        self, live: LiveSubtask, table: pa.Table, now: int, in_memory: bool,
+        positions: dict[str, Any], outputs: SpillBuffer,
     ) -> None:
         """Timers, then the rows by kind and input order, a slice of rows at a time
         (the Python objects of one slice at once); outputs go to ``outputs``."""
@@ -287,14 +288,10 @@ class _Task:
             if drain is not None and self.batch >= drain:
                 watermark = MAX_WATERMARK  # drained: every event-time timer fires now
         self.watermark, self.max_event = watermark, max_event
-        now = batch_time(table)
-        if now is not None:
-            live.clock.now = now
-        self.batch_time = live.clock.now
+        live.clock.now = self.batch_time = now
         if isinstance(op, KeyedOperator):
             self._emit(op.advance_watermark(watermark), outputs)
-            if now is not None:
-                self._emit(op.advance_processing_time(now), outputs)
+            self._emit(op.advance_processing_time(now), outputs)
         kinds = (int(RowKind.BROADCAST), int(RowKind.RECORD), int(RowKind.BAD_KEY))
         for kind, part in sorted_slices(table, _ROW_ORDER, KIND, kinds, _SLICE_ROWS, in_memory):
             if kind == RowKind.BROADCAST:
