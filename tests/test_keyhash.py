@@ -133,3 +133,30 @@ def test_a_key_hashes_as_its_decoded_canonical_form(key: Any) -> None:
     h = key_hash(key)
     assert 0 <= h <= M32
     assert key_hash(decode_key(canonical_key_bytes(key))) == h
+
+
+def _reference(key: Any, seed: int) -> int:
+    """The table for None, str, int64 and tuples, from the primitives."""
+    if key is None:
+        return seed
+    if isinstance(key, str):
+        return spark_hash_bytes(key.encode(), seed)
+    if isinstance(key, int):
+        return spark_hash_long(key, seed)
+    for item in key:
+        seed = _reference(item, seed)
+    return seed
+
+
+@settings(max_examples=300, deadline=None)
+@given(key=st.recursive(
+    st.one_of(st.none(), st.text(), st.integers(-(2**63), 2**63 - 1)),
+    lambda inner: st.lists(inner, max_size=4).map(tuple), max_leaves=8), seed=seeds)
+def test_the_c_path_of_common_keys_is_the_table(key: Any, seed: int) -> None:
+    """None, str, int64 and tuples of them are hashed in C (``common_key_hash``); the
+    result is the table's, and other keys are left to Python."""
+    from weir.state._hashcore import common_key_hash
+
+    assert common_key_hash(key, seed) == key_hash(key, seed) == _reference(key, seed)
+    for other in (True, 1.5, b"x", 2**63, ("a", 1.5), ["a"], "\ud800"):
+        assert common_key_hash(other, seed) is None

@@ -566,6 +566,8 @@ static PyMethodDef module_methods[] = {
      "spark_hash_long(value, seed) -> Spark's Murmur3 hashLong, unsigned."},
     {"spark_hash_bytes", (PyCFunction)(void (*)(void))weir_py_spark_hash_bytes, METH_FASTCALL,
      "spark_hash_bytes(data, seed) -> Spark's Murmur3 hashUnsafeBytes, unsigned."},
+    {"common_key_hash", (PyCFunction)(void (*)(void))weir_py_common_key_hash, METH_FASTCALL,
+     "common_key_hash(key, seed) -> the key hash of None/str/int64/tuples of them, or None."},
     {NULL},
 };
 

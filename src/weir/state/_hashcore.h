@@ -31,5 +31,6 @@ PyObject *weir_int64_range(PyObject *module, PyObject *const *args, Py_ssize_t n
 PyObject *weir_py_spark_hash_int(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *weir_py_spark_hash_long(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *weir_py_spark_hash_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *weir_py_common_key_hash(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #endif /* WEIR_HASHCORE_H */

@@ -29,6 +29,9 @@ def spark_hash_int(value: int, seed: int) -> int:
 def spark_hash_long(value: int, seed: int) -> int:
     """Spark's Murmur3 ``hashLong`` of ``value``'s low 64 bits, unsigned."""
 
+def common_key_hash(key: Any, seed: int) -> int | None:
+    """The key hash of None, str, int64 and tuples of them; None for other keys."""
+
 def spark_hash_bytes(data: bytes, seed: int) -> int:
     """Spark's Murmur3 ``hashUnsafeBytes`` of ``data``, unsigned."""
 

@@ -9,7 +9,8 @@
  *
  * route_keys gives the Spark runtime's route pass the routes of a column of keys in
  * one call (the same encoding and hash), and int64_range its row-order column.
- * spark_hash_int / _long / _bytes are Spark's hash primitives for weir.state.keyhash.
+ * spark_hash_int / _long / _bytes are Spark's hash primitives for weir.state.keyhash,
+ * common_key_hash its fast path for the common keys.
  */
 #include "_hashcore.h"
 
@@ -266,4 +267,65 @@ weir_py_spark_hash_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nar
     }
     return PyLong_FromUnsignedLong(weir_spark_hash_bytes(
         (const uint8_t *)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]), seed));
+}
+
+/* The key hash of None, an exact str, an int in int64 or an exact tuple of those, in
+ * *out; 0 for any other key (and lone surrogates), which Python hashes. */
+static int
+weir_common_key_hash(PyObject *key, uint32_t seed, uint32_t *out)
+{
+    if (key == Py_None) {
+        *out = seed;
+        return 1;
+    }
+    if (PyUnicode_CheckExact(key)) {
+        Py_ssize_t n;
+        const char *utf8 = PyUnicode_AsUTF8AndSize(key, &n);
+        if (utf8 == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        *out = weir_spark_hash_bytes((const uint8_t *)utf8, n, seed);
+        return 1;
+    }
+    if (PyLong_CheckExact(key)) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(key, &overflow);
+        if (overflow || (v == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return 0;
+        }
+        *out = weir_spark_hash_long((uint64_t)v, seed);
+        return 1;
+    }
+    if (PyTuple_CheckExact(key)) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(key); i++) {
+            if (!weir_common_key_hash(PyTuple_GET_ITEM(key, i), seed, &seed)) {
+                return 0;
+            }
+        }
+        *out = seed;
+        return 1;
+    }
+    return 0;
+}
+
+/* common_key_hash(key, seed) -> int | None: weir.state.keyhash's key hash of the
+ * common keys (None, str, int64, tuples of them); None for the others. */
+PyObject *
+weir_py_common_key_hash(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyLong_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "common_key_hash(key, seed: int)");
+        return NULL;
+    }
+    uint32_t seed = (uint32_t)PyLong_AsUnsignedLongMask(args[1]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    uint32_t hash;
+    if (!weir_common_key_hash(args[0], seed, &hash)) {
+        Py_RETURN_NONE;
+    }
+    return PyLong_FromUnsignedLong(hash);
 }

@@ -47,8 +47,19 @@ import math
 import struct
 from typing import Any
 
-from weir.state._hashcore import spark_hash_bytes, spark_hash_int, spark_hash_long
-from weir.state.keybytes import canonical_key_bytes
+from weir.state._hashcore import (
+    common_key_hash,
+    spark_hash_bytes,
+    spark_hash_int,
+    spark_hash_long,
+)
+from weir.state.keybytes import (
+    _EPOCH_NAIVE,
+    _EPOCH_ORDINAL,
+    _EPOCH_UTC,
+    _MICROSECOND,
+    canonical_key_bytes,
+)
 
 __all__ = ["KEY_HASH_SEED", "key_hash"]
 
@@ -59,10 +70,6 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _DOUBLE = struct.Struct("<d")
 _LONG = struct.Struct("<q")
 _JAVA_NAN_BITS = 0x7FF8000000000000
-_EPOCH_ORDINAL = dt.date(1970, 1, 1).toordinal()
-_EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-_EPOCH_NAIVE = dt.datetime(1970, 1, 1)
-_MICROSECOND = dt.timedelta(microseconds=1)
 
 
 def _double_bits(value: float) -> int:
@@ -76,6 +83,9 @@ def _double_bits(value: float) -> int:
 def key_hash(key: Any, seed: int = KEY_HASH_SEED) -> int:
     """The unsigned 32-bit key hash of ``key`` (a valid key: see
     :func:`weir.state.keybytes.canonical_key_bytes`), as the table above."""
+    common = common_key_hash(key, seed)  # None, str, int64 and tuples of them, in C
+    if common is not None:
+        return common
     if key is None:
         return seed
     if isinstance(key, bool):
@@ -86,7 +96,7 @@ def key_hash(key: Any, seed: int = KEY_HASH_SEED) -> int:
     elif isinstance(key, str):
         return spark_hash_bytes(key.encode("utf-8"), seed)
     elif isinstance(key, bytes):
-        return spark_hash_bytes(bytes(key), seed)
+        return spark_hash_bytes(key, seed)
     elif isinstance(key, float):
         return spark_hash_long(_double_bits(key), seed)
     elif isinstance(key, tuple | list):
