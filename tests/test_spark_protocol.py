@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -278,6 +279,69 @@ def test_3_a_second_query_on_a_running_stage_is_refused_naming_the_running_one(
     third = run(spark, tmp_path / "b", SCHEMA, build, tmp_path / "spark-3")
     expected = records[:300] + records[600:] + records[300:600]
     assert last_counts(first_sink.rows() + third.rows()) == _oracle(expected)
+
+
+class _HeldListener:
+    """A streaming query listener that holds Spark's listener bus in the progress event
+    of batch ``batch`` (after weir's listener, registered before it, has handled that
+    event) until released: every later event of the session waits."""
+
+    def __init__(self, spark: Any, batch: int) -> None:
+        from pyspark.sql.streaming.listener import StreamingQueryListener
+
+        self.holding, self.release = threading.Event(), threading.Event()
+        held = self
+
+        class Listener(StreamingQueryListener):
+            def onQueryStarted(self, event: Any) -> None:
+                pass
+
+            def onQueryProgress(self, event: Any) -> None:
+                if event.progress.batchId == batch and not held.holding.is_set():
+                    held.holding.set()
+                    held.release.wait(120)
+
+            def onQueryIdle(self, event: Any) -> None:
+                pass
+
+            def onQueryTerminated(self, event: Any) -> None:
+                pass
+
+        self.listener = Listener()
+        self.spark = spark
+        spark.streams.addListener(self.listener)
+
+    def close(self) -> None:
+        self.release.set()
+        self.spark.streams.removeListener(self.listener)
+
+
+@pytest.mark.spark
+def test_3_a_new_query_right_after_stop_without_finish_takes_the_stage_at_once(
+    spark: Any, tmp_path: Path
+) -> None:
+    records = keyed_records(0, 900, 30)
+    location = tmp_path / "weir"
+    build = _stage(location, lease_timeout="1 h")  # only a release can free the stage
+    write_file(tmp_path / "a", records[:300], KEYED)
+    first_sink = BatchSink()
+    first = _start(spark, tmp_path / "a", build, tmp_path / "spark-1", first_sink)
+    held = _HeldListener(spark, 1)  # after weir's (the session's first process())
+    try:
+        try:
+            _wait(lambda: _committed(first) >= 0, "the first query's batch 0 committed")
+            write_file(tmp_path / "a", records[300:600], KEYED)
+            # weir completed batch 1; the bus is held, so the termination event waits
+            _wait(held.holding.is_set, "the first query's batch 1 reported")
+        finally:
+            first.stop()  # and no weir.spark.finish(first): what most users write
+        assert _committed(first) == 1
+        write_file(tmp_path / "b", records[600:], KEYED)
+        second = run(spark, tmp_path / "b", SCHEMA, build, tmp_path / "spark-2")
+    finally:
+        held.close()
+    assert sorted(first_sink.batches) == [0, 1] and sorted(second.batches) == [0]
+    assert last_counts(first_sink.rows() + second.rows()) == _oracle(records)
 
 
 @pytest.mark.spark

@@ -43,7 +43,8 @@ it returns; a batch's checkpoint completes once Spark committed the batch.
 * **Enforced, not assumed** (``docs/architecture.md``, "The Spark runtime"). Each
   ``uid`` has its own namespace in the location, so stages can share it. A stage has
   one owner query at a time (claims created by compare-and-set; a lease renewed by its
-  batches, released by :func:`finish` or when the query stops): a second query is
+  batches, released when the query stops: by :func:`finish`, by the listener, or by
+  the next ``process()`` of the session): a second query is
   refused (:class:`~weir.errors.OwnershipError`) while the owner runs, and an owner
   that lost the stage is fenced (:class:`~weir.errors.FencedError`). A missing
   previous batch is a :class:`~weir.errors.MissingStateError`, a corrupt file a
@@ -463,6 +464,9 @@ def process(
         # bound itself) honours maxFilesPerTrigger & co. only through Spark's wrapper
         spark.conf.set("spark.sql.streaming.triggerAvailableNowWrapper.enabled", "true")
         listener = completion(spark)
+        # a query of this session stopped a moment ago gives its stages up now, not
+        # when the listener's (asynchronous) event comes
+        listener.settle_stopped()
         with listener.lock:
             listener.stages[(storage.location, uid)] = Stage(store, lineage, p)
     return routed.repartition(p, ROUTE).mapInArrow(process_pass(spec), out_struct)

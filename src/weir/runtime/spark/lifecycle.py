@@ -17,7 +17,7 @@ from weir.errors import ConfigurationError, NoCheckpointError
 from weir.runtime.spark.durations import duration_ms
 from weir.runtime.spark.epochs import EpochStore
 from weir.runtime.spark.lineage import QUERY, Lineage
-from weir.runtime.spark.listener import COMPLETIONS, spark_checkpoint
+from weir.runtime.spark.listener import COMPLETIONS
 from weir.runtime.spark.plan import lineage_state
 
 __all__ = [
@@ -32,19 +32,15 @@ def finish(query: Any) -> int | None:
     query is no longer active, give up its stages so that another query may take them
     over at once. The query listener does both asynchronously; call ``finish`` after
     ``stop()`` or ``awaitTermination()`` so that the final batch is complete before the
-    process exits, a savepoint is taken or a new query starts. Raises
+    process exits or a savepoint is taken (a new query built with ``process()`` in the
+    same session settles a stopped one by itself; one in another process does not).
+    Raises
     :class:`~weir.errors.IncompleteBatchError` if Spark committed that batch with some
     subtasks' output never computed. Returns the batch id (None if the query ran no
     batch)."""
-    progress = query.lastProgress
-    batch = int(progress["batchId"]) if progress else None
-    query_id = str(query.id)
+    batch = int(query.lastProgress["batchId"]) if query.lastProgress else None
     for completion in list(COMPLETIONS.values()):
-        if batch is not None:
-            completion.on_progress(query_id, batch, raise_errors=True,
-                                   spark_checkpoint=lambda: spark_checkpoint(query))
-        if not query.isActive:
-            completion.on_terminated(query_id)
+        completion.settle(query, raise_errors=True)
     return batch
 
 

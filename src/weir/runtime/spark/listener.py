@@ -55,6 +55,9 @@ class Completion:
         self.terminated: set[str] = set()
         #: (query, stage) pairs whose Spark checkpoint location is recorded
         self.recorded: set[tuple[str, tuple[str, str]]] = set()
+        #: this session's queries since they started (Spark calls onQueryStarted
+        #: before the first batch), until their end was handled: query id -> handle
+        self.started: dict[str, Any] = {}
 
     def _owned(self, query: str) -> list[tuple[Stage, Claim]]:
         with self.lock:
@@ -99,6 +102,29 @@ class Completion:
                     if raise_errors:
                         raise
 
+    def settle(self, query: Any, *, raise_errors: bool = False) -> int | None:
+        """Complete the last batch the query ``query`` (a ``StreamingQuery``) committed
+        and, if it is no longer active, give up its stages, without waiting for the
+        listener's events. Returns that batch's id (None if it ran none)."""
+        progress = query.lastProgress
+        batch = int(progress["batchId"]) if progress else None
+        query_id = str(query.id)
+        if batch is not None:
+            self.on_progress(query_id, batch, raise_errors=raise_errors,
+                             spark_checkpoint=lambda: spark_checkpoint(query))
+        if not query.isActive:
+            self.on_terminated(query_id)
+        return batch
+
+    def settle_stopped(self) -> None:
+        """Settle every query of this session that stopped but whose end the listener
+        has not handled yet (it runs asynchronously): a query started right after
+        ``stop()`` finds the stages free and the last batch complete."""
+        with self.lock:
+            handles = [q for q in self.started.values() if not q.isActive]
+        for query in handles:
+            self.settle(query)
+
     def on_terminated(self, query: str) -> None:
         """Give up every stage ``query`` owns: another query may claim them at once.
         They leave the listener's active stages (so a long session does not read the
@@ -118,6 +144,7 @@ class Completion:
             with stage.lock:
                 stage.lineage.release(head.token)
         with self.lock:
+            self.started.pop(query, None)
             if query in self.terminated:
                 # a second call (finish() and the listener's event, in either order):
                 # the registrations now in self.stages may be a newer query's, made
@@ -154,7 +181,11 @@ def completion(spark: SparkSession) -> Completion:
 
     class Listener(StreamingQueryListener):
         def onQueryStarted(self, event: Any) -> None:
-            pass
+            query = str(event.id)  # called in the query's start(): before any batch
+            handle = spark.streams.get(query)
+            if handle is not None:
+                with completion.lock:
+                    completion.started[query] = handle
 
         def onQueryProgress(self, event: Any) -> None:
             query = str(event.progress.id)
