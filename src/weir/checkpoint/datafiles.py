@@ -6,13 +6,14 @@ data file starts with. The layout is specified in :mod:`weir.checkpoint.format`
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import msgpack
 
 from weir.errors import CheckpointFormatError, CorruptCheckpointError
 from weir.state.keygroups import KeyGroupRange
+from weir.state.packed import Entries, PackedGroups, pairs
 
 __all__ = [
     "FORMAT_VERSION",
@@ -36,9 +37,6 @@ FORMAT_VERSION = 2
 _DATA_MAGIC = b"WEIRDATA"
 _VERSION = struct.Struct(">H")
 _DATA_HEADER = len(_DATA_MAGIC) + _VERSION.size
-
-Entries = tuple[tuple[bytes, bytes], ...]
-
 
 def _header() -> bytes:
     return _DATA_MAGIC + _VERSION.pack(FORMAT_VERSION)
@@ -126,17 +124,18 @@ def unpack_groups(
     return out
 
 
-def pairs(flat: Sequence[bytes]) -> Entries:
-    """``[k0, v0, k1, v1, ...]`` as ``((k0, v0), (k1, v1), ...)``."""
-    it = iter(flat)
-    return tuple(zip(it, it, strict=True))
-
-
 def encode_keyed(
     groups: Mapping[int, Mapping[str, Iterable[tuple[bytes, bytes]]]],
 ) -> tuple[bytes, dict[int, tuple[int, int]], int]:
     """A ``.keyed`` file: header + one msgpack map per key group. Returns the bytes,
-    the key-group index and the number of entries."""
+    the key-group index and the number of entries. Groups already packed
+    (:class:`~weir.state.packed.PackedGroups`) are written as they are."""
+    if isinstance(groups, PackedGroups):
+        parts, index = groups.parts()
+        entries = groups.entries
+        if entries is None or len(parts) != 1:
+            entries = sum(len(e) for per in groups.values() for e in per.values())
+        return b"".join([_header(), *parts]), index, entries
     entries = 0
 
     def flattened() -> Iterator[tuple[int, dict[str, list[bytes]]]]:

@@ -46,10 +46,8 @@ __all__ = [
     "KeyedStateBackend",
     "ListTable",
     "MapTable",
-    "SnapshotGroups",
     "ValueTable",
     "WriteCheck",
-    "add_to_groups",
     "frame",
     "split_map_key",
     "unframe",
@@ -58,8 +56,6 @@ __all__ = [
 #: ``(key, value_bytes) -> new value bytes or None to drop``; applied to snapshot
 #: and compaction entries (TTL cleanup), never on the processing path.
 EntryFilter = Callable[[bytes, bytes], bytes | None]
-#: key group -> state name -> entries
-SnapshotGroups = dict[int, dict[str, list[tuple[bytes, bytes]]]]
 
 
 _ARRAY32 = b"\xdd"
@@ -101,27 +97,6 @@ def split_map_key(key: bytes) -> tuple[bytes, bytes]:
     unpacker.skip()
     end = 2 + unpacker.tell()
     return key[:end], key[end:]
-
-
-def add_to_groups(
-    groups: SnapshotGroups,
-    name: str,
-    entries: Iterable[tuple[bytes, bytes]],
-    keep: EntryFilter | None = None,
-) -> None:
-    """Add a state's canonical entries to ``groups`` under the key group in each
-    key's 2-byte prefix, dropping or rewriting entries through ``keep``."""
-    for key, data in entries:
-        if keep is not None:
-            kept = keep(key, data)
-            if kept is None:
-                continue
-            data = kept
-        group = (key[0] << 8) | key[1]
-        per_group = groups.get(group)
-        if per_group is None:
-            per_group = groups[group] = {}
-        per_group.setdefault(name, []).append((key, data))
 
 
 class WriteCheck:
@@ -356,19 +331,6 @@ class KeyedStateBackend(ABC):
         returns: the synchronous part of an asynchronous snapshot. The default
         materializes every entry; backends override it with something cheaper."""
         return [(name, list(entries)) for name, entries in self.snapshot_sources()]
-
-    def snapshot(
-        self,
-        filters: Mapping[str, EntryFilter],
-        sources: Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]] | None = None,
-    ) -> SnapshotGroups:
-        """Every state's entries (of ``sources``, by default the live ones) grouped by
-        key group, in canonical snapshot form, with ``filters`` (TTL full-snapshot
-        cleanup) applied per state."""
-        groups: SnapshotGroups = {}
-        for name, entries in self.snapshot_sources() if sources is None else sources:
-            add_to_groups(groups, name, entries, filters.get(name))
-        return groups
 
     def track_changes(self) -> None:
         """Start recording which keys are written (changelog snapshots): the state as

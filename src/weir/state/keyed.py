@@ -26,8 +26,9 @@ from weir.api.descriptors import (
 )
 from weir.api.state import AggregatingState, ReducingState, State
 from weir.errors import StateMigrationError, StateRegistrationError
-from weir.state.backend import EntryFilter, KeyedStateBackend, add_to_groups
+from weir.state.backend import EntryFilter, KeyedStateBackend
 from weir.state.keygroups import KeyGroupRange
+from weir.state.packed import pack_sources
 from weir.state.snapshot import KeyedStateSnapshot, NativeRocksDBState, StateMeta
 from weir.state.ttl import (
     IncrementalCleaner,
@@ -324,13 +325,11 @@ class KeyedStateStore:
     ) -> KeyedStateSnapshot:
         if filters is None:
             filters = {name: make() for name, make in self._snapshot_filters.items()}
-        groups = self.backend.snapshot(filters, sources)
-        for name, entries in timer_entries.items():
-            add_to_groups(groups, name, entries)
-        frozen = {g: {n: tuple(e) for n, e in per.items()} for g, per in groups.items()}
+        states = self.backend.snapshot_sources() if sources is None else sources
+        groups = pack_sources(itertools.chain(states, timer_entries.items()), filters)
         ctx = self.backend.key_context
         return KeyedStateSnapshot(
-            ctx.max_parallelism, key_group_range, self.metas, tuple(timer_entries), frozen
+            ctx.max_parallelism, key_group_range, self.metas, tuple(timer_entries), groups
         )
 
     def restore(

@@ -38,6 +38,7 @@ from typing import Any
 from weir.api.descriptors import StateKind
 from weir.errors import RestoreError
 from weir.state.keygroups import KeyGroupRange
+from weir.state.packed import Entries, PackedGroups
 
 __all__ = [
     "BroadcastStateSnapshot",
@@ -51,9 +52,6 @@ __all__ = [
     "assign_keyed_state",
     "assign_operator_state",
 ]
-
-Entries = tuple[tuple[bytes, bytes], ...]
-
 
 class RedistributionMode(enum.Enum):
     """How operator state is divided when the parallelism changes."""
@@ -89,7 +87,8 @@ class NativeRocksDBState:
 
 @dataclass(frozen=True)
 class KeyedStateSnapshot:
-    """Keyed state of one subtask: key group -> state name -> canonical entries, plus
+    """Keyed state of one subtask: key group -> state name -> canonical entries (packed
+    as they go into a ``.keyed`` file when snapshotted, ``weir.state.packed``), plus
     (from an incremental RocksDB checkpoint) a native database holding the states
     while ``groups`` holds only the timers."""
 
@@ -192,7 +191,11 @@ def assign_keyed_state(
         if keyed is None:
             continue
         overlap = keyed.key_group_range.intersection(key_group_range)
-        groups = {g: e for g, e in keyed.groups.items() if g in overlap}
+        groups: Mapping[int, Mapping[str, Entries]]
+        if isinstance(keyed.groups, PackedGroups):  # stays packed: decoded when loaded
+            groups = keyed.groups.restrict(overlap.__contains__)
+        else:
+            groups = {g: e for g, e in keyed.groups.items() if g in overlap}
         native = keyed.native
         if native is not None:
             native = NativeRocksDBState(native.path, overlap, native.shared)

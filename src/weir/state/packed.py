@@ -1,0 +1,147 @@
+"""Key groups packed as they are snapshotted: the compact form of a keyed snapshot.
+
+A snapshot of a large hash-map state held as ``(key, value)`` tuples costs about 100
+bytes of Python objects per entry on top of the live state; packed, an entry costs its
+encoded size (a dozen bytes or so for a small key and value). :func:`pack_sources`
+therefore encodes every state's canonical entries straight into the body of a
+``.keyed`` data file (layout in :mod:`weir.checkpoint.format`, which adds the header)::
+
+    per key group, ascending:  msgpack map {state name (str): [k0, v0, k1, v1, ...]}
+
+each map holding the states in the order their first entry of the group came and
+their entries (bin) in the order given; a state or group without entries is left
+out. :class:`PackedGroups` is that body with its key-group index, and a read-only
+``Mapping[group, Mapping[state name, entries]]`` that decodes a group when it is
+read, so everything that reads a snapshot's groups works unchanged; the checkpoint
+writer writes the body after the header, and a restore reads a file's body in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import msgpack
+
+from weir.errors import CorruptCheckpointError
+
+__all__ = ["Entries", "PackedGroups", "pack_sources", "pairs"]
+
+Entries = tuple[tuple[bytes, bytes], ...]
+_header_packer = msgpack.Packer(use_bin_type=True, autoreset=True)
+_packb = _header_packer.pack
+_packb_map_header = _header_packer.pack_map_header
+_packb_array_header = _header_packer.pack_array_header
+
+
+def pairs(flat: Sequence[bytes]) -> Entries:
+    """``[k0, v0, k1, v1, ...]`` as ``((k0, v0), (k1, v1), ...)``."""
+    it = iter(flat)
+    return tuple(zip(it, it, strict=True))
+
+
+class PackedGroups(Mapping[int, Mapping[str, Entries]]):
+    """The body of a ``.keyed`` data file (``body``: the packed groups after the header)
+    and its key-group index (group -> offset in ``body``, length), read as key group
+    -> state name -> entries; a group is decoded each time it is read. ``where`` names
+    the file in a CorruptCheckpointError."""
+
+    __slots__ = ("body", "entries", "index", "where")
+
+    def __init__(self, body: bytes | memoryview, index: dict[int, tuple[int, int]],
+                 entries: int | None, where: str) -> None:
+        self.body = body
+        self.index = index
+        #: number of entries (None: not counted, e.g. read from a file)
+        self.entries = entries
+        self.where = where
+
+    def __getitem__(self, group: int) -> dict[str, Entries]:
+        offset, length = self.index[group]
+        if offset < 0 or length < 0 or offset + length > len(self.body):
+            raise CorruptCheckpointError(f"{self.where}: key group {group} lies outside the file")
+        try:
+            per_state = msgpack.unpackb(memoryview(self.body)[offset : offset + length],
+                                        raw=False)
+            return {name: pairs(flat) for name, flat in per_state.items()}
+        except (ValueError, TypeError, AttributeError, msgpack.UnpackException) as exc:
+            raise CorruptCheckpointError(
+                f"{self.where}: key group {group} cannot be decoded ({exc})"
+            ) from exc
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.index)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __contains__(self, group: object) -> bool:
+        return group in self.index
+
+    def restrict(self, keep: Callable[[int], bool]) -> PackedGroups:
+        """The groups for which ``keep`` is true (the same file, a smaller index)."""
+        index = {g: span for g, span in self.index.items() if keep(g)}
+        if len(index) == len(self.index):
+            return self
+        return PackedGroups(self.body, index, None, self.where)
+
+    def parts(self) -> tuple[list[memoryview], dict[int, tuple[int, int]]]:
+        """The body of exactly these groups, in ascending order, as slices of
+        ``body`` (one if :meth:`restrict` left nothing out), and its index."""
+        view = memoryview(self.body)
+        spans = sorted(self.index.items(), key=lambda item: item[1][0])
+        if sum(length for _, (_, length) in spans) == len(view):
+            return [view], self.index
+        index: dict[int, tuple[int, int]] = {}
+        out: list[memoryview] = []
+        offset = 0
+        for group, (start, length) in sorted(spans):
+            index[group] = (offset, length)
+            out.append(view[start : start + length])
+            offset += length
+        return out, index
+
+
+def pack_sources(
+    sources: Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]],
+    filters: Mapping[str, Callable[[bytes, bytes], bytes | None]],
+) -> PackedGroups:
+    """Every state's canonical entries (``sources``: state name, entries whose keys
+    start with their 2-byte key group) packed by key group, after the full-snapshot
+    filter of the state in ``filters`` (None drops an entry, bytes replace its
+    value). Holds the encoded entries only, never a tuple per entry."""
+    slots: dict[int, dict[str, list[Any]]] = {}  # group -> name -> [packer, entries]
+    for name, entries in sources:
+        keep = filters.get(name)
+        mine: dict[int, list[Any]] = {}  # this state's slots, by group
+        for key, data in entries:
+            if keep is not None:
+                kept = keep(key, data)
+                if kept is None:
+                    continue
+                data = kept
+            group = (key[0] << 8) | key[1]
+            slot = mine.get(group)
+            if slot is None:
+                slot = mine[group] = slots.setdefault(group, {}).setdefault(
+                    name, [msgpack.Packer(use_bin_type=True, autoreset=False), 0])
+            pack = slot[0].pack
+            pack(key)
+            pack(data)
+            slot[1] += 1
+    parts: list[bytes] = []
+    index: dict[int, tuple[int, int]] = {}
+    offset = total = 0
+    for group in sorted(slots):
+        per_state = slots.pop(group)
+        blob = [_packb_map_header(len(per_state))]
+        for name, (packer, count) in per_state.items():
+            blob += (_packb(name), _packb_array_header(2 * count), packer.getbuffer())
+            total += count
+        packed = b"".join(blob)
+        del blob, per_state
+        index[group] = (offset, len(packed))
+        offset += len(packed)
+        parts.append(packed)
+    return PackedGroups(b"".join(parts), index, total, "a snapshot in memory")
+
