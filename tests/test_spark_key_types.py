@@ -486,10 +486,59 @@ def test_the_jvm_route_sends_every_record_where_the_python_route_pass_does(spark
 
 
 @pytest.mark.spark
+def test_a_streaming_input_is_routed_in_the_jvm_with_its_rows_numbered_by_a_udf(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Spark refuses ``monotonically_increasing_id`` in a stream: there, a scalar Arrow
+    UDF over the partition id alone numbers each input partition's rows as it would
+    (partition << 33 | row), so routes, kinds and clock rows are the static route's."""
+    from pyspark.sql import functions as F
+
+    from weir.runtime.spark.jvm_route import jvm_keyed_route
+    from weir.runtime.spark.routing import KIND, ORDER, ROUTE
+
+    p = 3
+    rows = _jvm_rows(900)
+    spark.createDataFrame(rows, JVM_SCHEMA).repartition(3).write.parquet(str(tmp_path / "in"))
+    source = spark.read.parquet(str(tmp_path / "in")).toArrow()
+    for n, keys in enumerate((["s"], ["l"], ["ai", "as_", "i", "sh", "b"])):
+        stream = spark.readStream.schema(JVM_SCHEMA).parquet(str(tmp_path / "in"))
+        routed = jvm_keyed_route(stream, keys, M, p, F.lit(1234).cast("bigint"))
+        assert routed is not None, keys
+        batches: list[pa.Table] = []
+        query = (routed.writeStream.foreachBatch(lambda df, _, out=batches: out.append(
+                     df.toArrow()))
+                 .option("checkpointLocation", str(tmp_path / f"spark-{n}"))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination()
+        got = pa.concat_tables(batches)
+        heartbeat = pc.equal(got[KIND], int(RowKind.HEARTBEAT))
+        records = got.filter(pc.invert(heartbeat))
+        assert sorted(records["id"].to_pylist()) == sorted(source["id"].to_pylist())
+        by_partition: dict[int, list[int]] = {}
+        for order in records[ORDER].to_pylist():
+            by_partition.setdefault(order >> 33, []).append(order & ((1 << 33) - 1))
+        assert len(by_partition) > 1, keys  # several input partitions, each numbered 0..
+        assert all(sorted(r) == list(range(len(r))) for r in by_partition.values()), keys
+        clocks = got.filter(heartbeat)
+        assert set(clocks[ORDER].to_pylist()) == {1234}, keys
+        assert Counter(clocks[ROUTE].to_pylist()) == {
+            r: len(by_partition) for r in route_table(p)}, keys
+        python = pa.Table.from_batches(list(keyed_route_pass(keys, M, p)(iter(
+            source.append_column(NOW, pa.array([1234] * source.num_rows, pa.int64()))
+            .to_batches()))))
+        python = python.filter(pc.equal(python[KIND], int(RowKind.RECORD)))
+        want = dict(zip(python["id"].to_pylist(), python[ROUTE].to_pylist(), strict=True))
+        have = dict(zip(records["id"].to_pylist(), records[ROUTE].to_pylist(), strict=True))
+        assert {i: have[i] for i in want} == want, keys
+        assert len(want) > 600, keys
+
+
+@pytest.mark.spark
 def test_keys_the_jvm_cannot_hash_as_weir_take_the_python_route_pass(spark: Any) -> None:
-    """Decimals, structs, collated strings, arrays of dates and every streaming input are
-    routed by the Python pass; string and long keys of a static input add no Python pass
-    before the shuffle."""
+    """Decimals, structs, collated strings and arrays of dates are routed by the Python
+    pass; string and long keys add no Python pass before the shuffle (a stream's rows
+    are numbered by a UDF that sees their partition id alone)."""
     from pyspark.sql import functions as F
 
     from weir.runtime.spark.jvm_route import jvm_keyed_route
@@ -501,11 +550,19 @@ def test_keys_the_jvm_cannot_hash_as_weir_take_the_python_route_pass(spark: Any)
         assert jvm_keyed_route(df, keys, M, P, now) is None, keys
     lcase = df.select(F.col("s").cast("string collate UTF8_LCASE").alias("s"))
     assert jvm_keyed_route(lcase, ["s"], M, P, now) is None
-    stream = spark.readStream.format("rate").load().select(F.col("value").alias("l"))
-    assert jvm_keyed_route(stream, ["l"], M, P, now) is None  # no row numbers in a stream
     plan = weir.spark.process(df, key_by=["s", "l"], function=_Nothing(), output_schema="x int",
                               uid="plan", checkpoint_location="/tmp/weir-unused-plan",
                               parallelism=P, max_parallelism=M)
     text = plan._jdf.queryExecution().executedPlan().toString()
     # the only route pass is the heartbeat's (a static input's one clock row)
     assert re.findall(r"MapInArrow route\((\w+)#", text) == ["_weir_now"], text
+    stream = spark.readStream.format("rate").load().select(
+        F.col("value").cast("string").alias("s"), F.col("value").alias("l"))
+    plan = weir.spark.process(stream, key_by=["s", "l"], function=_Nothing(),
+                              output_schema="x int", uid="plan",
+                              checkpoint_location="/tmp/weir-unused-plan", parallelism=P,
+                              max_parallelism=M)
+    text = plan._jdf.queryExecution().analyzed().toString()
+    # a stream's records reach Python before the shuffle only as their partition ids
+    assert re.findall(r"MapInArrow route\((\w+)#", text) == ["_weir_now"], text
+    assert re.findall(r"_number_rows\((\w+)", text) == ["SPARK_PARTITION_ID"], text

@@ -431,8 +431,9 @@ def process(
     batch_ms = F.unix_millis(F.current_timestamp())
     now = batch_ms.alias(NOW)
     inputs = df.select(*[F.col(f"`{c}`") for c in columns], *extra)
-    # a static input whose keys Spark hashes as weir does is routed in the JVM (no Python
-    # pass before the shuffle); streaming, other keys and non-keyed input by a route pass
+    # an input whose keys Spark hashes as weir does is routed in the JVM (the records do
+    # not pass through Python before the shuffle); other keys and non-keyed input by a
+    # route pass
     routed = (jvm_keyed_route(inputs, key_columns, max_parallelism, p, batch_ms)
               if keyed else None)
     if routed is None:

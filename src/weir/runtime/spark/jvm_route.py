@@ -1,30 +1,28 @@
 """The keyed route in the JVM: Spark's own ``hash`` computes each record's key group,
-so no Python pass runs over the records of a static DataFrame before the shuffle.
+so the records' columns do not pass through Python before the shuffle.
 
 A key's group is ``weir.state.keyhash.key_hash(key) % max_parallelism``, and the key
-hash is Spark's ``hash()`` of the key as a Spark value. So for a keyed static input
-whose key columns Spark hashes as weir does (:func:`jvm_key_hash`),
-:func:`jvm_keyed_route` adds the route pass's internal columns
-(``weir.runtime.spark.routing``) with Spark expressions:
+hash is Spark's ``hash()`` of the key as a Spark value. So for a keyed input whose
+key columns Spark hashes as weir does (:func:`jvm_key_hash`), :func:`jvm_keyed_route`
+adds the route pass's internal columns (``weir.runtime.spark.routing``) with Spark
+expressions:
 
 * ``_weir_route`` — ``route_table(p)[group * p div M]``, the group being
   ``pmod(hash(key columns), 2**32) % M``;
 * ``_weir_kind`` — ``RECORD``, or ``BAD_KEY`` (dead-lettered by the process pass, as
   the route pass does) for a null key of one column and for a date or timestamp
   Python cannot hold;
-* ``_weir_order`` — ``monotonically_increasing_id()`` (input partition << 33 | row):
-  a rerun handles the records in the same order;
+* ``_weir_order`` — input partition << 33 | row, so a rerun handles the records in
+  the same order: ``monotonically_increasing_id()`` for a static input; Spark refuses
+  that in a streaming query (and no other expression numbers a partition's rows:
+  ``rand`` is reseeded per micro-batch), so there a scalar Arrow UDF over
+  ``spark_partition_id()`` alone numbers each task's rows (:func:`_number_rows`);
+  Python sees 4 bytes of each row and returns 8;
 
 and after the first row of each input partition one ``HEARTBEAT`` clock row per
 subtask with the batch time as its order (an ``explode`` of that row), as the route
-pass ends each partition with them.
-
-**Streaming input takes the route pass.** Spark refuses
-``monotonically_increasing_id`` in a streaming query, and no other streaming
-expression tells a partition's first row (``rand`` is reseeded per micro-batch), so
-the clock rows — which let every subtask run and see the batch time in every batch
-with a row — cannot be made in the JVM; the order alone could (the task's sort is
-stable and a map output reaches a reduce task in order).
+pass ends each partition with them: in a batch with any row, every subtask runs and
+sees the batch time.
 
 =============================  ==================================================
 key column type                hashed as
@@ -46,8 +44,12 @@ fails the batch (``KeyGroupError``), so the JVM and Python can never disagree si
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from typing import Any
 
+import numpy as np
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -106,6 +108,37 @@ def _out_of_range(column: Column, dtype: DataType) -> Column | None:
     return (column < F.expr(bounds[0])) | (column > F.expr(bounds[1]))
 
 
+#: the Spark task (attempt id) the row count is of, and its rows so far
+_ROWS_SEEN: list[int] = [-1, 0]
+
+
+def _number_rows(partition: pa.Array) -> pa.Array:
+    """``partition << 33 | row index`` for the next rows of this task's input partition
+    (``partition``: ``spark_partition_id()`` of each row), as
+    ``monotonically_increasing_id`` numbers them."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    task = ctx.taskAttemptId() if ctx is not None else -1
+    if _ROWS_SEEN[0] != task:
+        _ROWS_SEEN[:] = [task, 0]
+    start, n = _ROWS_SEEN[1], len(partition)
+    _ROWS_SEEN[1] = start + n
+    high = (partition[0].as_py() << 33) if n else 0
+    return pa.array(np.arange(start, start + n, dtype=np.int64) | high)
+
+
+@functools.cache
+def _row_orders() -> Any:
+    """``monotonically_increasing_id`` for a streaming query (which Spark refuses it
+    in): a scalar Arrow UDF numbering each task's rows; it sees the partition id
+    column alone, so the rows' other columns never leave the JVM."""
+    from pyspark.sql.pandas.functions import arrow_udf
+
+    # a scalar UDF by its type hints (pa.Array -> pa.Array); the stubs want a UDF type
+    return arrow_udf(_number_rows, "bigint").asNondeterministic()  # type: ignore[call-overload]
+
+
 def jvm_key_hash(schema: StructType, key_columns: Sequence[str]) -> Column | None:
     """Spark's ``hash`` of the key columns cast as weir's key hash takes them (a signed
     int), or None if some key column needs the Python route pass."""
@@ -136,11 +169,12 @@ def jvm_keyed_route(
     events: DataFrame, key_columns: Sequence[str], max_parallelism: int, parallelism: int,
     now: Column,
 ) -> DataFrame | None:
-    """``events`` (a static DataFrame) with the route pass's internal columns and clock
-    rows (the batch time ``now``) computed in the JVM; None for a streaming DataFrame
-    or if a key column needs the Python route pass (:func:`jvm_key_hash`)."""
+    """``events`` with the route pass's internal columns and clock rows (the batch time
+    ``now``) computed in the JVM (the order of a stream's rows by a UDF that sees only
+    their partition id); None if a key column needs the Python route pass
+    (:func:`jvm_key_hash`)."""
     hashed = jvm_key_hash(events.schema, key_columns)
-    if hashed is None or events.isStreaming:
+    if hashed is None:
         return None
     m, p = max_parallelism, parallelism
     table = F.array(*[F.lit(v) for v in route_table(p)])
@@ -148,7 +182,8 @@ def jvm_keyed_route(
     subtask = F.floor(group * F.lit(p) / F.lit(m)).cast("int")  # exact: group * p < 2**30
     bad = _bad_key(events.schema, key_columns)
     order = F.col(ORDER)
-    staged = events.select("*", F.monotonically_increasing_id().alias(ORDER))
+    staged = events.select("*", (_row_orders()(F.spark_partition_id()) if events.isStreaming
+                                 else F.monotonically_increasing_id()).alias(ORDER))
     first = order.bitwiseAND(F.lit(_ROW_MASK)) == 0  # an input partition's first row
     fanned = staged.select("*", F.explode(
         F.when(first, F.sequence(F.lit(-1), F.lit(p - 1))).otherwise(F.array(F.lit(-1)))

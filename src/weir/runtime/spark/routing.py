@@ -8,9 +8,9 @@
 that column is then the identity on subtasks, on every executor layout, for every
 batch; the process pass checks it for every row (``TaskPlacementError``).
 
-Keyed static inputs whose key columns Spark hashes as weir does are routed in the JVM
-(``weir.runtime.spark.jvm_route``, the same columns and clock rows); streaming and
-other inputs, broadcast rows and the heartbeat take a route pass here.
+Keyed inputs whose key columns Spark hashes as weir does are routed in the JVM
+(``weir.runtime.spark.jvm_route``, the same columns and clock rows); other inputs,
+broadcast rows and the heartbeat take a route pass here.
 
 The route pass (a ``mapInArrow`` on each input) takes the input's columns and
 ``_weir_now`` (the batch timestamp, ms), drops ``_weir_now`` and adds the internal
