@@ -383,3 +383,22 @@ def test_key_owned_by_another_subtask_raises_key_group_error(backend):
         with pytest.raises(weir.KeyGroupError, match=repr(foreign)):
             do(h, foreign, lambda c: c.get_state(VALUE).update(2))
         assert h.keys(VALUE) == [own]
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda: weir.ValueStateDescriptor("n", int), "not the type of the values"),
+        (lambda: weir.ListStateDescriptor("n", weir.IntSerializer), "pass an instance"),
+        (lambda: weir.MapStateDescriptor("n", key_serializer=str), "key_serializer"),
+        (lambda: weir.ReducingStateDescriptor("n", max, serializer="msgpack"),
+         "leave it out for the default"),
+    ],
+)
+def test_a_descriptor_given_something_else_than_a_serializer_says_what_to_pass(
+    make: Any, says: str
+) -> None:
+    with pytest.raises(weir.ConfigurationError, match=r"state 'n': \w*serializer must be a "
+                       r"weir Serializer instance") as excinfo:
+        make()
+    assert says in str(excinfo.value)

@@ -73,6 +73,20 @@ class AggregateFunction(ABC, Generic[IN, ACC, OUT]):
         """Combine two accumulators."""
 
 
+def _not_a_serializer(state: str, name: str, value: object) -> str:
+    """Why ``value`` cannot be the ``name`` of state ``state``, and what to pass."""
+    if isinstance(value, type) and issubclass(value, Serializer):
+        fix = f"pass an instance: {value.__name__}()"
+    elif isinstance(value, type):
+        fix = (f"it takes a serializer, not the type of the values: leave it out (the "
+               f"default, msgpack, stores {value.__name__} values"
+               + (")" if value in (int, float, str, bytes, bool, list, tuple, dict) else
+                  " if msgpack can encode them) or pass PickleSerializer() for any object"))
+    else:
+        fix = "pass a Serializer instance, or leave it out for the default (msgpack)"
+    return f"state {state!r}: {name} must be a weir Serializer instance, got {value!r}; {fix}"
+
+
 @dataclass(frozen=True)
 class StateDescriptor(ABC):
     """Common part of every descriptor: a unique name and an optional TTL."""
@@ -91,6 +105,11 @@ class StateDescriptor(ABC):
             )
         if self.ttl is not None and not isinstance(self.ttl, StateTtlConfig):
             raise ConfigurationError(f"ttl of state {self.name!r} must be a StateTtlConfig")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith("serializer") and not (value is None or isinstance(
+                    value, Serializer)):
+                raise ConfigurationError(_not_a_serializer(self.name, f.name, value))
 
     def enable_time_to_live(self, ttl_config: StateTtlConfig) -> Self:
         """A copy of this descriptor whose values expire after ``ttl_config.ttl_ms``."""
