@@ -16,10 +16,12 @@ one row ``(key, count)`` per input record. Peers (``--peers``, all by default):
   records as dicts. Its counts restart when Spark runs a partition's task in another
   Python worker (it keeps no state across them), so only its rows per key are verified,
   not its count sequences.
-* ``dict-routed`` — ``dict`` with weir's route pass in front (the same ``mapInArrow``
-  that computes key groups and routes, and the shuffle by route, as in weir's plan):
-  what a Python pass before the shuffle costs by itself, the ceiling of any stage that
-  routes by weir's key groups.
+* ``dict-routed`` — ``dict`` with weir's route in front, as weir plans it for a string
+  key (``weir.runtime.spark.jvm_route``: key groups and routes as Spark expressions, the
+  rows numbered by a UDF that sees their partition id, clock rows by ``explode``; then
+  the shuffle by route): the ceiling of any stage that routes by weir's key groups;
+* ``dict-route-pass`` — the same with weir's Python route pass instead (a
+  ``mapInArrow`` over every column; what keys the JVM cannot hash take).
 
 **Throughput** (default): the records are generated once (fixed seed, uniform keys, or
 bounded Zipf with ``--zipf S``) as parquet files, read with ``readStream.parquet`` and
@@ -82,9 +84,10 @@ from rich.table import Table
 import weir
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PEERS = ("tws-pandas", "tws-row", "weir-hashmap", "weir-rocksdb", "dict", "dict-routed")
+PEERS = ("tws-pandas", "tws-row", "weir-hashmap", "weir-rocksdb", "dict", "dict-routed",
+         "dict-route-pass")
 #: peers whose count sequences are not checked (no state across Python workers)
-UNCHECKED_SEQUENCE = ("dict", "dict-routed")
+UNCHECKED_SEQUENCE = ("dict", "dict-routed", "dict-route-pass")
 LATENCY_PEERS = ("tws-row", "weir-hashmap", "weir-rocksdb")
 BASELINE = "tws-row"  # the ratio column is records/s relative to this peer
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -231,16 +234,20 @@ def build(peer: str, events: Any, with_ts: bool, weir_dir: str) -> Any:
             raise ValueError("the dict peer runs the throughput workload only")
         return events.repartition(2, "key").mapInArrow(
             _dict_counts(weir_dir), schema)
-    if peer == "dict-routed":  # the raw limit with weir's route pass in front
+    if peer in ("dict-routed", "dict-route-pass"):  # the raw limit with weir's route
         from pyspark.sql import functions as F
 
+        from weir.runtime.spark.jvm_route import jvm_keyed_route
         from weir.runtime.spark.routing import NOW, ROUTE, keyed_route_pass
         from weir.spark import _with_internal  # weir's route pass's output schema
 
-        stamped = events.select("*", F.unix_millis(F.current_timestamp()).alias(NOW))
-        return (stamped.mapInArrow(keyed_route_pass(["key"], 128, 2),
-                                   _with_internal(stamped.schema))
-                .repartition(2, ROUTE).mapInArrow(_dict_counts(weir_dir, True), schema))
+        now = F.unix_millis(F.current_timestamp())
+        routed = jvm_keyed_route(events, ["key"], 128, 2, now) if peer == "dict-routed" else None
+        if routed is None:
+            stamped = events.select("*", now.alias(NOW))
+            routed = stamped.mapInArrow(keyed_route_pass(["key"], 128, 2),
+                                        _with_internal(stamped.schema))
+        return routed.repartition(2, ROUTE).mapInArrow(_dict_counts(weir_dir, True), schema)
     if peer == "tws-pandas":
         return events.groupBy("key").transformWithStateInPandas(
             statefulProcessor=PandasCount(with_ts), outputStructType=schema,
