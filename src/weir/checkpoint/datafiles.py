@@ -13,7 +13,7 @@ import msgpack
 
 from weir.errors import CheckpointFormatError, CorruptCheckpointError
 from weir.state.keygroups import KeyGroupRange
-from weir.state.packed import Entries, PackedGroups, pairs
+from weir.state.packed import Entries, PackedGroups, pairs, unpack_group
 
 __all__ = [
     "FORMAT_VERSION",
@@ -109,18 +109,9 @@ def unpack_groups(
     _check_header(data, _DATA_MAGIC, where)
     body = memoryview(data)[_DATA_HEADER:]
     out: dict[int, dict[str, T]] = {}
-    for group, (offset, length) in index.items():
-        if key_groups is not None and group not in key_groups:
-            continue
-        if offset < 0 or offset + length > len(body):
-            raise CorruptCheckpointError(f"{where}: key group {group} lies outside the file")
-        try:
-            per_state = msgpack.unpackb(body[offset : offset + length], raw=False)
-            out[group] = {name: decode(raw) for name, raw in per_state.items()}
-        except (ValueError, TypeError, AttributeError, msgpack.UnpackException) as exc:
-            raise CorruptCheckpointError(
-                f"{where}: key group {group} cannot be decoded ({exc})"
-            ) from exc
+    for group, span in index.items():
+        if key_groups is None or group in key_groups:
+            out[group] = unpack_group(body, group, span, where, decode)
     return out
 
 
@@ -132,8 +123,8 @@ def encode_keyed(
     (:class:`~weir.state.packed.PackedGroups`) are written as they are."""
     if isinstance(groups, PackedGroups):
         parts, index = groups.parts()
-        entries = groups.entries
-        if entries is None or len(parts) != 1:
+        entries = groups.entries  # None once restricted: count them
+        if entries is None:
             entries = sum(len(e) for per in groups.values() for e in per.values())
         return b"".join([_header(), *parts]), index, entries
     entries = 0

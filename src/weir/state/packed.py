@@ -19,14 +19,15 @@ writer writes the body after the header, and a restore reads a file's body in pl
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 
 from weir.errors import CorruptCheckpointError
 
-__all__ = ["Entries", "PackedGroups", "pack_sources", "pairs"]
+__all__ = ["Entries", "PackedGroups", "pack_sources", "pairs", "unpack_group"]
 
+T = TypeVar("T")
 Entries = tuple[tuple[bytes, bytes], ...]
 _header_packer = msgpack.Packer(use_bin_type=True, autoreset=True)
 _packb = _header_packer.pack
@@ -38,6 +39,24 @@ def pairs(flat: Sequence[bytes]) -> Entries:
     """``[k0, v0, k1, v1, ...]`` as ``((k0, v0), (k1, v1), ...)``."""
     it = iter(flat)
     return tuple(zip(it, it, strict=True))
+
+
+def unpack_group(
+    body: bytes | memoryview, group: int, span: tuple[int, int], where: str,
+    decode: Callable[[Any], T],
+) -> dict[str, T]:
+    """Key group ``group`` of a data file's ``body`` at ``span`` (offset, length), each
+    state's body passed through ``decode``; a span outside the body or a malformed
+    group is a CorruptCheckpointError naming ``where``."""
+    offset, length = span
+    if offset < 0 or length < 0 or offset + length > len(body):
+        raise CorruptCheckpointError(f"{where}: key group {group} lies outside the file")
+    try:
+        per_state = msgpack.unpackb(memoryview(body)[offset : offset + length], raw=False)
+        return {name: decode(raw) for name, raw in per_state.items()}
+    except (ValueError, TypeError, AttributeError, msgpack.UnpackException) as exc:
+        raise CorruptCheckpointError(f"{where}: key group {group} cannot be decoded ({exc})"
+                                     ) from exc
 
 
 class PackedGroups(Mapping[int, Mapping[str, Entries]]):
@@ -57,17 +76,7 @@ class PackedGroups(Mapping[int, Mapping[str, Entries]]):
         self.where = where
 
     def __getitem__(self, group: int) -> dict[str, Entries]:
-        offset, length = self.index[group]
-        if offset < 0 or length < 0 or offset + length > len(self.body):
-            raise CorruptCheckpointError(f"{self.where}: key group {group} lies outside the file")
-        try:
-            per_state = msgpack.unpackb(memoryview(self.body)[offset : offset + length],
-                                        raw=False)
-            return {name: pairs(flat) for name, flat in per_state.items()}
-        except (ValueError, TypeError, AttributeError, msgpack.UnpackException) as exc:
-            raise CorruptCheckpointError(
-                f"{self.where}: key group {group} cannot be decoded ({exc})"
-            ) from exc
+        return unpack_group(self.body, group, self.index[group], self.where, pairs)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.index)
@@ -89,13 +98,13 @@ class PackedGroups(Mapping[int, Mapping[str, Entries]]):
         """The body of exactly these groups, in ascending order, as slices of
         ``body`` (one if :meth:`restrict` left nothing out), and its index."""
         view = memoryview(self.body)
-        spans = sorted(self.index.items(), key=lambda item: item[1][0])
+        spans = sorted(self.index.items())  # groups are packed in ascending order
         if sum(length for _, (_, length) in spans) == len(view):
             return [view], self.index
         index: dict[int, tuple[int, int]] = {}
         out: list[memoryview] = []
         offset = 0
-        for group, (start, length) in sorted(spans):
+        for group, (start, length) in spans:
             index[group] = (offset, length)
             out.append(view[start : start + length])
             offset += length
