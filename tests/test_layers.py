@@ -2,7 +2,8 @@
 
 Order (each may import only the ones before it): ``weir.errors`` → ``weir.api`` →
 ``weir.state`` → ``weir.checkpoint`` → ``weir.runtime`` → ``weir.connectors`` →
-``weir.spark`` / ``weir.testing`` / ``weir.cli`` / ``weir.examples`` / ``weir``.
+``weir.spark`` / ``weir.testing`` / ``weir.processor`` / ``weir.cli`` / ``weir.examples`` /
+``weir``.
 Imports made only for type checking count too: they are dependencies of the design.
 """
 
@@ -49,7 +50,7 @@ MODULES = sorted(SRC.rglob("*.py"))
 
 def test_every_package_has_a_layer() -> None:
     packages = {p.name for p in SRC.iterdir() if p.is_dir() and not p.name.startswith("_")}
-    assert packages <= set(LAYERS) | {"testing", "examples"}, packages
+    assert packages <= set(LAYERS) | {"testing", "examples", "processor"}, packages
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: _module_name(p))

@@ -84,6 +84,7 @@ from weir.errors import (
     TaskPlacementError,
     WeirError,
 )
+from weir.processor.reader import StateInfo, StateReader, StateScope, read_state
 from weir.runtime.checkpointer import SnapshotMode, SubtaskCheckpointer
 from weir.runtime.drivers import take_checkpoint, take_savepoint
 from weir.runtime.operator import OperatorConfig, StateBackendKind
@@ -94,6 +95,10 @@ from weir.state.snapshot import OperatorSubtaskSnapshot, RedistributionMode
 __version__ = "0.1.0"
 
 __all__ = [
+    "read_state",
+    "StateInfo",
+    "StateReader",
+    "StateScope",
     "NoCheckpointError",
     "CorruptCheckpointError",
     "CheckpointFormatError",

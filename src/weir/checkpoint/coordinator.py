@@ -59,7 +59,11 @@ from weir.errors import (
     NoCheckpointError,
     RestoreError,
 )
-from weir.state.keygroups import check_parallelism, key_group_range_for_operator
+from weir.state.keygroups import (
+    KeyGroupRange,
+    check_parallelism,
+    key_group_range_for_operator,
+)
 from weir.state.snapshot import (
     BroadcastStateSnapshot,
     KeyedStateSnapshot,
@@ -184,6 +188,27 @@ class CompletedCheckpoint:
                     shutil.rmtree(snap.keyed.native.path, ignore_errors=True)
             raise
         return out
+
+    def load_subtask(
+        self, uid: str, subtask_index: int, key_groups: KeyGroupRange | None = None,
+        local_dir: str | None = None,
+    ) -> OperatorSubtaskSnapshot:
+        """Subtask ``subtask_index``'s snapshot of operator ``uid`` as it was written
+        (for reading state offline): its operator and broadcast state and the keyed
+        state of its key groups in ``key_groups`` (all of them if None; a native RocksDB
+        checkpoint is downloaded into a new directory under ``local_dir``, which the
+        caller removes)."""
+        op = self.metadata.operators.get(uid)
+        handles = {h.subtask_index: h for h in op.subtasks} if op is not None else {}
+        if op is None or subtask_index not in handles:
+            raise RestoreError(
+                f"{self._where()} has no subtask {subtask_index} of operator {uid!r} "
+                f"(operators: {sorted(self.metadata.operators)})"
+            )
+        handle = handles[subtask_index]
+        mine = handle.key_group_range if key_groups is None else key_groups
+        return self._load_subtask(op, handle, mine, f"{self._where()}, operator {uid!r} "
+                                  f"subtask {subtask_index}", local_dir)
 
     def _load_subtask(
         self, op: OperatorHandle, handle: SubtaskStateHandle, mine: Any, where: str,

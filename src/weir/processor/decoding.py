@@ -1,0 +1,153 @@
+"""Stored state entries as rows: what each state kind looks like as a table.
+
+Keyed state is stored as canonical entries (``weir.state.backend``): a prefixed key
+(2 bytes of key group + the key's canonical bytes, ``weir.state.keybytes``), for a
+map the user key's bytes after it, and the value in the state's serializer (behind an
+``int64_be`` timestamp when the state has TTL, ``weir.state.ttl``). Rows per kind:
+
+==========================  ===========================================
+state kind                  columns
+==========================  ===========================================
+value, reducing,            ``key, value`` (aggregating: the accumulator)
+aggregating
+list                        ``key, index, value`` (one row per element)
+map                         ``key, map_key, value`` (one row per entry)
+==========================  ===========================================
+
+plus ``ttl_timestamp_ms`` (the entry's last write or access, epoch ms) when the state
+has TTL. Timers: ``key, domain, timestamp_ms``; operator list state: ``subtask, index,
+value``; broadcast state: ``key, value``.
+
+Values are decoded with the serializer the state declared (by its ``type_id``):
+weir's built-in ones, or ones the caller passes; a state that declared ``pickle/5``
+is unpickled, nothing else is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from weir.api.descriptors import StateKind
+from weir.api.serializers import (
+    BytesSerializer,
+    FloatSerializer,
+    IntSerializer,
+    MsgpackSerializer,
+    PickleSerializer,
+    Serializer,
+    StrSerializer,
+)
+from weir.errors import ConfigurationError, StateSerializationError
+from weir.state.backend import split_map_key, unframe
+from weir.state.keybytes import decode_key
+from weir.state.snapshot import StateMeta
+from weir.state.timers import EVENT_TIMERS, PROCESSING_TIMERS
+
+__all__ = [
+    "TIMER_COLUMNS",
+    "TTL_COLUMN",
+    "SerializerSet",
+    "keyed_columns",
+    "keyed_rows",
+    "timer_rows",
+]
+
+TTL_COLUMN = "ttl_timestamp_ms"
+TIMER_COLUMNS = ("key", "domain", "timestamp_ms")
+#: timer state name -> the domain shown
+TIMER_DOMAINS = {EVENT_TIMERS: "event", PROCESSING_TIMERS: "processing"}
+_BUILT_IN: tuple[Serializer[Any], ...] = (
+    MsgpackSerializer(), PickleSerializer(), IntSerializer(), FloatSerializer(),
+    StrSerializer(), BytesSerializer(),
+)
+
+
+class SerializerSet:
+    """Serializers by ``type_id``: weir's built-in ones and the caller's (which win)."""
+
+    def __init__(self, extra: Iterable[Serializer[Any]] = ()) -> None:
+        self._by_id = {s.type_id: s for s in _BUILT_IN}
+        for serializer in extra:
+            if not isinstance(serializer, Serializer):
+                raise ConfigurationError(
+                    f"serializers must be Serializer instances, got {serializer!r}")
+            self._by_id[serializer.type_id] = serializer
+
+    def get(self, type_id: str, what: str) -> Serializer[Any]:
+        """The serializer of ``type_id``; ``what`` names the state for the error."""
+        found = self._by_id.get(type_id)
+        if found is None:
+            raise ConfigurationError(
+                f"{what} was written with serializer {type_id!r}, which is not one of "
+                f"weir's ({', '.join(sorted(s.type_id for s in _BUILT_IN))}): pass an "
+                f"instance of it, e.g. read_state(..., serializers=[MySerializer()])"
+            )
+        return found
+
+
+def keyed_columns(meta: StateMeta) -> list[str]:
+    """The columns of a keyed state's rows."""
+    middle = {StateKind.LIST: ["index"], StateKind.MAP: ["map_key"]}.get(meta.kind, [])
+    return ["key", *middle, "value", *([TTL_COLUMN] if meta.ttl else [])]
+
+
+def _split_ttl(data: bytes) -> tuple[bytes, int]:
+    return data[8:], int.from_bytes(data[:8], "big", signed=True)
+
+
+def keyed_rows(
+    meta: StateMeta, entries: Iterable[tuple[bytes, bytes]], serializers: SerializerSet,
+    what: str,
+) -> Iterator[tuple[Any, ...]]:
+    """Rows (:func:`keyed_columns`) of a keyed state's canonical entries."""
+    value_ser = serializers.get(meta.serializers[-1], what)
+    decode = value_ser.decode
+    ttl = meta.ttl
+    try:
+        if meta.kind is StateKind.MAP:
+            decode_user_key = serializers.get(meta.serializers[0], what).decode
+            for raw_key, data in entries:
+                primary, user = split_map_key(raw_key)
+                key, map_key = decode_key(primary[2:]), decode_user_key(user)
+                if ttl:
+                    data, stamp = _split_ttl(data)
+                    yield key, map_key, decode(data), stamp
+                else:
+                    yield key, map_key, decode(data)
+        elif meta.kind is StateKind.LIST:
+            for raw_key, data in entries:
+                key = decode_key(raw_key[2:])
+                if ttl:
+                    for index, element in enumerate(unframe(data)):
+                        inner, stamp = _split_ttl(element)
+                        yield key, index, decode(inner), stamp
+                    continue
+                values: Sequence[Any] = (decode(data) if value_ser.inline_in_msgpack_array
+                                         else [decode(e) for e in unframe(data)])
+                for index, value in enumerate(values):
+                    yield key, index, value
+        else:
+            for raw_key, data in entries:
+                key = decode_key(raw_key[2:])
+                if ttl:
+                    data, stamp = _split_ttl(data)
+                    yield key, decode(data), stamp
+                else:
+                    yield key, decode(data)
+    except ConfigurationError:
+        raise
+    except Exception as exc:  # a serializer's or msgpack's error: name the state
+        raise StateSerializationError(
+            f"{what}: a stored entry cannot be decoded with {meta.serializers} "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+def timer_rows(name: str, entries: Iterable[tuple[bytes, bytes]]) -> Iterator[tuple[Any, ...]]:
+    """Rows (``TIMER_COLUMNS``) of one timer state's entries (``prefixed key +
+    int64_be(timestamp)``, ``weir.state.timers``)."""
+    domain = TIMER_DOMAINS.get(name, name)
+    for raw_key, _ in entries:
+        yield (decode_key(raw_key[2:-8]), domain,
+               int.from_bytes(raw_key[-8:], "big", signed=True))

@@ -1,0 +1,127 @@
+"""Which checkpoint a path means: a checkpoint or savepoint directory, the storage root
+of a :class:`~weir.CheckpointCoordinator`, or a Spark stage's ``checkpoint_location``.
+
+* a directory with ``_metadata`` (or the ``_metadata`` file): that checkpoint or
+  savepoint;
+* a coordinator's root (``chk-<id>`` directories): its latest completed checkpoint, or
+  ``checkpoint_id``;
+* a Spark ``checkpoint_location`` (``stages/<uid-dir>``, ``weir.runtime.spark.epochs``):
+  per stage (or only ``uid``'s), its current state — the newest completed batch of the
+  query that owns it, or the checkpoint or savepoint it was started from — or batch
+  ``checkpoint_id`` of ``query`` (the query may be left out when one query has that
+  batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from weir.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint, load_checkpoint
+from weir.checkpoint.format import METADATA_FILE
+from weir.checkpoint.storage import CheckpointStorage
+from weir.errors import ConfigurationError, NoCheckpointError
+from weir.runtime.spark.epochs import EpochStore
+from weir.runtime.spark.lineage import Lineage
+from weir.runtime.spark.plan import lineage_state
+
+__all__ = ["Located", "locate"]
+
+
+@dataclass(frozen=True)
+class Located:
+    """The checkpoint holding each operator uid's state, and what was found."""
+
+    checkpoints: dict[str, CompletedCheckpoint]
+    description: str
+
+
+def locate(
+    path: str, *, uid: str | None = None, checkpoint_id: int | None = None,
+    query: str | None = None, storage_options: dict[str, Any] | None = None,
+) -> Located:
+    """The checkpoints ``path`` means (see the module doc); a NoCheckpointError says
+    what was there instead."""
+    storage = CheckpointStorage(path, storage_options=storage_options)
+    if storage.url.rstrip("/").endswith("/" + METADATA_FILE) or storage.exists(METADATA_FILE):
+        if checkpoint_id is not None or query is not None:
+            raise ConfigurationError(
+                f"{path} is one checkpoint or savepoint: checkpoint_id= and query= choose "
+                f"among the checkpoints of a checkpoint location or coordinator root")
+        found = load_checkpoint(storage, verify=False)
+        return _only(uid, {u: found for u in found.metadata.operators}, path,
+                     f"{found.kind.value} {found.checkpoint_id} at {found.url}")
+    stage_dirs = EpochStore.stage_dirs(storage)
+    if stage_dirs:
+        return _spark_location(storage, stage_dirs, uid, checkpoint_id, query, path)
+    if query is not None:
+        raise ConfigurationError(f"{path} is not a Spark checkpoint_location: query= does "
+                                 f"not apply")
+    coordinator = CheckpointCoordinator(storage, clean_up=False)
+    done = coordinator.completed_checkpoints
+    if checkpoint_id is not None:
+        chosen = next((c for c in done if c.checkpoint_id == checkpoint_id), None)
+        if chosen is None:
+            raise NoCheckpointError(
+                f"{path} has no completed checkpoint {checkpoint_id} (completed: "
+                f"{[c.checkpoint_id for c in done]})")
+    else:
+        chosen = done[-1] if done else None
+    if chosen is None:
+        raise NoCheckpointError(
+            f"{path} holds no completed checkpoint: give a checkpoint or savepoint "
+            f"directory (with {METADATA_FILE}), a checkpoint storage root (chk-<id> "
+            f"directories) or a Spark stage's checkpoint_location (stages/...)")
+    return _only(uid, {u: chosen for u in chosen.metadata.operators}, path,
+                 f"checkpoint {chosen.checkpoint_id} at {chosen.url}")
+
+
+def _only(uid: str | None, found: dict[str, CompletedCheckpoint], path: str,
+          description: str) -> Located:
+    if uid is None:
+        return Located(found, description)
+    if uid not in found:
+        raise NoCheckpointError(
+            f"{path} has no state of operator {uid!r} (operators: {sorted(found)})")
+    return Located({uid: found[uid]}, description)
+
+
+def _spark_location(
+    storage: CheckpointStorage, stage_dirs: list[str], uid: str | None,
+    checkpoint_id: int | None, query: str | None, path: str,
+) -> Located:
+    stores = ([EpochStore(storage, uid)] if uid is not None
+              else [EpochStore.at(storage, d) for d in stage_dirs])
+    found: dict[str, CompletedCheckpoint] = {}
+    notes = []
+    for store in stores:
+        if checkpoint_id is None:
+            if query is not None:
+                ids = store.completed_ids(query) if query in store.queries() else []
+                chosen = store.completed(query, ids[-1]) if ids else None
+                note = f"batch {ids[-1]} of query {query}" if ids else ""
+            else:
+                chosen, note = lineage_state(store, Lineage(store.stage))
+        else:
+            queries = [query] if query is not None else [
+                q for q in store.queries() if checkpoint_id in store.completed_ids(q)]
+            if len(queries) > 1:
+                raise ConfigurationError(
+                    f"{path}: batch {checkpoint_id} completed in several queries "
+                    f"{queries}: choose one with query=")
+            chosen = store.completed(queries[0], checkpoint_id) if queries else None
+            note = f"batch {checkpoint_id} of query {queries[0]}" if queries else ""
+        if chosen is None:
+            continue
+        for op_uid in chosen.metadata.operators:
+            if uid is None or op_uid == uid:
+                found[op_uid] = chosen
+                notes.append(f"{op_uid!r}: {note}")
+    if not found:
+        which = f"operator {uid!r}" if uid is not None else "any stage"
+        what = (f"no completed batch {checkpoint_id}" if checkpoint_id is not None
+                else "no completed checkpoint")
+        raise NoCheckpointError(
+            f"{path} has {what} of {which}" + (f" in query {query}" if query else "")
+            + "; run the query until a batch completes")
+    return Located(found, f"checkpoint location {path} (" + "; ".join(notes) + ")")

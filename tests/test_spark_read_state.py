@@ -1,0 +1,68 @@
+"""``weir.read_state`` over a Spark stage's checkpoint_location (real Spark, p = 2, both
+backends): the stage's current state, an earlier query's, a chosen batch."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import weir
+import weir.spark
+from spark_support import (  # type: ignore[import-not-found]
+    KEYED,
+    Count,
+    by_value,
+    keyed_records,
+    run,
+    write_file,
+)
+
+SCHEMA = "key string, seq long"
+COUNT_OUT = "key string, seq long, n long, subtask int"
+
+
+@pytest.fixture(autouse=True)
+def _pickle_by_value() -> None:
+    by_value()
+
+
+def _counts(reader: weir.StateReader) -> dict[str, int]:
+    frame = reader.keyed_state("count", "count")
+    return dict(zip(frame["key"], frame["value"], strict=True))
+
+
+@pytest.mark.spark
+def test_a_checkpoint_location_reads_each_stages_current_or_chosen_state(
+    spark: Any, tmp_path: Path, backend: str
+) -> None:
+    location = str(tmp_path / "weir")
+
+    def build(events: Any) -> Any:
+        return weir.spark.process(events, key_by="key", function=Count(),
+                                  output_schema=COUNT_OUT, uid="count", heartbeat=False,
+                                  checkpoint_location=location, parallelism=2,
+                                  state_backend=backend)
+
+    first, second = keyed_records(0, 600, 40), keyed_records(600, 600, 40)
+    write_file(tmp_path / "a", first[:300], KEYED)
+    write_file(tmp_path / "a", first[300:], KEYED)
+    run(spark, tmp_path / "a", SCHEMA, build, tmp_path / "spark-1")
+    (q1,) = [p.name for p in (tmp_path / "weir").glob("stages/*/queries/*")]
+    write_file(tmp_path / "b", second, KEYED)
+    run(spark, tmp_path / "b", SCHEMA, build, tmp_path / "spark-2")  # a second query
+
+    current = weir.read_state(location)
+    assert current.uids == ["count"]
+    assert _counts(current) == Counter(r["key"] for r in first + second)
+    assert [s.name for s in current.states("count")] == ["count"]
+    # the first query's newest batch, and its first batch (one file per batch)
+    assert _counts(weir.read_state(location, query=q1)) == Counter(r["key"] for r in first)
+    assert _counts(weir.read_state(location, checkpoint_id=0, query=q1)) == Counter(
+        r["key"] for r in first[:300])
+    assert _counts(weir.read_state(location, uid="count", checkpoint_id=1)) == Counter(
+        r["key"] for r in first)  # only the first query has a batch 1
+    with pytest.raises(weir.NoCheckpointError, match="no completed batch 7"):
+        weir.read_state(location, checkpoint_id=7)
