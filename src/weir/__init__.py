@@ -84,6 +84,7 @@ from weir.errors import (
     TaskPlacementError,
     WeirError,
 )
+from weir.processor.lookup import query_state
 from weir.processor.reader import StateInfo, StateReader, StateScope, read_state
 from weir.runtime.checkpointer import SnapshotMode, SubtaskCheckpointer
 from weir.runtime.drivers import take_checkpoint, take_savepoint
@@ -96,6 +97,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "read_state",
+    "query_state",
     "StateInfo",
     "StateReader",
     "StateScope",

@@ -25,6 +25,7 @@ __all__ = [
     "encode_operator_file",
     "pack_groups",
     "pairs",
+    "sparse_file",
     "unpack_groups",
     "version_advice",
 ]
@@ -113,6 +114,26 @@ def unpack_groups(
         if key_groups is None or group in key_groups:
             out[group] = unpack_group(body, group, span, where, decode)
     return out
+
+
+def sparse_file(
+    read_range: Callable[[int, int], bytes], index: Mapping[int, tuple[int, int]],
+    groups: Iterable[int],
+) -> tuple[bytes, dict[int, tuple[int, int]]]:
+    """A data file cut down to its key groups in ``groups``, read with
+    ``read_range(offset, length)`` (file offsets): the header and only those groups'
+    bytes, with their index in the cut file — what :func:`unpack_groups` and a
+    changelog replay read instead of the whole file (no checksum: the file's SHA-256
+    covers all of it)."""
+    parts = [read_range(0, _DATA_HEADER)]
+    cut: dict[int, tuple[int, int]] = {}
+    offset = 0
+    for group in sorted(set(groups) & set(index)):
+        start, length = index[group]
+        parts.append(read_range(_DATA_HEADER + start, length))
+        cut[group] = (offset, length)
+        offset += length
+    return b"".join(parts), cut
 
 
 def encode_keyed(

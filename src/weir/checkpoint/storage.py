@@ -311,6 +311,25 @@ class CheckpointStorage:
                 f"{self._describe(relative, where)} cannot be read: {exc}"
             ) from exc
 
+    def read_range(self, relative: str, start: int, length: int, where: str = "") -> bytes:
+        """``length`` bytes of a file from offset ``start``, unverified (a file's
+        checksum covers all of it); fewer bytes there is a CorruptCheckpointError."""
+        try:
+            data = bytes(self.fs.cat_file(self.full_path(relative), start=start,
+                                          end=start + length))
+        except FileNotFoundError as exc:
+            raise CorruptCheckpointError(f"{self._describe(relative, where)} is missing"
+                                         ) from exc
+        except (OSError, ValueError) as exc:
+            raise CorruptCheckpointError(
+                f"{self._describe(relative, where)} cannot be read: {exc}") from exc
+        _count(_READS, 1, _READ_BYTES, len(data))
+        if len(data) != length:
+            raise CorruptCheckpointError(
+                f"{self._describe(relative, where)} ends before byte {start + length}: "
+                f"truncated")
+        return data
+
     def verify(self, ref: FileRef, where: str = "") -> None:
         """Raise CorruptCheckpointError unless ``ref`` is present and intact."""
         self.read(ref, where)

@@ -26,7 +26,7 @@ is unpickled, nothing else is.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from weir.api.descriptors import StateKind
 from weir.api.serializers import (
@@ -44,6 +44,9 @@ from weir.state.keybytes import decode_key
 from weir.state.snapshot import StateMeta
 from weir.state.timers import EVENT_TIMERS, PROCESSING_TIMERS
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 __all__ = [
     "TIMER_COLUMNS",
     "TTL_COLUMN",
@@ -51,6 +54,7 @@ __all__ = [
     "keyed_columns",
     "keyed_rows",
     "timer_rows",
+    "to_frame",
 ]
 
 TTL_COLUMN = "ttl_timestamp_ms"
@@ -151,3 +155,10 @@ def timer_rows(name: str, entries: Iterable[tuple[bytes, bytes]]) -> Iterator[tu
     for raw_key, _ in entries:
         yield (decode_key(raw_key[2:-8]), domain,
                int.from_bytes(raw_key[-8:], "big", signed=True))
+
+
+def to_frame(rows: list[tuple[Any, ...]], columns: list[str]) -> pd.DataFrame:
+    """A pandas DataFrame of ``rows`` (pandas imported only when a table is read)."""
+    import pandas as pd
+
+    return pd.DataFrame.from_records(rows, columns=columns)

@@ -29,6 +29,7 @@ from weir.processor.decoding import (
     keyed_columns,
     keyed_rows,
     timer_rows,
+    to_frame,
 )
 from weir.processor.locate import locate
 from weir.state.keygroups import KeyGroupRange
@@ -140,7 +141,7 @@ class StateReader:
         for found, entries in self._keyed_entries(uid, {name}):
             if found == name:
                 rows.extend(keyed_rows(meta, entries, self._serializers, what))
-        return _frame(rows, keyed_columns(meta))
+        return to_frame(rows, keyed_columns(meta))
 
     def timers(self, uid: str) -> pd.DataFrame:
         """Registered timers of ``uid``: ``key, domain ("event" or "processing"),
@@ -150,7 +151,7 @@ class StateReader:
         for name, entries in self._keyed_entries(uid, names, timers=True):
             rows.extend(timer_rows(name, entries))
         rows.sort(key=lambda r: (r[1], r[2]))
-        return _frame(rows, list(TIMER_COLUMNS))
+        return to_frame(rows, list(TIMER_COLUMNS))
 
     def operator_state(self, uid: str, name: str) -> pd.DataFrame:
         """Operator list state ``name`` of ``uid``: ``subtask, index, value`` (as each
@@ -167,7 +168,7 @@ class StateReader:
             rows.extend((snap.subtask_index, i, decode(e)) for i, e in enumerate(state.elements))
         if not known:
             self._unknown(uid, name, StateScope.OPERATOR)
-        return _frame(rows, ["subtask", "index", "value"])
+        return to_frame(rows, ["subtask", "index", "value"])
 
     def broadcast_state(self, uid: str, name: str) -> pd.DataFrame:
         """Broadcast state ``name`` of ``uid``: ``key, value`` (every subtask holds the
@@ -178,7 +179,7 @@ class StateReader:
             if state is None:
                 break
             ks, vs = (self._serializers.get(s, what).decode for s in state.serializers)
-            return _frame([(ks(k), vs(v)) for k, v in state.entries], ["key", "value"])
+            return to_frame([(ks(k), vs(v)) for k, v in state.entries], ["key", "value"])
         self._unknown(uid, name, StateScope.BROADCAST)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -235,8 +236,3 @@ class StateReader:
             finally:
                 shutil.rmtree(local, ignore_errors=True)
 
-
-def _frame(rows: list[tuple[Any, ...]], columns: list[str]) -> pd.DataFrame:
-    import pandas as pd
-
-    return pd.DataFrame.from_records(rows, columns=columns)

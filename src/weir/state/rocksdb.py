@@ -43,6 +43,7 @@ from weir.state.snapshot import NativeRocksDBState
 
 __all__ = [
     "TIMER_CF_PREFIX", "RocksDBMemory", "RocksDBStateBackend", "list_column_families",
+    "lookup_native",
     "scan_native", "shared_memory_usage",
 ]
 
@@ -93,6 +94,30 @@ def scan_native(
             del it
             cf.close()
             yield name, entries
+    finally:
+        db.close()
+
+
+def lookup_native(path: str | Path, name: str, prefixes: Iterable[bytes]
+                  ) -> list[tuple[bytes, bytes]]:
+    """The entries of state ``name`` in the database at ``path`` whose keys start with
+    one of ``prefixes`` (prefixed keys: canonical keys are prefix-free, so a key's
+    prefix finds exactly its entries, a map's user keys included)."""
+    if name not in list_column_families(path):
+        return []
+    db = rocksdict.Rdict(str(path), _options(), access_type=rocksdict.AccessType.read_only())
+    try:
+        cf = db.get_column_family(_CF_PREFIX + name)
+        out = []
+        it = cf.iter()
+        for prefix in prefixes:
+            it.seek(prefix)
+            while it.valid() and it.key().startswith(prefix):
+                out.append((it.key(), it.value()))
+                it.next()
+        del it
+        cf.close()
+        return out
     finally:
         db.close()
 
