@@ -50,7 +50,7 @@ MODULES = sorted(SRC.rglob("*.py"))
 
 def test_every_package_has_a_layer() -> None:
     packages = {p.name for p in SRC.iterdir() if p.is_dir() and not p.name.startswith("_")}
-    assert packages <= set(LAYERS) | {"testing", "examples", "processor"}, packages
+    assert packages <= set(LAYERS) | {"testing", "examples", "processor", "cli"}, packages
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: _module_name(p))

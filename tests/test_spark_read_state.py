@@ -3,6 +3,9 @@ backends): the stage's current state, an earlier query's, a chosen batch."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -66,3 +69,10 @@ def test_a_checkpoint_location_reads_each_stages_current_or_chosen_state(
         r["key"] for r in first)  # only the first query has a batch 1
     with pytest.raises(weir.NoCheckpointError, match="no completed batch 7"):
         weir.read_state(location, checkpoint_id=7)
+    # weir checkpoint list: both queries' batches, the first query's first
+    listed = subprocess.run([str(Path(sys.executable).parent / "weir"), "checkpoint", "list",
+                             location, "--json"], capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert [(r["query"] == q1, r["id"], r["uids"]) for r in rows if r["status"] == "completed"
+            ] == [(True, 0, ["count"]), (True, 1, ["count"]), (False, 0, ["count"])]

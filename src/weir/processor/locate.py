@@ -69,9 +69,9 @@ def locate(
         chosen = done[-1] if done else None
     if chosen is None:
         raise NoCheckpointError(
-            f"{path} holds no completed checkpoint: give a checkpoint or savepoint "
-            f"directory (with {METADATA_FILE}), a checkpoint storage root (chk-<id> "
-            f"directories) or a Spark stage's checkpoint_location (stages/...)")
+            f"{path} holds no completed checkpoint (no {METADATA_FILE}, no completed "
+            f"chk-<id> directory, no stages/): give a checkpoint or savepoint directory, a "
+            f"checkpoint storage root or a Spark stage's checkpoint_location")
     return _only(uid, {u: chosen for u in chosen.metadata.operators}, path,
                  f"checkpoint {chosen.checkpoint_id} at {chosen.url}")
 
