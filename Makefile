@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup java compiler demo test soak lint bench-state-ops bench-checkpoint bench-spark bench-large-state clean
+.PHONY: setup java compiler demo test soak lint bench-state-ops bench-checkpoint bench-query-state bench-spark bench-large-state clean
 
 setup: java compiler $(STAMP)
 
@@ -52,6 +52,9 @@ bench-state-ops: setup
 
 bench-checkpoint: setup
 	$(PY) -m bench.checkpoint
+
+bench-query-state: setup
+	$(PY) -m bench.query_state
 
 bench-spark: setup
 	$(PY) -m bench.spark_keyed_count
