@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 import weir
+from support import Average  # type: ignore[import-not-found]
 from weir import (
-    AggregateFunction,
     AggregatingStateDescriptor,
     BroadcastContext,
     CheckpointCoordinator,
@@ -58,25 +58,11 @@ class Upper(Serializer[str]):
         return data.decode().lower()
 
 
-class Mean(AggregateFunction[int, list[int], float]):
-    def create_accumulator(self) -> list[int]:
-        return [0, 0]
-
-    def add(self, value: int, accumulator: list[int]) -> list[int]:
-        return [accumulator[0] + value, accumulator[1] + 1]
-
-    def get_result(self, accumulator: list[int]) -> float:
-        return accumulator[0] / accumulator[1]
-
-    def merge(self, a: list[int], b: list[int]) -> list[int]:
-        return [a[0] + b[0], a[1] + b[1]]
-
-
 COUNT = ValueStateDescriptor[int]("count", IntSerializer())
 SEEN = ListStateDescriptor[int]("seen")
 LAST = MapStateDescriptor[str, int]("by_tag", StrSerializer())
 TOTAL = ReducingStateDescriptor[int]("total", operator.add)
-MEAN = AggregatingStateDescriptor("mean", Mean())
+MEAN = AggregatingStateDescriptor("mean", Average())
 NOTE = ValueStateDescriptor[str]("note", Upper(), ttl=TTL)
 RECENT = ListStateDescriptor[int]("recent", ttl=TTL)
 TAGS = MapStateDescriptor[str, str]("tags", ttl=TTL)

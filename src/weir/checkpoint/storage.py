@@ -298,10 +298,14 @@ class CheckpointStorage:
 
     def read_bytes(self, relative: str, where: str = "") -> bytes:
         """The bytes of a file, unverified (metadata verifies its own checksum)."""
+        return self._cat(relative, where)
+
+    def _cat(self, relative: str, where: str, start: int | None = None,
+             end: int | None = None) -> bytes:
+        """A file's bytes (from ``start`` to ``end``), counted; a missing or unreadable
+        file is a CorruptCheckpointError."""
         try:
-            data = bytes(self.fs.cat_file(self.full_path(relative)))
-            _count(_READS, 1, _READ_BYTES, len(data))
-            return data
+            data = bytes(self.fs.cat_file(self.full_path(relative), start=start, end=end))
         except FileNotFoundError as exc:
             raise CorruptCheckpointError(
                 f"{self._describe(relative, where)} is missing"
@@ -310,20 +314,13 @@ class CheckpointStorage:
             raise CorruptCheckpointError(
                 f"{self._describe(relative, where)} cannot be read: {exc}"
             ) from exc
+        _count(_READS, 1, _READ_BYTES, len(data))
+        return data
 
     def read_range(self, relative: str, start: int, length: int, where: str = "") -> bytes:
         """``length`` bytes of a file from offset ``start``, unverified (a file's
         checksum covers all of it); fewer bytes there is a CorruptCheckpointError."""
-        try:
-            data = bytes(self.fs.cat_file(self.full_path(relative), start=start,
-                                          end=start + length))
-        except FileNotFoundError as exc:
-            raise CorruptCheckpointError(f"{self._describe(relative, where)} is missing"
-                                         ) from exc
-        except (OSError, ValueError) as exc:
-            raise CorruptCheckpointError(
-                f"{self._describe(relative, where)} cannot be read: {exc}") from exc
-        _count(_READS, 1, _READ_BYTES, len(data))
+        data = self._cat(relative, where, start, start + length)
         if len(data) != length:
             raise CorruptCheckpointError(
                 f"{self._describe(relative, where)} ends before byte {start + length}: "

@@ -49,12 +49,8 @@ def list_checkpoints(location: str, storage_options: dict[str, Any] | None = Non
         return [_row(None, sorted(found.metadata.operators), found.checkpoint_id,
                      "completed", found)]
     stage_dirs = EpochStore.stage_dirs(storage)
-    rows: list[dict[str, Any]] = []
-    if stage_dirs:
-        for directory in stage_dirs:
-            rows += _stage_rows(EpochStore.at(storage, directory), directory)
-    else:
-        rows = _root_rows(storage, None, [])
+    rows = ([row for d in stage_dirs for row in _stage_rows(EpochStore.at(storage, d), d)]
+            if stage_dirs else _root_rows(storage))
     if not rows:
         raise NoCheckpointError(
             f"{location} holds no checkpoint (no {METADATA_FILE}, no chk-<id> directory, "
@@ -62,15 +58,13 @@ def list_checkpoints(location: str, storage_options: dict[str, Any] | None = Non
     return rows
 
 
-def _root_rows(storage: CheckpointStorage, query: str | None, uids: list[str]
-               ) -> list[dict[str, Any]]:
+def _root_rows(storage: CheckpointStorage) -> list[dict[str, Any]]:
     rows = []
     ids = sorted(int(m.group(1)) for n in storage.list_dir() if (m := _CHK.match(n)))
     for checkpoint_id in ids:
         found = read_completed(storage, checkpoint_id)
-        status = "completed" if found is not None else "pending"
-        rows.append(_row(query, sorted(found.metadata.operators) if found else uids,
-                         checkpoint_id, status, found))
+        rows.append(_row(None, sorted(found.metadata.operators) if found else [], checkpoint_id,
+                         "completed" if found is not None else "pending", found))
     return rows
 
 

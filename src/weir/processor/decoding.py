@@ -107,10 +107,10 @@ def keyed_rows(
     """Rows (:func:`keyed_columns`) of a keyed state's canonical entries."""
     value_ser = serializers.get(meta.serializers[-1], what)
     decode = value_ser.decode
+    decode_user_key = serializers.get(meta.serializers[0], what).decode
     ttl = meta.ttl
     try:
         if meta.kind is StateKind.MAP:
-            decode_user_key = serializers.get(meta.serializers[0], what).decode
             for raw_key, data in entries:
                 primary, user = split_map_key(raw_key)
                 key, map_key = decode_key(primary[2:]), decode_user_key(user)
@@ -139,8 +139,6 @@ def keyed_rows(
                     yield key, decode(data), stamp
                 else:
                     yield key, decode(data)
-    except ConfigurationError:
-        raise
     except Exception as exc:  # a serializer's or msgpack's error: name the state
         raise StateSerializationError(
             f"{what}: a stored entry cannot be decoded with {meta.serializers} "

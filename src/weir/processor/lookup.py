@@ -31,9 +31,9 @@ from weir.checkpoint.format import (
     SubtaskStateHandle,
 )
 from weir.checkpoint.storage import FileRef
-from weir.errors import ConfigurationError
 from weir.processor.decoding import SerializerSet, keyed_columns, keyed_rows, to_frame
 from weir.processor.locate import locate
+from weir.processor.reader import StateReader
 from weir.state.backend import split_map_key
 from weir.state.keybytes import canonical_key_bytes
 from weir.state.keygroups import KeyGroupRange, assign_to_key_group
@@ -70,12 +70,8 @@ def query_state(
                      storage_options=storage_options)
     completed = located.checkpoints[uid]
     op = completed.metadata.operators[uid]
-    meta = next((s.metas[state_name] for s in op.subtasks if state_name in s.metas), None)
-    if meta is None:
-        names = sorted({n for s in op.subtasks for n in s.metas})
-        raise ConfigurationError(
-            f"operator {uid!r} in {located.description} has no keyed state {state_name!r}; "
-            f"its keyed states: {names or 'none'}")
+    sers = SerializerSet(serializers)
+    meta = StateReader(located.checkpoints, located.description, sers)._meta(uid, state_name)
     wanted: dict[int, set[bytes]] = {}
     for key in keys:
         group = assign_to_key_group(key, op.max_parallelism)
@@ -91,7 +87,7 @@ def query_state(
             if (split_map_key(raw_key)[0] if is_map else raw_key) in prefixes:
                 entries.append((raw_key, value))
     what = f"keyed state {state_name!r} of operator {uid!r} in {located.description}"
-    rows = list(keyed_rows(meta, entries, SerializerSet(serializers), what))
+    rows = list(keyed_rows(meta, entries, sers, what))
     return to_frame(rows, keyed_columns(meta))
 
 

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from weir.api.descriptors import StateKind
 from weir.api.serializers import Serializer
@@ -138,9 +138,8 @@ class StateReader:
         meta = self._meta(uid, name)
         what = f"keyed state {name!r} of operator {uid!r} in {self.description}"
         rows: list[tuple[Any, ...]] = []
-        for found, entries in self._keyed_entries(uid, {name}):
-            if found == name:
-                rows.extend(keyed_rows(meta, entries, self._serializers, what))
+        for _, entries in self._keyed_entries(uid, {name}):
+            rows.extend(keyed_rows(meta, entries, self._serializers, what))
         return to_frame(rows, keyed_columns(meta))
 
     def timers(self, uid: str) -> pd.DataFrame:
@@ -174,28 +173,26 @@ class StateReader:
         """Broadcast state ``name`` of ``uid``: ``key, value`` (every subtask holds the
         same copy; subtask 0's is read)."""
         what = f"broadcast state {name!r} of operator {uid!r} in {self.description}"
-        for snap in self._operator_snapshots(uid, first_only=True):
-            state = snap.broadcast_states.get(name)
-            if state is None:
-                break
-            ks, vs = (self._serializers.get(s, what).decode for s in state.serializers)
-            return to_frame([(ks(k), vs(v)) for k, v in state.entries], ["key", "value"])
-        self._unknown(uid, name, StateScope.BROADCAST)
-        raise AssertionError("unreachable")  # pragma: no cover
+        state = next((snap.broadcast_states.get(name)
+                      for snap in self._operator_snapshots(uid, first_only=True)), None)
+        if state is None:
+            self._unknown(uid, name, StateScope.BROADCAST)
+        ks, vs = (self._serializers.get(s, what).decode for s in state.serializers)
+        return to_frame([(ks(k), vs(v)) for k, v in state.entries], ["key", "value"])
 
     # internals --------------------------------------------------------------------------
     def _handles(self, uid: str) -> list[Any]:
         return list(self.checkpoint(uid).metadata.operators[uid].subtasks)
 
     def _meta(self, uid: str, name: str) -> StateMeta:
+        """What keyed state ``name`` of ``uid`` was registered as."""
         for sub in self._handles(uid):
             if name in sub.metas:
                 return sub.metas[name]  # type: ignore[no-any-return]
         self._unknown(uid, name, StateScope.KEYED)
-        raise AssertionError("unreachable")  # pragma: no cover
 
-    def _unknown(self, uid: str, name: str, scope: StateScope) -> None:
-        states = [f"{s.name} ({s.scope.value})" for s in self.states(uid)]
+    def _unknown(self, uid: str, name: str, scope: StateScope) -> NoReturn:
+        states = [f"{s.name!r} ({s.scope.value})" for s in self.states(uid)]
         raise ConfigurationError(
             f"operator {uid!r} in {self.description} has no {scope.value} state {name!r}; "
             f"its states: {states or 'none'}")
