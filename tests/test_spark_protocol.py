@@ -690,6 +690,39 @@ def test_14_completion_by_the_listener_and_finish_at_once_leaves_one_clean_check
         f"{i}-{a}.part" for i, a in chosen["attempts"].items())  # only the chosen parts
 
 
+def _tree(root: Path) -> dict[str, int]:
+    """Every path under ``root`` with its modification time (ns)."""
+    return {str(p): p.stat().st_mtime_ns for p in root.rglob("*")}
+
+
+@pytest.mark.spark
+def test_14_after_finish_the_querys_late_listener_events_write_nothing(
+    spark: Any, tmp_path: Path, backend: str
+) -> None:
+    """Spark's listener bus delivers a query's progress and termination events
+    asynchronously, possibly after finish() returned: they must not write into the
+    location any more (a user who deletes it after finish() raced the stopped marker
+    the late termination event wrote: test_1 failed so in CI)."""
+    from weir.runtime.spark.listener import completion
+
+    sink = BatchSink()
+    records = keyed_records(0, 600, 30)
+    for start in (0, 300):
+        write_file(tmp_path / "in", records[start:start + 300], KEYED)
+    location = tmp_path / "weir"
+    query = _start(spark, tmp_path / "in", _stage(location, state_backend=backend),
+                   tmp_path / "spark", sink, once=True)
+    query.awaitTermination()
+    assert weir.spark.finish(query) == 1
+    before = _tree(location)
+    events = completion(spark)
+    query_id, run = str(query.id), str(query.runId)
+    events.listener_progress(query_id, run, 1, lambda: str(tmp_path / "spark"))  # late
+    events.listener_terminated(query_id, run)
+    assert _tree(location) == before
+    assert sorted(sink.batches) == [0, 1]
+
+
 # ------------------------------------------------------------------ 11. late and malformed
 
 

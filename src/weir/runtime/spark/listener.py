@@ -10,6 +10,7 @@ import atexit
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,33 @@ class Completion:
         #: this session's queries since they started (Spark calls onQueryStarted
         #: before the first batch), until their end was handled: query id -> handle
         self.started: dict[str, Any] = {}
+        #: runs of stopped queries settled by finish() (or by a new process()), by
+        #: run id (a query restarted from its Spark checkpoint keeps its id): the
+        #: listener's late events for them write nothing more into their locations
+        self.finished: set[str] = set()
+        #: serializes the listener's events for a run with its settlement
+        self._events: dict[str, threading.Lock] = {}
+
+    def _events_of(self, run: str) -> threading.Lock:
+        with self.lock:
+            return self._events.setdefault(run, threading.Lock())
+
+    def listener_progress(
+        self, query: str, run: str, batch: int, spark_checkpoint: Callable[[], str | None]
+    ) -> None:
+        """The listener's onQueryProgress for run ``run`` of ``query``:
+        :meth:`on_progress`, unless that run was settled already (Spark's listener bus
+        may deliver it after finish())."""
+        with self._events_of(run):
+            if run not in self.finished:
+                self.on_progress(query, batch, spark_checkpoint=spark_checkpoint)
+
+    def listener_terminated(self, query: str, run: str) -> None:
+        """The listener's onQueryTerminated for run ``run`` of ``query``:
+        :meth:`on_terminated`, unless that run was settled already."""
+        with self._events_of(run):
+            if run not in self.finished:
+                self.on_terminated(query)
 
     def _owned(self, query: str) -> list[tuple[Stage, Claim]]:
         with self.lock:
@@ -108,12 +136,16 @@ class Completion:
         listener's events. Returns that batch's id (None if it ran none)."""
         progress = query.lastProgress
         batch = int(progress["batchId"]) if progress else None
-        query_id = str(query.id)
-        if batch is not None:
-            self.on_progress(query_id, batch, raise_errors=raise_errors,
-                             spark_checkpoint=lambda: spark_checkpoint(query))
-        if not query.isActive:
-            self.on_terminated(query_id)
+        query_id, run = str(query.id), str(query.runId)
+        with self._events_of(run):
+            if run in self.finished:
+                return batch
+            if batch is not None:
+                self.on_progress(query_id, batch, raise_errors=raise_errors,
+                                 spark_checkpoint=lambda: spark_checkpoint(query))
+            if not query.isActive:
+                self.on_terminated(query_id)
+                self.finished.add(run)
         return batch
 
     def settle_stopped(self) -> None:
@@ -189,16 +221,16 @@ def completion(spark: SparkSession) -> Completion:
 
         def onQueryProgress(self, event: Any) -> None:
             query = str(event.progress.id)
-            completion.on_progress(query, int(event.progress.batchId),
-                                   spark_checkpoint=lambda: spark_checkpoint(
-                                       spark.streams.get(query)))
+            completion.listener_progress(query, str(event.progress.runId),
+                                         int(event.progress.batchId),
+                                         lambda: spark_checkpoint(spark.streams.get(query)))
 
         def onQueryIdle(self, event: Any) -> None:
             pass
 
         def onQueryTerminated(self, event: Any) -> None:
             try:
-                completion.on_terminated(str(event.id))
+                completion.listener_terminated(str(event.id), str(event.runId))
             except Exception:
                 log.exception("weir: releasing the stages of query %s failed", event.id)
 
