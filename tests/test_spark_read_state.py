@@ -76,3 +76,37 @@ def test_a_checkpoint_location_reads_each_stages_current_or_chosen_state(
     rows = json.loads(listed.stdout)
     assert [(r["query"] == q1, r["id"], r["uids"]) for r in rows if r["status"] == "completed"
             ] == [(True, 0, ["count"]), (True, 1, ["count"]), (False, 0, ["count"])]
+
+
+@pytest.mark.spark
+def test_a_bootstrapped_savepoint_drives_a_spark_query_at_parallelism_3(
+    spark: Any, tmp_path: Path, backend: str
+) -> None:
+    """State written from a DataFrame (``weir.write_savepoint``) is what a Spark stage
+    restored from it counts on, over p = 3 subtasks; the stage's own checkpoint then
+    reads back as bootstrap + input."""
+    import pandas as pd
+
+    from spark_support import COUNT, BatchSink, last_counts  # type: ignore[import-not-found]
+
+    records = keyed_records(0, 600, 40)
+    keys = sorted({r["key"] for r in records})
+    boot = {k: 1000 + i for i, k in enumerate(keys[:30])}  # 10 keys start from nothing
+    url = weir.write_savepoint(
+        tmp_path / "boot", uid="count", max_parallelism=128, parallelism=2,
+        states={"count": pd.DataFrame({"key": list(boot), "value": list(boot.values())})},
+        descriptors=[COUNT])
+    location = str(tmp_path / "weir")
+
+    def build(events: Any) -> Any:
+        return weir.spark.process(events, key_by="key", function=Count(),
+                                  output_schema=COUNT_OUT, uid="count", heartbeat=False,
+                                  checkpoint_location=location, parallelism=3,
+                                  state_backend=backend, restore_from=url)
+
+    write_file(tmp_path / "in", records, KEYED)
+    sink = run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark", BatchSink())
+    expected = {k: boot.get(k, 0) + n for k, n in Counter(r["key"] for r in records).items()}
+    assert last_counts(sink.rows()) == expected
+    assert {row[3] for row in sink.rows()} == {0, 1, 2}  # three subtasks counted
+    assert _counts(weir.read_state(location)) == expected

@@ -86,6 +86,7 @@ from weir.errors import (
 )
 from weir.processor.lookup import query_state
 from weir.processor.reader import StateInfo, StateReader, StateScope, read_state
+from weir.processor.writer import write_savepoint
 from weir.runtime.checkpointer import SnapshotMode, SubtaskCheckpointer
 from weir.runtime.drivers import take_checkpoint, take_savepoint
 from weir.runtime.operator import OperatorConfig, StateBackendKind
@@ -97,6 +98,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "read_state",
+    "write_savepoint",
     "query_state",
     "StateInfo",
     "StateReader",

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 import time
-import uuid
 from typing import Any
 
 from weir.checkpoint.coordinator import CompletedCheckpoint, PendingCheckpoint
@@ -24,6 +22,7 @@ from weir.checkpoint.format import (
     encode_metadata,
     uid_dir,
 )
+from weir.checkpoint.publish import write_new_directory
 from weir.checkpoint.storage import CheckpointStorage
 from weir.checkpoint.subtask_files import write_snapshot
 from weir.errors import CheckpointError
@@ -32,10 +31,10 @@ from weir.state.keyed import KeyedStateStore
 from weir.state.rocksdb import RocksDBStateBackend
 from weir.state.snapshot import KeyedStateSnapshot, OperatorSubtaskSnapshot
 
-__all__ = ["spark_offsets", "write_savepoint"]
+__all__ = ["canonical_keyed", "copy_subtask", "spark_offsets", "write_savepoint"]
 
 
-def _canonical(keyed: KeyedStateSnapshot, owner: str) -> KeyedStateSnapshot:
+def canonical_keyed(keyed: KeyedStateSnapshot, owner: str) -> KeyedStateSnapshot:
     """Canonical entries of a native (incremental RocksDB) keyed snapshot."""
     if keyed.native is None:
         return keyed
@@ -85,30 +84,9 @@ def write_savepoint(
     ``source_positions["spark_stages"][uid]``. Nothing is left in ``target`` if it
     fails: on a local disk the savepoint is written next to it and renamed into place;
     elsewhere what was written is deleted."""
-    storage = CheckpointStorage(target, storage_options=storage_options)
-    if storage.exists(METADATA_FILE):
-        raise CheckpointError(f"{storage.url} already holds a savepoint; choose a new directory")
-    staging = storage
-    if storage.is_local:
-        staging = CheckpointStorage(f"{storage.root}.tmp-{uuid.uuid4().hex}")
-    try:
-        _write(checkpoints, staging, stage_positions or {})
-        if staging is not storage:
-            try:
-                os.rename(staging.root, storage.root)
-            except OSError as exc:
-                raise CheckpointError(
-                    f"cannot publish the savepoint at {storage.url}: {exc}; choose a new, "
-                    f"empty directory"
-                ) from exc
-    except BaseException:
-        if staging is not storage:
-            shutil.rmtree(staging.root, ignore_errors=True)
-        else:
-            for path in staging.walk_files():
-                staging.delete(path)
-        raise
-    return storage.url
+    return write_new_directory(
+        target, lambda storage: _write(checkpoints, storage, stage_positions or {}),
+        storage_options=storage_options)
 
 
 def _write(
@@ -129,7 +107,7 @@ def _write(
             own = (positions.get("spark_stages") or {}).get(uid) or positions.get("spark")
             stages[uid] = {**dict(own or {}), **stage_positions.get(uid, {})}
             for handle in op.subtasks:
-                _write_subtask(completed, uid, op, handle, storage, pending)
+                copy_subtask(completed, uid, op, handle, storage, pending)
     positions_out: dict[str, Any] = {"spark_stages": stages}
     if len(stages) == 1:
         positions_out["spark"] = next(iter(stages.values()))
@@ -140,7 +118,7 @@ def _write(
     storage.write(METADATA_FILE, encode_metadata(done))
 
 
-def _write_subtask(
+def copy_subtask(
     completed: CompletedCheckpoint, uid: str, op: Any, handle: Any,
     storage: CheckpointStorage, pending: PendingCheckpoint,
 ) -> None:
@@ -152,7 +130,7 @@ def _write_subtask(
             shutil.rmtree(other.keyed.native.path, ignore_errors=True)
     if own.keyed is not None:
         owner = f"savepoint of operator {uid!r} subtask {i}"
-        own = dataclasses.replace(own, keyed=_canonical(own.keyed, owner))
+        own = dataclasses.replace(own, keyed=canonical_keyed(own.keyed, owner))
     prefix = f"{uid_dir(uid)}/{i}-savepoint"
     written = write_snapshot(own, storage, prefix, handle.key_group_range)
     pending.acknowledge(uid, op.parallelism, op.max_parallelism, written)
