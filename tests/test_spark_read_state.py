@@ -110,3 +110,72 @@ def test_a_bootstrapped_savepoint_drives_a_spark_query_at_parallelism_3(
     assert last_counts(sink.rows()) == expected
     assert {row[3] for row in sink.rows()} == {0, 1, 2}  # three subtasks counted
     assert _counts(weir.read_state(location)) == expected
+
+
+@pytest.mark.spark
+def test_the_weir_state_source_reads_state_spread_over_four_subtasks_in_parallel(
+    spark: Any, tmp_path: Path, backend: str
+) -> None:
+    location = str(tmp_path / "weir")
+
+    def build(events: Any) -> Any:
+        return weir.spark.process(events, key_by="key", function=Count(),
+                                  output_schema=COUNT_OUT, uid="count", heartbeat=False,
+                                  checkpoint_location=location, parallelism=4,
+                                  state_backend=backend)
+
+    records = keyed_records(0, 800, 60)
+    write_file(tmp_path / "in", records[:400], KEYED)
+    write_file(tmp_path / "in", records[400:], KEYED)
+    run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark")
+    weir.spark.register_state_source(spark)
+    frame = (spark.read.format("weir-state").option("uid", "count").option("state", "count")
+             .load(location))
+    assert frame.schema.simpleString() == "struct<key:string,value:bigint>"
+    assert frame.rdd.getNumPartitions() == 4  # one per stored subtask
+    per_partition = frame.rdd.glom().map(len).collect()
+    assert len([n for n in per_partition if n]) == 4  # every subtask's part holds keys
+    assert dict(frame.collect()) == Counter(r["key"] for r in records)
+    assert frame.filter("value > 10").count() == sum(
+        1 for n in Counter(r["key"] for r in records).values() if n > 10)
+    with pytest.raises(Exception, match="no keyed state 'nope'"):
+        spark.read.format("weir-state").option("state", "nope").load(location).collect()
+
+
+@pytest.mark.spark
+def test_the_weir_state_source_reads_every_kind_of_table(spark: Any, tmp_path: Path) -> None:
+    """Lists, maps, TTL columns, timers, operator and broadcast state through Spark
+    equal what read_state gives (tuples and other non-scalar values as JSON)."""
+    import json as json_
+
+    from test_read_state import run as run_everything  # type: ignore[import-not-found]
+
+    _, url = run_everything(tmp_path, "rocksdb", "incremental")
+    pandas_reader = weir.read_state(url)
+    weir.spark.register_state_source(spark)
+
+    def through_spark(scope: str, state: str = "") -> list[tuple[Any, ...]]:
+        reader = spark.read.format("weir-state").option("scope", scope)
+        if state:
+            reader = reader.option("state", state)
+        return sorted((tuple(r) for r in reader.load(url).collect()), key=repr)
+
+    def expected(frame: Any, strings: tuple[int, ...] = (0,)) -> list[tuple[Any, ...]]:
+        """``frame``'s rows as Spark shows them: the columns ``strings`` are string
+        columns, where a value that is not text is JSON."""
+        def cell(i: int, v: Any) -> Any:
+            return json_.dumps(v, sort_keys=True) if i in strings and not isinstance(
+                v, str) else v
+        return sorted((tuple(cell(i, v) for i, v in enumerate(row))
+                       for row in frame.values.tolist()), key=repr)
+
+    for name in ("seen", "by_tag", "total", "recent"):
+        assert through_spark("keyed", name) == expected(
+            pandas_reader.keyed_state("everything", name)), name
+    assert through_spark("keyed", "tags") == expected(
+        pandas_reader.keyed_state("everything", "tags"))  # with its TTL column
+    assert through_spark("timers") == expected(pandas_reader.timers("everything"))
+    assert through_spark("operator", "buffer") == expected(
+        pandas_reader.operator_state("everything", "buffer"), strings=(2,))
+    assert through_spark("broadcast", "rules") == expected(
+        pandas_reader.broadcast_state("everything", "rules"))

@@ -130,8 +130,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = [
-    "finish", "process", "read_dead_letters", "recover", "savepoint", "session",
-    "stop_with_savepoint",
+    "finish", "process", "read_dead_letters", "recover", "register_state_source", "savepoint",
+    "session", "stop_with_savepoint",
 ]
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,19 @@ def session(master: str = "local[*]", app_name: str = "weir", **conf: str) -> Sp
     settings = {"spark.ui.enabled": "false", **conf}
     for k, v in settings.items():
         builder = builder.config(k, v)
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    register_state_source(spark)
+    return spark
+
+
+def register_state_source(spark: SparkSession) -> None:
+    """Make ``spark.read.format("weir-state")`` read weir's state (see
+    ``weir.processor.state_source``): ``spark.read.format("weir-state").option("uid",
+    U).option("state", S).load(location)``, one partition per stored subtask.
+    :func:`session` registers it."""
+    from weir.processor.state_source import StateDataSource
+
+    spark.dataSource.register(StateDataSource)
 
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -39,7 +39,10 @@ from weir.state.snapshot import OperatorSubtaskSnapshot, RedistributionMode, Sta
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["StateInfo", "StateReader", "StateScope", "read_state"]
+__all__ = ["TIMERS", "StateInfo", "StateReader", "StateScope", "read_state"]
+
+#: the ``scope`` of :meth:`StateReader.rows` that reads the timers
+TIMERS = "timers"
 
 
 class StateScope(enum.Enum):
@@ -135,50 +138,83 @@ class StateReader:
     def keyed_state(self, uid: str, name: str) -> pd.DataFrame:
         """Keyed state ``name`` of ``uid``: one row per key (list: per element; map: per
         entry), columns by kind (``weir.processor.decoding``)."""
-        meta = self._meta(uid, name)
-        what = f"keyed state {name!r} of operator {uid!r} in {self.description}"
-        rows: list[tuple[Any, ...]] = []
-        for _, entries in self._keyed_entries(uid, {name}):
-            rows.extend(keyed_rows(meta, entries, self._serializers, what))
-        return to_frame(rows, keyed_columns(meta))
+        return to_frame(*self._materialize(self.rows(uid, StateScope.KEYED, name)))
 
     def timers(self, uid: str) -> pd.DataFrame:
         """Registered timers of ``uid``: ``key, domain ("event" or "processing"),
         timestamp_ms``, in domain and time order."""
-        names = {n for sub in self._handles(uid) for n in sub.timer_states}
-        rows: list[tuple[Any, ...]] = []
-        for name, entries in self._keyed_entries(uid, names, timers=True):
-            rows.extend(timer_rows(name, entries))
+        rows, columns = self._materialize(self.rows(uid, TIMERS))
         rows.sort(key=lambda r: (r[1], r[2]))
-        return to_frame(rows, list(TIMER_COLUMNS))
+        return to_frame(rows, columns)
 
     def operator_state(self, uid: str, name: str) -> pd.DataFrame:
         """Operator list state ``name`` of ``uid``: ``subtask, index, value`` (as each
         subtask stored it; union state too)."""
-        rows: list[tuple[Any, ...]] = []
-        what = f"operator state {name!r} of operator {uid!r} in {self.description}"
-        known = False
-        for snap in self._operator_snapshots(uid):
-            state = snap.operator_states.get(name)
-            if state is None:
-                continue
-            known = True
-            decode = self._serializers.get(state.serializer, what).decode
-            rows.extend((snap.subtask_index, i, decode(e)) for i, e in enumerate(state.elements))
-        if not known:
-            self._unknown(uid, name, StateScope.OPERATOR)
-        return to_frame(rows, ["subtask", "index", "value"])
+        return to_frame(*self._materialize(self.rows(uid, StateScope.OPERATOR, name)))
 
     def broadcast_state(self, uid: str, name: str) -> pd.DataFrame:
         """Broadcast state ``name`` of ``uid``: ``key, value`` (every subtask holds the
         same copy; subtask 0's is read)."""
+        return to_frame(*self._materialize(self.rows(uid, StateScope.BROADCAST, name)))
+
+    def rows(
+        self, uid: str, scope: StateScope | str, name: str = "",
+        subtasks: Collection[int] | None = None,
+    ) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
+        """The columns of a table and an iterator over its rows, read subtask by
+        subtask (only ``subtasks``, if given): keyed state ``name``, the timers
+        (``scope`` ``"timers"``), operator state ``name`` or broadcast state ``name``
+        (stored by every subtask alike: only the first subtask's copy is read). What a
+        data source reads in parallel."""
+        if scope == TIMERS:
+            return list(TIMER_COLUMNS), self._timer_rows(uid, subtasks)
+        scope = StateScope(scope)
+        if scope is StateScope.KEYED:
+            meta = self._meta(uid, name)
+            return keyed_columns(meta), self._keyed_rows(uid, meta, subtasks)
+        if name not in {s.name for s in self.states(uid) if s.scope is scope}:
+            self._unknown(uid, name, scope)
+        if scope is StateScope.OPERATOR:
+            return ["subtask", "index", "value"], self._operator_rows(uid, name, subtasks)
+        return ["key", "value"], self._broadcast_rows(uid, name, subtasks)
+
+    @staticmethod
+    def _materialize(table: tuple[list[str], Iterator[tuple[Any, ...]]]
+                     ) -> tuple[list[tuple[Any, ...]], list[str]]:
+        columns, rows = table
+        return list(rows), columns
+
+    def _keyed_rows(self, uid: str, meta: StateMeta, subtasks: Collection[int] | None
+                    ) -> Iterator[tuple[Any, ...]]:
+        what = f"keyed state {meta.name!r} of operator {uid!r} in {self.description}"
+        for _, entries in self._keyed_entries(uid, {meta.name}, subtasks=subtasks):
+            yield from keyed_rows(meta, entries, self._serializers, what)
+
+    def _timer_rows(self, uid: str, subtasks: Collection[int] | None
+                    ) -> Iterator[tuple[Any, ...]]:
+        names = {n for sub in self._handles(uid) for n in sub.timer_states}
+        for name, entries in self._keyed_entries(uid, names, timers=True, subtasks=subtasks):
+            yield from timer_rows(name, entries)
+
+    def _operator_rows(self, uid: str, name: str, subtasks: Collection[int] | None
+                       ) -> Iterator[tuple[Any, ...]]:
+        what = f"operator state {name!r} of operator {uid!r} in {self.description}"
+        for snap in self._operator_snapshots(uid, subtasks=subtasks):
+            state = snap.operator_states.get(name)
+            if state is not None:
+                decode = self._serializers.get(state.serializer, what).decode
+                for i, element in enumerate(state.elements):
+                    yield snap.subtask_index, i, decode(element)
+
+    def _broadcast_rows(self, uid: str, name: str, subtasks: Collection[int] | None
+                        ) -> Iterator[tuple[Any, ...]]:
         what = f"broadcast state {name!r} of operator {uid!r} in {self.description}"
-        state = next((snap.broadcast_states.get(name)
-                      for snap in self._operator_snapshots(uid, first_only=True)), None)
-        if state is None:
-            self._unknown(uid, name, StateScope.BROADCAST)
-        ks, vs = (self._serializers.get(s, what).decode for s in state.serializers)
-        return to_frame([(ks(k), vs(v)) for k, v in state.entries], ["key", "value"])
+        for snap in self._operator_snapshots(uid, first_only=True, subtasks=subtasks):
+            state = snap.broadcast_states.get(name)
+            if state is not None:
+                ks, vs = (self._serializers.get(s, what).decode for s in state.serializers)
+                for k, v in state.entries:
+                    yield ks(k), vs(v)
 
     # internals --------------------------------------------------------------------------
     def _handles(self, uid: str) -> list[Any]:
@@ -197,22 +233,26 @@ class StateReader:
             f"operator {uid!r} in {self.description} has no {scope.value} state {name!r}; "
             f"its states: {states or 'none'}")
 
-    def _operator_snapshots(self, uid: str, first_only: bool = False
+    def _operator_snapshots(self, uid: str, first_only: bool = False,
+                            subtasks: Collection[int] | None = None,
                             ) -> Iterator[OperatorSubtaskSnapshot]:
         completed = self.checkpoint(uid)
         for sub in sorted(self._handles(uid), key=lambda s: s.subtask_index):
-            if sub.operator_file is None:
+            if sub.operator_file is None or (
+                    subtasks is not None and sub.subtask_index not in subtasks):
                 continue
             yield completed.load_subtask(uid, sub.subtask_index, KeyGroupRange.empty())
             if first_only:
                 return
 
-    def _keyed_entries(self, uid: str, names: set[str], timers: bool = False
+    def _keyed_entries(self, uid: str, names: set[str], timers: bool = False,
+                       subtasks: Collection[int] | None = None,
                        ) -> Iterator[tuple[str, Any]]:
-        """``(state name, entries)`` of the states ``names`` over every subtask."""
+        """``(state name, entries)`` of the states ``names`` over every subtask (or
+        ``subtasks``)."""
         completed = self.checkpoint(uid)
         for sub in sorted(self._handles(uid), key=lambda s: s.subtask_index):
-            if sub.keyed is None:
+            if sub.keyed is None or (subtasks is not None and sub.subtask_index not in subtasks):
                 continue
             local = tempfile.mkdtemp(prefix="weir-read-")
             try:
