@@ -109,6 +109,17 @@ def run(
     return sink
 
 
+def observed(query: Any, uid: str) -> list[dict[str, Any]]:
+    """The ``weir:<uid>`` observed metrics of each batch in ``query.recentProgress``
+    that has them."""
+    out = []
+    for progress in query.recentProgress:
+        row = (progress.observedMetrics or {}).get(f"weir:{uid}")
+        if row is not None:
+            out.append({"batch": progress.batchId, **row.asDict()})
+    return out
+
+
 def last_counts(rows: Iterable[tuple[Any, ...]]) -> dict[Any, int]:
     """The final count per key from (key, seq, count, ...) rows."""
     out: dict[Any, int] = {}

@@ -126,3 +126,44 @@ def test_state_export_to_parquet_needs_one_type_per_column(
     frame = pd.read_parquet(out)
     assert dict(zip(frame["key"], frame["value"], strict=True)) == {
         f"k{i}": 3 if i < 20 else 2 for i in range(40)}
+
+
+def test_savepoint_create_of_a_checkpoint_root_writes_its_latest_state(
+    checkpoints: tuple[Path, Any], tmp_path: Path
+) -> None:
+    import weir as weir_api
+    from test_read_state import Upper  # type: ignore[import-not-found]
+
+    root, _ = checkpoints
+    made = weir("savepoint", "create", str(root), str(tmp_path / "sp"))
+    assert made.returncode == 0, made.stderr
+    url = made.stdout.strip()
+    saved = weir_api.load_checkpoint(url)
+    assert saved.kind is weir_api.CheckpointKind.SAVEPOINT
+    latest = weir_api.read_state(str(root), serializers=[Upper()])
+    copy = weir_api.read_state(url, serializers=[Upper()])
+    for state in ("count", "seen", "by_tag"):
+        assert sorted(map(repr, copy.keyed_state("everything", state).values.tolist())) == (
+            sorted(map(repr, latest.keyed_state("everything", state).values.tolist())))
+    again = weir("savepoint", "create", str(root), str(tmp_path / "sp"))
+    assert again.returncode == 1 and "already holds a savepoint" in again.stderr
+
+
+def test_every_command_shows_an_example_in_its_help() -> None:
+    from typer.main import get_command
+    from typer.testing import CliRunner
+
+    from weir.cli import app
+
+    def leaves(command: Any, path: tuple[str, ...]) -> list[tuple[str, ...]]:
+        subs = getattr(command, "commands", None)
+        if not subs:
+            return [path]
+        return [leaf for name, sub in subs.items() for leaf in leaves(sub, (*path, name))]
+
+    commands = leaves(get_command(app), ())
+    assert ("savepoint", "create") in commands and ("dead-letters",) in commands
+    runner = CliRunner()
+    for path in commands:
+        shown = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+        assert shown.exit_code == 0 and "Example: weir " + " ".join(path) in shown.output, path

@@ -6,7 +6,10 @@ situation it sets up really happened (RELIABILITY.md, test 11)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -25,6 +28,7 @@ from spark_support import (  # type: ignore[import-not-found]
     by_value,
     keyed_records,
     last_counts,
+    observed,
     run,
     write_file,
 )
@@ -697,7 +701,7 @@ def _tree(root: Path) -> dict[str, int]:
 
 @pytest.mark.spark
 def test_14_after_finish_the_querys_late_listener_events_write_nothing(
-    spark: Any, tmp_path: Path, backend: str
+    spark: Any, tmp_path: Path, backend: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Spark's listener bus delivers a query's progress and termination events
     asynchronously, possibly after finish() returned: they must not write into the
@@ -712,8 +716,12 @@ def test_14_after_finish_the_querys_late_listener_events_write_nothing(
     location = tmp_path / "weir"
     query = _start(spark, tmp_path / "in", _stage(location, state_backend=backend),
                    tmp_path / "spark", sink, once=True)
-    query.awaitTermination()
-    assert weir.spark.finish(query) == 1
+    with caplog.at_level("INFO", logger="weir"):
+        query.awaitTermination()
+        assert weir.spark.finish(query) == 1
+    completions = [r.getMessage() for r in caplog.records if " complete at " in r.getMessage()]
+    assert [m.split(" of query ")[0] for m in completions] == [  # one line per batch
+        "weir: operator 'count': batch 0", "weir: operator 'count': batch 1"]
     before = _tree(location)
     events = completion(spark)
     query_id, run = str(query.id), str(query.runId)
@@ -782,6 +790,16 @@ def test_11_late_null_time_and_malformed_records_follow_the_policy_and_are_count
                  if d["reason"].startswith("malformed input")]
     assert len(malformed) == 1
     assert malformed[0]["record"]["_corrupt_record"] == '{"key": "k3", "ts": "not a number"'
+    listed = subprocess.run(  # the same through the command line, from batch 1 on
+        [str(Path(sys.executable).parent / "weir"), "dead-letters", str(location), "--since",
+         "1", "--json"], capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout) == json.loads(json.dumps(
+        weir.spark.read_dead_letters(str(location)), default=str))
+    later = subprocess.run([str(Path(sys.executable).parent / "weir"), "dead-letters",
+                            str(location), "--since", "2", "--json"],
+                           capture_output=True, text=True, timeout=120)
+    assert later.returncode == 0 and json.loads(later.stdout) == []
     if policy == "dead_letter":
         assert dead["k1"] == "late: event time 50 is not after the watermark 110"
     else:
@@ -790,6 +808,12 @@ def test_11_late_null_time_and_malformed_records_follow_the_policy_and_are_count
     counts = weir.load_checkpoint(str(qdir / "chk-1"), verify=False).metadata.source_positions
     assert {k: counts["spark"][k] for k in ("late_records", "null_event_time", "malformed")} == {
         "late_records": 1, "null_event_time": 1, "malformed": 1}
+    metrics = {m["batch"]: m for m in observed(query, "late")}  # in Spark's progress
+    assert {k: metrics[1][k] for k in ("records", "late_records", "dead_letters", "outputs",
+                                       "subtasks")} == {
+        "records": 3, "late_records": 1, "dead_letters": 2 + (policy == "dead_letter"),
+        "outputs": len(seen), "subtasks": 2}
+    assert metrics[1]["state_entries"] == 0 and metrics[0]["records"] == 11
 
 
 # ------------------------------------------------------------------ 12. end of input: drain
@@ -843,6 +867,11 @@ def test_12_stop_with_savepoint_drain_fires_every_event_time_timer_once_into_the
     # every key's timer fired exactly once, at its newest record + 1000, with all records
     assert sorted((k, t) for k, t, _ in fired) == sorted((k, s + 1000) for k, s in last.items())
     assert sum(n for _, _, n in fired) == 400
+    metrics = observed(query, "sessions")  # Spark's progress: heartbeats are not records
+    assert sum(m["records"] for m in metrics) == 400
+    assert sum(m["timers_fired"] for m in metrics) == len(fired) == 20
+    assert sum(m["outputs"] for m in metrics) == 20
+    assert all(m["checkpoint_bytes"] > 0 for m in metrics if m["records"])
     for i in range(2):
         with KeyedOperatorHarness.restore(Sessions(), lambda v: v["key"],
                                           weir.load_checkpoint(target), uid="sessions",

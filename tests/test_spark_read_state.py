@@ -110,6 +110,11 @@ def test_a_bootstrapped_savepoint_drives_a_spark_query_at_parallelism_3(
     assert last_counts(sink.rows()) == expected
     assert {row[3] for row in sink.rows()} == {0, 1, 2}  # three subtasks counted
     assert _counts(weir.read_state(location)) == expected
+    made = subprocess.run([str(Path(sys.executable).parent / "weir"), "savepoint", "create",
+                           location, str(tmp_path / "sp")], capture_output=True, text=True,
+                          timeout=120)  # the stage's current state, from the command line
+    assert made.returncode == 0, made.stderr
+    assert _counts(weir.read_state(made.stdout.strip())) == expected
 
 
 @pytest.mark.spark

@@ -349,6 +349,7 @@ def process(
     from pyspark.sql import functions as F
 
     from weir.runtime.spark.jvm_route import jvm_keyed_route
+    from weir.runtime.spark.observed import observe, with_metrics_field
 
     spark = df.sparkSession
     streaming = df.isStreaming
@@ -482,6 +483,8 @@ def process(
         listener.settle_stopped()
         with listener.lock:
             listener.stages[(storage.location, uid)] = Stage(store, lineage, p)
-    return routed.repartition(p, ROUTE).mapInArrow(process_pass(spec), out_struct)
+    processed = routed.repartition(p, ROUTE).mapInArrow(process_pass(spec),
+                                                        with_metrics_field(out_struct))
+    return observe(processed, uid)
 
 

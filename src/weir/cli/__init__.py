@@ -1,5 +1,6 @@
 """The ``weir`` command line: key-group questions, checkpoints (``weir.cli.checkpoint``),
-state (``weir.cli.state``), explicit recovery of Spark stages, the demo. Every listing
+state (``weir.cli.state``), savepoints and dead letters (``weir.cli.lifecycle``),
+explicit recovery of Spark stages, the demo. Every listing
 takes ``--json``; every subcommand's ``--help`` shows an example."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from rich.table import Table
 from weir import __version__
 from weir.cli.checkpoint import checkpoint_app
 from weir.cli.common import KEYS_HELP, parse_key
+from weir.cli.lifecycle import dead_letters, savepoint_app
 from weir.cli.state import state_app
 from weir.state.keygroups import (
     assign_to_key_group,
@@ -27,7 +29,10 @@ app = typer.Typer(help="weir: Flink's state management and fault tolerance, in P
 
 @app.command()
 def version() -> None:
-    """Print weir's version."""
+    """Print weir's version.
+
+    Example: weir version
+    """
     typer.echo(__version__)
 
 
@@ -37,7 +42,10 @@ def keygroup(
     max_parallelism: Annotated[int, typer.Option("--max-parallelism", "-m")] = 128,
     parallelism: Annotated[int, typer.Option("--parallelism", "-p")] = 1,
 ) -> None:
-    """Show the key group and owning subtask of each key."""
+    """Show the key group and owning subtask of each key.
+
+    Example: weir keygroup acct-17 42 '["eu", 7]' --max-parallelism 128 --parallelism 4
+    """
     table = Table(title=f"max_parallelism={max_parallelism}, parallelism={parallelism}")
     for col in ("key", "key group", "subtask", "subtask's key groups"):
         table.add_column(col)
@@ -52,12 +60,17 @@ def keygroup(
 
 @app.command("default-max-parallelism")
 def default_max_parallelism(parallelism: int) -> None:
-    """Print the max parallelism Flink would choose for a parallelism."""
+    """Print the max parallelism Flink would choose for a parallelism.
+
+    Example: weir default-max-parallelism 200
+    """
     typer.echo(compute_default_max_parallelism(parallelism))
 
 
 app.add_typer(checkpoint_app, name="checkpoint")
 app.add_typer(state_app, name="state")
+app.add_typer(savepoint_app, name="savepoint")
+app.command("dead-letters")(dead_letters)
 
 
 spark_app = typer.Typer(help="Stages of the Spark runtime.", no_args_is_help=True)
@@ -76,7 +89,10 @@ def spark_recover(
 ) -> None:
     """Choose what a stage continues from when it cannot go on by itself (its state is
     missing or corrupt, or a batch was only partly computed); the next query that runs
-    the stage adopts it."""
+    the stage adopts it.
+
+    Example: weir spark recover /data/chk/fraud --uid fraud-detector --from latest
+    """
     from weir.errors import WeirError
     from weir.spark import recover
 
@@ -89,7 +105,10 @@ def spark_recover(
 
 @app.command()
 def demo() -> None:
-    """Run the fraud-detection demo."""
+    """Run the fraud-detection demo on Spark local[*].
+
+    Example: weir demo
+    """
     from weir.examples.fraud_demo import main as demo_main
 
     raise typer.Exit(demo_main())

@@ -230,14 +230,17 @@ class KeyedOperator(OperatorBase, KeyedContext, TimerService):
         out: list[Any] = []
         on_timer = self.function.on_timer
         self._time_domain = domain
+        fired = 0
         try:
             while (timer := queue.pop_due(time)) is not None:
                 timestamp, key = timer
+                fired += 1
                 self.key_context.set_current_prefixed_key(key)
                 self.record_timestamp = timestamp
                 out.extend(outputs(on_timer(timestamp, self)))
         finally:
             self._time_domain = None
+            self.timers_fired += fired
         return out
 
     def snapshot(self, checkpoint_id: int, timestamp: int | None = None) -> OperatorSubtaskSnapshot:

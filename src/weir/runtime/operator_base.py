@@ -167,6 +167,8 @@ class OperatorBase(Context):
         self.config = config
         self.clock: Clock = clock or system_clock
         self.watermark = MIN_WATERMARK
+        #: timers fired since this instance was created (metrics)
+        self.timers_fired = 0
         self.record_timestamp: int | None = None
         self._broadcast_descriptors = list(broadcast_state_descriptors)
         self._opened = False

@@ -279,6 +279,11 @@ class EpochStore:
             return done
         completed = CompletedCheckpoint(storage, f"chk-{batch}", meta)
         storage.write(f"chk-{batch}/{SUMMARY_FILE}", summary_bytes(meta, self.uid))
+        new = sum(p.handle.stats.new_bytes for p in chosen)
+        log.info("weir: operator %r: batch %d of query %s complete at %s: %d subtasks, "
+                 "%d bytes of state (%d new), %.0f ms after the batch started", self.uid,
+                 batch, query, completed.url, len(chosen), meta.total_bytes, new,
+                 meta.duration_ms)
         kept = {f"chk-{batch}/_parts/{p.handle.subtask_index}-{p.epoch['attempt']}.part"
                 for p in chosen}
         self._clean_up(storage, batch, kept, query)

@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 
 from weir.api.functions import KeyedBroadcastProcessFunction
 from weir.checkpoint.coordinator import CompletedCheckpoint
-from weir.checkpoint.format import uid_dir
+from weir.checkpoint.format import SubtaskStateHandle, uid_dir
 from weir.checkpoint.storage import storage_counts
 from weir.errors import CorruptCheckpointError, FencedError, TaskPlacementError
 from weir.runtime.collection import fewer_collections
@@ -60,6 +60,7 @@ from weir.runtime.spark.cache import (
 from weir.runtime.spark.epochs import EpochStore
 from weir.runtime.spark.keys import keys_of
 from weir.runtime.spark.lineage import Lineage, wall_ms
+from weir.runtime.spark.observed import metrics_batch, with_metrics_column
 from weir.runtime.spark.plan import lineage_state, plan_batch, recover_hint
 from weir.runtime.spark.prior import stage_positions
 from weir.runtime.spark.records import (
@@ -111,7 +112,9 @@ class _Task:
         self.lineage = Lineage(self.store.stage, spec.lease_timeout_ms)
         self.token = 0
         self.dead: list[dict[str, Any]] = []
-        self.counts = {"late": 0, "null_event_time": 0, "malformed": 0}
+        self.counts = {"late": 0, "null_event_time": 0, "malformed": 0, "records": 0,
+                       "outputs": 0, "timers_fired": 0}
+        self.handle: SubtaskStateHandle | None = None
         self.buffers: dict[str, float] = {}
         self.restored = False
         self.caught_up = False
@@ -172,6 +175,7 @@ class _Task:
         if live is not None:
             live.close()
         self.restored = True
+        started = time.perf_counter()
         live = new_live(spec, self.subtask, self.store.query_storage(self.query or "static"))
         try:
             positions: dict[str, Any] = {}
@@ -184,6 +188,9 @@ class _Task:
             live.operator.open()
             if completed is not None:
                 self._adopt(live, completed)
+                log.info("weir: operator %r subtask %d (query %s, batch %s) restored from %s "
+                         "in %.0f ms", spec.uid, self.subtask, self.query, self.batch,
+                         completed.url, (time.perf_counter() - started) * 1000)
         except BaseException:
             live.close()
             raise
@@ -237,7 +244,9 @@ class _Task:
             try:
                 with fewer_collections():  # records, outputs, changelog: many containers
                     acquired = time.perf_counter()
+                    fired = live.operator.timers_fired
                     self._process(live, table, now, not inputs.spilled, positions, outputs)
+                    self.counts["timers_fired"] = live.operator.timers_fired - fired
                     del table
                     self.buffers = {  # recorded with the storage operations in the part
                         "rows_in": inputs.rows, "arrow_in_bytes": inputs.nbytes,
@@ -260,14 +269,29 @@ class _Task:
                 live.close()
             else:
                 keep(live, CacheLimits(spec.cache_max_subtasks, spec.cache_max_bytes))
-            yield from outputs.batches()
+            for batch in outputs.batches():
+                yield with_metrics_column(batch)
+            yield metrics_batch(spec.output_schema, self._metrics())
         finally:
             inputs.close()
             outputs.close()
 
+    def _metrics(self) -> dict[str, Any]:
+        """What this task did (``weir.runtime.spark.observed``)."""
+        stats = self.handle.stats if self.handle is not None else None
+        return {
+            **self.counts, "late_records": self.counts["late"], "dead_letters": len(self.dead),
+            "state_entries": stats.entries if stats else 0,
+            "state_bytes": stats.bytes if stats else 0,
+            "checkpoint_bytes": stats.new_bytes if stats else 0,
+            "checkpoint_ms": self.buffers.get("snapshot_ms", 0.0),
+            "restored": int(self.restored),
+        }
+
     def _emit(self, out: list[Any], outputs: SpillBuffer) -> None:
         """Outputs as Arrow, held until the batch's part is published."""
         schema, uid = self.spec.output_schema, self.spec.uid
+        self.counts["outputs"] += len(out)
         for start in range(0, len(out), _OUTPUT_CHUNK):
             outputs.append(to_record_batch(out[start : start + _OUTPUT_CHUNK], schema, uid))
 
@@ -297,6 +321,7 @@ class _Task:
             if kind == RowKind.BROADCAST:
                 self._emit(self._broadcast(op, part), outputs)
             elif kind == RowKind.RECORD:
+                self.counts["records"] += part.num_rows
                 self._emit(self._records(live, part), outputs)
             else:
                 corrupt = (part[CORRUPT_RECORD].to_pylist() if CORRUPT_RECORD in
@@ -404,10 +429,13 @@ class _Task:
         spec = self.spec
         started = time.perf_counter()
         live.operator.run_background_cleanup()  # TTL compaction filter: bounded per batch
-        handle = live.checkpointer.snapshot(self.batch, self.batch_time).result()
+        handle = self.handle = live.checkpointer.snapshot(self.batch, self.batch_time).result()
         self.buffers["snapshot_ms"] = _ms(time.perf_counter() - started)
         if not self.lineage.is_head(self.token):
             head = self.lineage.head()
+            log.warning("weir: operator %r subtask %d: query %s was fenced off in batch %s; "
+                        "nothing of it is published", spec.uid, self.subtask, self.query,
+                        self.batch)
             raise FencedError(
                 f"operator {spec.uid!r} in {spec.location}: query {self.query} was fenced off "
                 f"during batch {self.batch}: "

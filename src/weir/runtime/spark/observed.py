@@ -1,0 +1,85 @@
+"""A stage's metrics in Spark's own query progress (``DataFrame.observe``).
+
+Each task of a stage's process pass yields, after its outputs, one extra row whose
+only non-null column is ``__weir_metrics``: a struct of what the task did. The stage
+observes the sums (checkpoint time: the slowest subtask) under the name
+``weir:<uid>`` and then filters those rows out, so a batch's
+``query.lastProgress["observedMetrics"]["weir:<uid>"]`` holds, over its subtasks:
+
+==================  =============================================================
+``records``         input records handed to the stage (heartbeat and clock rows
+                    are not records)
+``outputs``         rows the stage emitted
+``late_records``    records at or behind the watermark (processed, dropped or
+                    dead-lettered by ``late_records``)
+``dead_letters``    records written to the dead-letter output
+``timers_fired``    event- and processing-time timers that fired
+``state_entries``   stored entries of keyed state after the batch
+``state_bytes``     bytes of the checkpoint's state files after the batch
+``checkpoint_bytes`` bytes this batch's checkpoint wrote
+``checkpoint_ms``   the slowest subtask's checkpoint (synchronous part and upload)
+``restored``        subtasks that restored from storage (not the worker's live copy)
+``subtasks``        subtasks that ran with rows
+==================  =============================================================
+
+A subtask with no row in a batch does not run, so an idle batch shows zeros. The
+output columns of a stage are nullable (the metrics row has no user values).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
+__all__ = ["METRICS", "METRIC_NAMES", "metrics_batch", "observe", "with_metrics_column",
+           "with_metrics_field"]
+
+METRICS = "__weir_metrics"
+#: the summed metrics (int64), in struct order
+METRIC_NAMES = ("records", "outputs", "late_records", "dead_letters", "timers_fired",
+                "state_entries", "state_bytes", "checkpoint_bytes", "restored")
+_ARROW = pa.struct([*(pa.field(n, pa.int64()) for n in METRIC_NAMES),
+                    pa.field("checkpoint_ms", pa.float64())])
+
+
+def with_metrics_field(struct: StructType) -> StructType:
+    """The process pass's output type: the user's columns, nullable, and the metrics."""
+    from pyspark.sql.types import DoubleType, LongType, StructField, StructType
+
+    metrics = StructType([*(StructField(n, LongType()) for n in METRIC_NAMES),
+                          StructField("checkpoint_ms", DoubleType())])
+    return StructType([*(StructField(f.name, f.dataType, True, f.metadata) for f in struct),
+                       StructField(METRICS, metrics, True)])
+
+
+def with_metrics_column(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """An output batch with a null metrics column."""
+    return pa.RecordBatch.from_arrays(
+        [*batch.columns, pa.nulls(batch.num_rows, _ARROW)],
+        names=[*batch.schema.names, METRICS])
+
+
+def metrics_batch(schema: pa.Schema, values: dict[str, Any]) -> pa.RecordBatch:
+    """The one metrics row of a task: nulls in the user's columns of ``schema``."""
+    row: dict[str, float] = {n: int(values.get(n, 0)) for n in METRIC_NAMES}
+    row["checkpoint_ms"] = float(values.get("checkpoint_ms", 0.0))
+    return pa.RecordBatch.from_arrays(
+        [*(pa.nulls(1, f.type) for f in schema), pa.array([row], _ARROW)],
+        names=[*schema.names, METRICS])
+
+
+def observe(df: DataFrame, uid: str) -> DataFrame:
+    """``df`` (the process pass's output) observed as ``weir:<uid>``, without the
+    metrics rows and column."""
+    from pyspark.sql import functions as F
+
+    metric = F.col(METRICS)
+    sums = [F.coalesce(F.sum(metric[n]), F.lit(0)).alias(n) for n in METRIC_NAMES]
+    slowest = F.coalesce(F.max(metric["checkpoint_ms"]), F.lit(0.0)).alias("checkpoint_ms")
+    observed = df.observe(f"weir:{uid}", *sums, slowest, F.count(metric).alias("subtasks"))
+    return observed.filter(metric.isNull()).drop(METRICS)
