@@ -731,6 +731,26 @@ def test_14_after_finish_the_querys_late_listener_events_write_nothing(
     assert sorted(sink.batches) == [0, 1]
 
 
+@pytest.mark.spark
+def test_14_metrics_false_leaves_the_progress_and_the_output_schema_as_they_were(
+    spark: Any, tmp_path: Path
+) -> None:
+    write_file(tmp_path / "in", keyed_records(0, 300, 10), KEYED)
+    sink = BatchSink()
+    plain = _start(spark, tmp_path / "in", _stage(tmp_path / "weir", metrics=False),
+                   tmp_path / "spark", sink, once=True)
+    plain.awaitTermination()
+    weir.spark.finish(plain)
+    assert len(sink.rows()) == 300 and observed(plain, "count") == []
+    schema = "key string not null, seq long, n long, subtask int"
+    events = spark.readStream.schema(SCHEMA).parquet(str(tmp_path / "in"))
+    for metrics in (False, True):
+        out = weir.spark.process(events, key_by="key", function=Count(), output_schema=schema,
+                                 uid="count", checkpoint_location=str(tmp_path / "w2"),
+                                 metrics=metrics)
+        assert out.schema["key"].nullable is metrics  # the metrics rows make it nullable
+
+
 # ------------------------------------------------------------------ 11. late and malformed
 
 

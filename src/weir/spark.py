@@ -304,6 +304,7 @@ def process(
     dead_letter_retention: int | str | timedelta = "7 days",
     rocksdb_memory: int | str = "256m",
     task_buffer_memory: int | str = "64m",
+    metrics: bool = True,
 ) -> DataFrame:
     """Run ``function`` over ``df`` as a weir stage; returns the output DataFrame
     (streaming if ``df`` is). See the module documentation for the semantics.
@@ -341,6 +342,13 @@ def process(
     time; beyond ``task_buffer_memory`` of Arrow data each goes to an anonymous file in
     the executor's local directory, read back memory-mapped, so a task's memory does
     not grow with its partition (``weir.runtime.spark.spill``).
+
+    With ``metrics`` (the default) each batch's progress holds the stage's metrics,
+    ``query.lastProgress.observedMetrics["weir:<uid>"]`` (records, outputs, late
+    records, dead letters, timers fired, state entries and bytes, checkpoint bytes and
+    time; ``weir.runtime.spark.observed``). They cost one filter and projection of the
+    output (measured: about 9% of throughput for a stage that emits a row per record);
+    ``metrics=False`` leaves them out.
 
     Dead letters are kept ``dead_letter_retention`` after they were written; the
     directories of queries that owned the stage before the current one are deleted once
@@ -439,6 +447,7 @@ def process(
         cache_max_subtasks=worker_cache_subtasks, cache_max_bytes=cache_bytes,
         dead_letter_retention_ms=dead_letter_ms, rocksdb_memory_bytes=rocksdb_bytes,
         task_buffer_bytes=byte_size(task_buffer_memory, "task_buffer_memory"),
+        metrics=bool(metrics),
     )
 
     batch_ms = F.unix_millis(F.current_timestamp())
@@ -483,8 +492,9 @@ def process(
         listener.settle_stopped()
         with listener.lock:
             listener.stages[(storage.location, uid)] = Stage(store, lineage, p)
-    processed = routed.repartition(p, ROUTE).mapInArrow(process_pass(spec),
-                                                        with_metrics_field(out_struct))
-    return observe(processed, uid)
+    shuffled = routed.repartition(p, ROUTE)
+    if not metrics:
+        return shuffled.mapInArrow(process_pass(spec), out_struct)
+    return observe(shuffled.mapInArrow(process_pass(spec), with_metrics_field(out_struct)), uid)
 
 

@@ -56,6 +56,8 @@ class StageSpec:
     #: Arrow bytes of input (and of output) a task holds in memory before it moves
     #: them to a local file (``spill.SpillBuffer``)
     task_buffer_bytes: int = 64 << 20
+    #: one metrics row per task for ``weir.runtime.spark.observed`` (Spark's progress)
+    metrics: bool = True
 
     def storage(self) -> CheckpointStorage:
         """The checkpoint location."""

@@ -269,6 +269,9 @@ class _Task:
                 live.close()
             else:
                 keep(live, CacheLimits(spec.cache_max_subtasks, spec.cache_max_bytes))
+            if not spec.metrics:
+                yield from outputs.batches()
+                return
             for batch in outputs.batches():
                 yield with_metrics_column(batch)
             yield metrics_batch(spec.output_schema, self._metrics())
