@@ -5,15 +5,22 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup java compiler demo test soak lint bench-state-ops bench-checkpoint bench-query-state bench-spark bench-large-state clean
+.PHONY: setup java compiler chromium demo test soak lint bench-state-ops bench-checkpoint bench-query-state bench-spark bench-large-state clean
 
-setup: java compiler $(STAMP)
+setup: java compiler chromium $(STAMP)
 
 # Java 17 for Spark (the Spark runtime needs a JVM); installed only if missing.
 java:
 	@command -v java >/dev/null 2>&1 || { \
 	  echo "java not found: installing OpenJDK 17 (headless) with apt-get"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless; }
+
+# Chromium for the checkpoint page's browser test (tests/test_checkpoint_page.py), from
+# Debian's packages; installed only if missing.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  echo "chromium not found: installing it with apt-get (the browser test of weir ui)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
 # A C compiler and the Python headers: pip builds the hash map's C fast paths
 # (src/weir/state/_hashcore.c, _keycell.c). Installed only if missing.

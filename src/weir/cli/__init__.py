@@ -1,5 +1,6 @@
 """The ``weir`` command line: key-group questions, checkpoints (``weir.cli.checkpoint``),
-state (``weir.cli.state``), savepoints and dead letters (``weir.cli.lifecycle``),
+state (``weir.cli.state``), savepoints and dead letters (``weir.cli.lifecycle``), the
+checkpoint page (``weir.cli.ui``),
 explicit recovery of Spark stages, the demo. Every listing
 takes ``--json``; every subcommand's ``--help`` shows an example."""
 
@@ -16,6 +17,7 @@ from weir.cli.checkpoint import checkpoint_app
 from weir.cli.common import KEYS_HELP, parse_key
 from weir.cli.lifecycle import dead_letters, savepoint_app
 from weir.cli.state import state_app
+from weir.cli.ui import ui
 from weir.state.keygroups import (
     assign_to_key_group,
     compute_default_max_parallelism,
@@ -71,6 +73,7 @@ app.add_typer(checkpoint_app, name="checkpoint")
 app.add_typer(state_app, name="state")
 app.add_typer(savepoint_app, name="savepoint")
 app.command("dead-letters")(dead_letters)
+app.command("ui")(ui)
 
 
 spark_app = typer.Typer(help="Stages of the Spark runtime.", no_args_is_help=True)

@@ -42,14 +42,16 @@ def checkpoint_list(
         print_json(rows)
         return
     table = Table(title=f"checkpoints in {location}")
-    for col in ("query", "operators", "id", "status", "completed", "duration", "size",
-                "files"):
-        table.add_column(col, justify="right" if col in ("id", "size", "files") else "left")
+    for col in ("query", "operators", "id", "status", "completed", "duration", "changed",
+                "size", "files"):
+        table.add_column(col, justify="right" if col in ("id", "changed", "size", "files")
+                         else "left")
     for row in rows:
         table.add_row(
             row["query"] or "-", ", ".join(row["uids"]) or "-", str(row["id"]), row["status"],
             readable_time(row["completed_ms"]),
             "-" if row["duration_ms"] is None else f"{row['duration_ms']:.0f} ms",
+            "-" if row["changed_bytes"] is None else readable_size(row["changed_bytes"]),
             "-" if row["bytes"] is None else readable_size(row["bytes"]),
             "-" if row["files"] is None else str(row["files"]),
         )

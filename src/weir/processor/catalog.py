@@ -2,6 +2,10 @@
 checkpoint or batch with its status, times, duration and size, from metadata only
 (no data file is read).
 
+Each row also has ``changed_bytes`` (what the checkpoint uploaded, Flink's "checkpointed
+data size"; ``bytes`` is everything it references) and ``subtasks``: per operator uid
+and subtask, the snapshot's bytes, new bytes, sync and async milliseconds and entries.
+
 Statuses: ``completed`` (its ``_metadata`` exists), ``empty`` (a Spark batch in which
 the stage had no row: its state is the previous batch's), ``incomplete`` (Spark
 committed the batch with parts missing), ``pending`` (no metadata yet: running,
@@ -14,7 +18,7 @@ import re
 from typing import Any
 
 from weir.checkpoint.coordinator import CompletedCheckpoint, load_checkpoint
-from weir.checkpoint.format import METADATA_FILE
+from weir.checkpoint.format import METADATA_FILE, CheckpointMetadata
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import NoCheckpointError
 from weir.runtime.spark.epochs import EpochStore, read_completed
@@ -24,9 +28,17 @@ __all__ = ["list_checkpoints"]
 _CHK = re.compile(r"chk-(\d+)$")
 
 
+def _subtask_rows(meta: CheckpointMetadata) -> list[dict[str, Any]]:
+    return [{"uid": uid, "subtask": s.subtask_index, "bytes": s.stats.bytes,
+             "new_bytes": s.stats.new_bytes, "sync_ms": s.stats.sync_ms,
+             "async_ms": s.stats.async_ms, "entries": s.stats.entries}
+            for uid, op in sorted(meta.operators.items()) for s in op.subtasks]
+
+
 def _row(query: str | None, uids: list[str], checkpoint_id: int, status: str,
          found: CompletedCheckpoint | None) -> dict[str, Any]:
     meta = found.metadata if found is not None else None
+    subtasks = _subtask_rows(meta) if meta else []
     return {
         "query": query, "uids": uids, "id": checkpoint_id, "status": status,
         "kind": meta.kind.value if meta else None,
@@ -34,8 +46,10 @@ def _row(query: str | None, uids: list[str], checkpoint_id: int, status: str,
         "completed_ms": meta.completion_timestamp_ms if meta else None,
         "duration_ms": meta.duration_ms if meta else None,
         "bytes": meta.total_bytes if meta else None,
+        "changed_bytes": sum(r["new_bytes"] for r in subtasks) if meta else None,
         "files": len(meta.files()) if meta else None,
         "url": found.url if found is not None else None,
+        "subtasks": subtasks,
     }
 
 
