@@ -31,6 +31,7 @@ from weir.api.functions import (
     KeyedProcessFunction,
     ProcessFunction,
 )
+from weir.api.restart import RestartStrategy
 from weir.api.serializers import (
     BytesSerializer,
     FloatSerializer,
@@ -74,6 +75,7 @@ from weir.errors import (
     NoKeyContextError,
     OutputSchemaError,
     ReadOnlyStateError,
+    RestartsExhaustedError,
     RestoreError,
     SinkError,
     StateBackendError,
@@ -155,6 +157,8 @@ __all__ = [
     "RedistributionMode",
     "ReducingState",
     "ReducingStateDescriptor",
+    "RestartStrategy",
+    "RestartsExhaustedError",
     "RestoreError",
     "RocksDBCompactFilterCleanup",
     "Serializer",

@@ -24,7 +24,8 @@
     ├── SinkError                   a sink could not stage, commit or abort a batch
     ├── OwnershipError              a stage's location is owned by another running query
     │   └── FencedError             this query lost the location to a newer owner
-    └── TaskPlacementError          a Spark task got rows of key groups it does not own
+    ├── TaskPlacementError          a Spark task got rows of key groups it does not own
+    └── RestartsExhaustedError      a supervised query failed and its restart strategy gives up
 
 Messages say what happened, where (state name, operator uid, subtask, key group) and
 what to do about it. Lower-level errors are chained with ``raise ... from exc``.
@@ -46,6 +47,7 @@ __all__ = [
     "OwnershipError",
     "OutputSchemaError",
     "ReadOnlyStateError",
+    "RestartsExhaustedError",
     "RestoreError",
     "SinkError",
     "StateBackendError",
@@ -155,3 +157,8 @@ class FencedError(OwnershipError):
 
 class TaskPlacementError(WeirError):
     """A Spark task received records of key groups that its subtask does not own."""
+
+
+class RestartsExhaustedError(WeirError):
+    """A supervised streaming query (:func:`weir.spark.supervise`) failed once more than
+    its restart strategy allows; chained from the query's last error."""

@@ -69,6 +69,13 @@ it returns; a batch's checkpoint completes once Spark committed the batch.
   (``source_positions["spark"]["late_records"]``, with ``null_event_time``,
   ``malformed`` and ``dead_letters``). Validate before writing state: state changes
   the function made before raising are kept.
+* **Restarts of a failed query.** Spark retries failed tasks, but one exception ends a
+  query. :func:`supervise` restarts it as Flink restarts a job, with Flink's restart
+  strategies and defaults (:class:`RestartStrategy`: ``exponential_delay()``, the
+  default, ``fixed_delay()``, ``failure_rate()``, ``no_restart()``); each restart resumes
+  from the last committed batch, and a strategy that gives up raises
+  :class:`~weir.errors.RestartsExhaustedError`:
+  ``weir.spark.supervise(lambda: out.writeStream...start(), restart=...)``.
 * **Determinism.** A replayed batch recomputes from the previous batch's state with
   the same records in the same order and the same batch timestamp; functions must
   be deterministic given those (as for Spark's own stateful operators).
@@ -88,6 +95,7 @@ from weir.api.functions import (
     KeyedProcessFunction,
     ProcessFunction,
 )
+from weir.api.restart import RestartStrategy
 from weir.checkpoint.coordinator import CompletedCheckpoint, load_checkpoint
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import (
@@ -121,6 +129,7 @@ from weir.runtime.spark.routing import (
     round_robin_pass,
 )
 from weir.runtime.spark.spec import StageSpec
+from weir.runtime.spark.supervise import supervise
 from weir.runtime.spark.task import process_pass
 from weir.state.keygroups import check_parallelism, compute_default_max_parallelism
 from weir.state.rocksdb import RocksDBMemory
@@ -130,8 +139,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = [
-    "finish", "process", "read_dead_letters", "recover", "register_state_source", "savepoint",
-    "session", "stop_with_savepoint",
+    "RestartStrategy", "finish", "process", "read_dead_letters", "recover",
+    "register_state_source", "savepoint", "session", "stop_with_savepoint", "supervise",
 ]
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,152 @@
+"""Restart supervision of a Spark streaming query with Flink's restart strategies.
+
+Spark restarts failed *tasks* (``spark.task.maxFailures``) but not a failed *query*: one
+exception ends it. :func:`supervise` plays Flink's job-level restart: it starts the query,
+waits for it, and when it fails asks the :class:`~weir.api.restart.RestartStrategy`
+whether and when to start it again. A restarted query with the same Spark
+``checkpointLocation`` resumes from its last committed batch (and weir's stages from
+that batch's checkpoint), so a restart replays at most the failed batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from weir.api.restart import RestartStrategy
+from weir.errors import ConfigurationError, RestartsExhaustedError
+from weir.runtime.spark.lifecycle import finish
+from weir.runtime.spark.listener import COMPLETIONS
+
+__all__ = ["supervise"]
+
+log = logging.getLogger("weir")
+
+_FLINK_DEFAULT = RestartStrategy.exponential_delay()
+
+
+def supervise(
+    start_query: Callable[[], Any],
+    *,
+    restart: RestartStrategy = _FLINK_DEFAULT,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    rng: random.Random | None = None,
+    poll_s: float | None = 1.0,
+) -> int:
+    """Run the streaming query that ``start_query()`` starts (it must build and start a
+    new ``StreamingQuery`` each call, e.g. ``lambda: out.writeStream...start()``),
+    restarting it after failures as ``restart`` allows; return the number of restarts
+    once a run of it ends without an error (``stop()``, ``trigger(availableNow=True)``
+    done).
+
+    A run failed if ``awaitTermination()`` raises (Spark's ``StreamingQueryException``)
+    or ``exception()`` is set after it, or if ``start_query()`` itself raises. Each
+    failure goes to ``restart``'s tracker (the default: Flink's default, exponential
+    delay from 1 s to 1 min, unlimited attempts) at ``clock()``: it answers a delay, and
+    the query is started again after ``sleep(delay)`` with one WARNING line on the
+    ``weir`` logger (query, restart number, delay, the error's first line); or it gives
+    up, and :class:`~weir.errors.RestartsExhaustedError` is raised from the last error.
+    ``rng`` draws the jitter of exponential delay; ``poll_s`` is how often (seconds) the
+    wait looks up from ``awaitTermination`` (None: one blocking call).
+
+    On ``KeyboardInterrupt`` the running query is stopped and the interrupt re-raised.
+    A failed run's weir stages are given up at once (not when Spark's listener event
+    comes), so that the restarted query may take them over even when ``start_query``
+    reuses a DataFrame built by :func:`weir.spark.process` once; after a run that ended
+    without error, :func:`weir.spark.finish` completes the checkpoint of its last batch
+    (its errors propagate)."""
+    if not isinstance(restart, RestartStrategy):
+        raise ConfigurationError(f"restart must be a RestartStrategy (RestartStrategy."
+                                 f"fixed_delay(), exponential_delay(), ...), got {restart!r}")
+    if poll_s is not None and not poll_s > 0:
+        raise ConfigurationError(f"poll_s must be seconds > 0 or None, got {poll_s!r}")
+    tracker = restart.tracker(rng)
+    label = f"started by {getattr(start_query, '__qualname__', repr(start_query))}"
+    while True:
+        query = None
+        try:
+            try:
+                query = start_query()
+                label = _label(query)
+                error = _wait(query, poll_s)
+            except Exception as exc:
+                error = exc
+            if error is None:
+                finish(query)
+                return tracker.restarts
+            if query is not None:
+                _settle(query, label)
+            delay = tracker.on_failure(clock())
+            if delay is None:
+                raise RestartsExhaustedError(
+                    f"streaming query {label} failed after {tracker.restarts} restart(s) and "
+                    f"its restart strategy {restart} allows no more: {_first_line(error)}. "
+                    f"Fix the cause (the error this one is chained from) and start the query "
+                    f"again: with the same checkpointLocation it resumes from its last "
+                    f"committed batch; or supervise it with a more lenient restart strategy "
+                    f"(RestartStrategy.fixed_delay, failure_rate or exponential_delay)"
+                ) from error
+            log.warning("weir: streaming query %s failed; restart %d (%s) in %.3g s: %s",
+                        label, tracker.restarts, restart, delay, _first_line(error))
+            sleep(delay)
+        except KeyboardInterrupt:
+            if query is not None:
+                with contextlib.suppress(Exception):
+                    query.stop()
+            raise
+
+
+def _wait(query: Any, poll_s: float | None) -> BaseException | None:
+    """Wait until ``query`` ends; its error, or None if it ended without one."""
+    if poll_s is None:
+        query.awaitTermination()
+    else:
+        while not query.awaitTermination(poll_s):
+            pass
+    error = query.exception()
+    return error if isinstance(error, BaseException) else None
+
+
+def _settle(query: Any, label: str) -> None:
+    """Complete the last batch the failed ``query`` committed and give its stages up,
+    as the query listener does when the query's termination event comes."""
+    for completion in list(COMPLETIONS.values()):
+        try:
+            completion.settle(query)
+        except Exception as exc:  # the listener's event settles it again
+            log.warning("weir: settling the failed streaming query %s: %s", label, exc)
+
+
+def _label(query: Any) -> str:
+    """The query's name (if it has one) and id."""
+    try:
+        name, query_id = query.name, query.id
+    except Exception:
+        return repr(query)
+    return f"{name!r} (id {query_id})" if name else f"(id {query_id})"
+
+
+def _first_line(error: BaseException) -> str:
+    """The error's type and the first line of its message. A Python traceback that
+    message ends in (an error raised in ``foreachBatch`` or in a Python task, reported
+    by Spark) is replaced by the line of the exception raised."""
+    lines = str(error).splitlines()
+    first = next((line.strip() for line in lines if line.strip()), "")
+    if first.endswith(_TRACEBACK):
+        raised, in_traceback = None, True
+        for line in lines[1:]:
+            if line.rstrip().endswith(_TRACEBACK):
+                in_traceback = True
+            elif in_traceback and line.strip() and not line[0].isspace():
+                raised, in_traceback = line.strip(), False  # the last one: the outermost
+        if raised is not None:
+            first = first[: -len(_TRACEBACK)] + raised
+    return f"{type(error).__name__}: {first}"
+
+
+_TRACEBACK = "Traceback (most recent call last):"
