@@ -167,3 +167,32 @@ def test_every_command_shows_an_example_in_its_help() -> None:
     for path in commands:
         shown = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
         assert shown.exit_code == 0 and "Example: weir " + " ".join(path) in shown.output, path
+
+
+def test_commands_that_move_megabytes_show_their_progress(checkpoints: tuple[Path, Any],
+                                                          tmp_path: Path) -> None:
+    """Below the threshold (a few MB) nothing; above it a line with the bytes read (the
+    threshold lowered here: the fixture's state is small)."""
+    from weir.checkpoint.storage import CheckpointStorage, observe_io
+
+    root, _ = checkpoints
+    quiet = weir("state", "export", str(root), "--uid", "everything", "--state", "count",
+                 "-o", str(tmp_path / "a.jsonl"))
+    assert quiet.returncode == 0 and "read" not in quiet.stderr
+    env = {**os.environ, "COLUMNS": "300", "WEIR_PROGRESS_MIN_BYTES": "1"}
+    for args in (["state", "export", str(root), "--uid", "everything", "--state", "count",
+                  "-o", str(tmp_path / "b.jsonl")],
+                 ["checkpoint", "inspect", str(root)],
+                 ["savepoint", "create", str(root), str(tmp_path / "sp")]):
+        loud = subprocess.run([WEIR, *args], capture_output=True, text=True, timeout=120,
+                              env=env)
+        assert loud.returncode == 0, loud.stderr
+        assert ": read " in loud.stderr and "/s)" in loud.stderr, (args, loud.stderr)
+    assert "wrote 0 B" not in loud.stderr  # the savepoint's files count as written
+    seen: list[tuple[int, int]] = []
+    storage = CheckpointStorage(str(tmp_path / "io"))
+    with observe_io(lambda r, w: seen.append((r, w))):
+        ref = storage.write("x", b"0123456789")
+        storage.read(ref)
+    storage.read(ref)  # outside the block: not observed
+    assert seen == [(0, 10), (10, 0)]

@@ -25,7 +25,7 @@ import posixpath
 import re
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from weir.errors import CheckpointError, CorruptCheckpointError
 
-__all__ = ["CheckpointStorage", "FileRef", "StorageCounts", "storage_counts"]
+__all__ = ["CheckpointStorage", "FileRef", "StorageCounts", "observe_io", "storage_counts"]
 
 TMP_MARKER = ".tmp-"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -73,11 +73,30 @@ _counts_lock = threading.Lock()
 _READS, _READ_BYTES, _WRITES, _WRITE_BYTES, _LISTS, _EXISTS, _DELETES = range(7)
 
 
+_observers: list[Callable[[int, int], None]] = []
+
+
 def _count(index: int, amount: int = 1, size_index: int = -1, size: int = 0) -> None:
     with _counts_lock:
         _counts[index] += amount
         if size_index >= 0:
             _counts[size_index] += size
+    if size and _observers:
+        read = size if size_index == _READ_BYTES else 0
+        for observer in list(_observers):
+            observer(read, size - read)
+
+
+@contextlib.contextmanager
+def observe_io(observer: Callable[[int, int], None]) -> Iterator[None]:
+    """Within the block, ``observer(read_bytes, written_bytes)`` is called after every
+    file any :class:`CheckpointStorage` of this process reads or writes (from any
+    thread): what progress bars of the command line follow."""
+    _observers.append(observer)
+    try:
+        yield
+    finally:
+        _observers.remove(observer)
 
 
 def storage_counts() -> StorageCounts:

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from weir.cli.common import print_json, readable_size, readable_time
+from weir.cli.common import print_json, readable_size, readable_time, transfer_progress
 
 __all__ = ["checkpoint_app"]
 
@@ -86,7 +86,8 @@ def checkpoint_inspect(
     for completed in seen.values():
         _describe(console, completed)
         if verify:
-            bad += _verify(console, completed)
+            with transfer_progress(f"verifying {completed.url}"):
+                bad += _verify(console, completed)
     if bad:
         raise typer.Exit(1)
 

@@ -4,12 +4,23 @@ a person reads, JSON output."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import json
+import os
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["KEYS_HELP", "json_default", "print_json", "parse_key", "readable_size", "readable_time"]
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from weir.checkpoint.storage import observe_io
+
+__all__ = ["KEYS_HELP", "json_default", "print_json", "parse_key", "readable_size",
+           "readable_time", "transfer_progress"]
 
 KEYS_HELP = (
     "Keys; JSON values (42, '[\"a\", 1]') are parsed (a JSON list is a composite key, a "
@@ -63,3 +74,51 @@ def print_json(doc: Any) -> None:
     """``doc`` as indented JSON on stdout (bytes in base64, times in ISO 8601, anything
     else JSON cannot hold as its string)."""
     sys.stdout.write(json.dumps(doc, indent=2, default=json_default) + "\n")
+
+
+PROGRESS_MIN_BYTES = 4 << 20
+"""A command shows its progress once it has read or written this much
+(``WEIR_PROGRESS_MIN_BYTES`` overrides)."""
+
+
+@contextlib.contextmanager
+def transfer_progress(what: str) -> Iterator[None]:
+    """While the block reads or writes checkpoint storage: once more than a few MB moved
+    (:data:`PROGRESS_MIN_BYTES`), a live line on stderr with the bytes read and written
+    and the rate (on a terminal), and at the end one summary line (anywhere)."""
+    threshold = int(os.environ.get("WEIR_PROGRESS_MIN_BYTES", PROGRESS_MIN_BYTES))
+    console = Console(stderr=True)
+    moved = [0, 0]
+    lock = threading.Lock()
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"),
+                        TimeElapsedColumn(), console=console, transient=True)
+    task = progress.add_task(what, total=None)
+    shown, started = [False], [False]
+    start = time.monotonic()
+
+    def line() -> str:
+        elapsed = max(time.monotonic() - start, 1e-9)
+        return (f"{what}: read {readable_size(moved[0])}, wrote {readable_size(moved[1])} "
+                f"({readable_size(int((moved[0] + moved[1]) / elapsed))}/s)")
+
+    def observe(read: int, written: int) -> None:
+        with lock:
+            moved[0] += read
+            moved[1] += written
+            if not shown[0] and moved[0] + moved[1] >= threshold:
+                shown[0] = True
+                if console.is_terminal:
+                    progress.start()
+                    started[0] = True
+            if shown[0]:
+                progress.update(task, description=line())
+
+    try:
+        with observe_io(observe):
+            yield
+    finally:
+        with lock:
+            if started[0]:
+                progress.stop()
+            if shown[0]:
+                console.print(line(), highlight=False)

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from weir.cli.common import print_json
+from weir.cli.common import print_json, transfer_progress
 
 __all__ = ["dead_letters", "savepoint_app"]
 
@@ -52,7 +52,7 @@ def savepoint_create(
     """
     from weir.errors import WeirError
 
-    with Console(stderr=True).status(f"writing a savepoint of {location}"):
+    with transfer_progress(f"writing a savepoint of {location}"):
         try:
             url = savepoint_of(location, target, uid)
         except WeirError as exc:

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from weir.cli.common import KEYS_HELP, json_default, parse_key, print_json
+from weir.cli.common import KEYS_HELP, json_default, parse_key, print_json, transfer_progress
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -97,7 +97,8 @@ def state_show(
     from weir.errors import WeirError
 
     try:
-        frame = _read(location, uid, state, scope, keys or [], checkpoint_id, query)
+        with transfer_progress(f"reading {location}"):
+            frame = _read(location, uid, state, scope, keys or [], checkpoint_id, query)
     except WeirError as exc:
         raise _fail(exc) from None
     shown = frame if limit <= 0 else frame.head(limit)
@@ -136,7 +137,8 @@ def state_export(
     from weir.errors import WeirError
 
     try:
-        frame = _read(location, uid, state, scope, [], checkpoint_id, query)
+        with transfer_progress(f"reading {location}"):
+            frame = _read(location, uid, state, scope, [], checkpoint_id, query)
     except WeirError as exc:
         raise _fail(exc) from None
     try:
