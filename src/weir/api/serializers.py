@@ -117,6 +117,11 @@ class MsgpackSerializer(Serializer[Any]):
             use_bin_type=True, strict_types=True, default=_msgpack_default
         )
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the packer is a C object that does not pickle: a copy makes its own (descriptors
+        # travel to Spark's executors, e.g. in write_savepoint from Spark DataFrames)
+        return (type(self), ())
+
     def encode(self, value: Any) -> bytes:
         # strict_types keeps tuples (and bool/int subclasses) from being silently coerced.
         return self._packer.pack(value)  # type: ignore[no-any-return]

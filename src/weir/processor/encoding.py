@@ -29,7 +29,9 @@ from weir.state.keyhash import key_hash
 from weir.state.snapshot import StateMeta
 
 __all__ = [
-    "GroupedEntries", "by_subtask", "columns_of", "encode_all", "keyed_entries", "timer_entries",
+    "GroupedEntries", "KeyedRow", "TimerRow", "assemble", "assemble_timers", "by_subtask",
+    "columns_of", "encode_all", "keyed_entries", "keyed_rows", "list_inline", "timer_entries",
+    "timer_rows", "timer_state",
 ]
 
 #: key group -> state name -> entries
@@ -70,40 +72,29 @@ def _stamp(ttl: bool, stamps: list[Any] | None, i: int, what: str) -> bytes:
     return int(stamp).to_bytes(8, "big", signed=True)
 
 
-def keyed_entries(
+#: one encoded keyed row: (key group, prefixed key [+ user key], list index or -1, bytes)
+KeyedRow = tuple[int, bytes, int, bytes]
+
+
+def keyed_rows(
     meta: StateMeta, frame_: Any, serializers: Sequence[Serializer[Any]],
-    max_parallelism: int, into: GroupedEntries, what: str,
-) -> int:
-    """Add the entries of keyed state ``meta`` from the rows of ``frame_`` (columns as
-    :func:`~weir.processor.decoding.keyed_columns`) to ``into``; the number of rows.
-    ``serializers`` are the state's (map: user key, value)."""
-    required = keyed_columns(meta)
-    cols = columns_of(frame_, required, [], what)
+    max_parallelism: int, what: str,
+) -> list[KeyedRow]:
+    """The rows of ``frame_`` (columns as :func:`~weir.processor.decoding.keyed_columns`)
+    of keyed state ``meta`` encoded one by one; :func:`assemble` turns a key group's rows
+    into entries. ``serializers`` are the state's (map: user key, value)."""
+    cols = columns_of(frame_, keyed_columns(meta), [], what)
     keys, values = cols["key"], cols["value"]
     stamps = cols.get(TTL_COLUMN)
     ttl = meta.ttl
-    value_ser = serializers[-1]
-    encode = value_ser.encode
-    out: dict[int, list[tuple[bytes, bytes]]] = defaultdict(list)
+    encode = serializers[-1].encode
+    out: list[KeyedRow] = []
     try:
         if meta.kind is StateKind.LIST:
-            lists: dict[bytes, list[tuple[int, bytes]]] = defaultdict(list)
-            groups: dict[bytes, int] = {}
             for i, (key, index) in enumerate(zip(keys, cols["index"], strict=True)):
                 group, prefixed = _prefixed(key, max_parallelism)
-                groups[prefixed] = group
-                lists[prefixed].append((int(index), _stamp(ttl, stamps, i, what)
-                                        + encode(values[i])))
-            inline = value_ser.inline_in_msgpack_array and not ttl
-            for prefixed, elements in lists.items():
-                elements.sort(key=lambda e: e[0])
-                indexes = [e[0] for e in elements]
-                if indexes != list(range(len(indexes))):
-                    raise ConfigurationError(
-                        f"{what}: the list of key {decode_key(prefixed[2:])!r} has "
-                        f"indexes {indexes}; each key's list needs indexes 0..n-1")
-                out[groups[prefixed]].append((prefixed, frame([e[1] for e in elements],
-                                                              inline)))
+                out.append((group, prefixed, int(index),
+                            _stamp(ttl, stamps, i, what) + encode(values[i])))
         else:
             encode_user_key = serializers[0].encode
             map_keys = cols.get("map_key")
@@ -111,13 +102,44 @@ def keyed_entries(
                 group, prefixed = _prefixed(key, max_parallelism)
                 if map_keys is not None:
                     prefixed += encode_user_key(map_keys[i])
-                out[group].append((prefixed, _stamp(ttl, stamps, i, what) + encode(values[i])))
+                out.append((group, prefixed, -1, _stamp(ttl, stamps, i, what) + encode(values[i])))
     except (ConfigurationError, StateSerializationError):
         raise
     except Exception as exc:  # a serializer's error: name the state
         raise StateSerializationError(
             f"{what}: a row cannot be encoded with {meta.serializers} "
             f"({type(exc).__name__}: {exc})") from exc
+    return out
+
+
+def list_inline(meta: StateMeta, serializers: Sequence[Serializer[Any]]) -> bool:
+    """Whether a list state's elements are framed inline (``weir.state.backend.frame``)."""
+    return serializers[-1].inline_in_msgpack_array and not meta.ttl
+
+
+def assemble(meta: StateMeta, rows: Iterable[KeyedRow], inline: bool, into: GroupedEntries,
+             what: str) -> None:
+    """Add the entries of keyed state ``meta`` made of encoded ``rows`` (all rows of each
+    of their keys) to ``into``: a list's elements framed in index order (0..n-1), the
+    entries of each key group sorted, two rows for one key refused."""
+    out: dict[int, list[tuple[bytes, bytes]]] = defaultdict(list)
+    if meta.kind is StateKind.LIST:
+        lists: dict[bytes, list[tuple[int, bytes]]] = defaultdict(list)
+        groups: dict[bytes, int] = {}
+        for group, prefixed, index, data in rows:
+            groups[prefixed] = group
+            lists[prefixed].append((index, data))
+        for prefixed, elements in lists.items():
+            elements.sort(key=lambda e: e[0])
+            indexes = [e[0] for e in elements]
+            if indexes != list(range(len(indexes))):
+                raise ConfigurationError(
+                    f"{what}: the list of key {decode_key(prefixed[2:])!r} has "
+                    f"indexes {indexes}; each key's list needs indexes 0..n-1")
+            out[groups[prefixed]].append((prefixed, frame([e[1] for e in elements], inline)))
+    else:
+        for group, prefixed, _, data in rows:
+            out[group].append((prefixed, data))
     for group, entries in out.items():
         entries.sort()
         for a, b in itertools.pairwise(entries):
@@ -126,27 +148,60 @@ def keyed_entries(
                     f"{what}: two rows for the same "
                     f"{'key and map_key' if meta.kind is StateKind.MAP else 'key'}")
         into.setdefault(group, {})[meta.name] = entries
-    return len(keys)
+
+
+def keyed_entries(
+    meta: StateMeta, frame_: Any, serializers: Sequence[Serializer[Any]],
+    max_parallelism: int, into: GroupedEntries, what: str,
+) -> int:
+    """Add the entries of keyed state ``meta`` from the rows of ``frame_`` to ``into``
+    (:func:`keyed_rows`, then :func:`assemble`); the number of rows."""
+    rows = keyed_rows(meta, frame_, serializers, max_parallelism, what)
+    assemble(meta, rows, list_inline(meta, serializers), into, what)
+    return len(rows)
+
+
+#: one encoded timer: (key group, timer state name, prefixed key + int64_be(timestamp))
+TimerRow = tuple[int, str, bytes]
+
+
+def timer_state(domain: Any, what: str) -> str:
+    """The internal timer state of a timer ``domain`` (``event_time``/``processing_time``)."""
+    name = _DOMAIN_STATES.get(domain)
+    if name is None:
+        raise ConfigurationError(
+            f"{what}: domain {domain!r} is not one of {sorted(_DOMAIN_STATES)}")
+    return name
+
+
+def timer_rows(frame_: Any, max_parallelism: int, what: str) -> list[TimerRow]:
+    """The timers in ``frame_`` (``key, domain, timestamp_ms``) encoded one by one."""
+    cols = columns_of(frame_, TIMER_COLUMNS, [], what)
+    out: list[TimerRow] = []
+    for key, domain, stamp in zip(cols["key"], cols["domain"], cols["timestamp_ms"],
+                                  strict=True):
+        name = timer_state(domain, what)
+        group, prefixed = _prefixed(key, max_parallelism)
+        out.append((group, name, prefixed + int(stamp).to_bytes(8, "big", signed=True)))
+    return out
+
+
+def assemble_timers(rows: Iterable[TimerRow], into: GroupedEntries) -> tuple[str, ...]:
+    """Add encoded timers to ``into`` (duplicates once, sorted); the timer states."""
+    out: dict[str, dict[int, set[bytes]]] = defaultdict(lambda: defaultdict(set))
+    for group, name, timer in rows:
+        out[name][group].add(timer)
+    for name, groups in out.items():
+        for group, timers in groups.items():
+            into.setdefault(group, {})[name] = [(t, b"") for t in sorted(timers)]
+    return tuple(sorted(out))
 
 
 def timer_entries(frame_: Any, max_parallelism: int, into: GroupedEntries, what: str
                   ) -> tuple[str, ...]:
     """Add the timers in ``frame_`` (``key, domain, timestamp_ms``) to ``into``; the
     timer states written."""
-    cols = columns_of(frame_, TIMER_COLUMNS, [], what)
-    out: dict[str, dict[int, set[bytes]]] = defaultdict(lambda: defaultdict(set))
-    for key, domain, stamp in zip(cols["key"], cols["domain"], cols["timestamp_ms"],
-                                  strict=True):
-        name = _DOMAIN_STATES.get(domain)
-        if name is None:
-            raise ConfigurationError(
-                f"{what}: domain {domain!r} is not one of {sorted(_DOMAIN_STATES)}")
-        group, prefixed = _prefixed(key, max_parallelism)
-        out[name][group].add(prefixed + int(stamp).to_bytes(8, "big", signed=True))
-    for name, groups in out.items():
-        for group, timers in groups.items():
-            into.setdefault(group, {})[name] = [(t, b"") for t in sorted(timers)]
-    return tuple(sorted(out))
+    return assemble_timers(timer_rows(frame_, max_parallelism, what), into)
 
 
 def encode_all(serializer: Serializer[Any], values: Iterable[Any], what: str) -> list[bytes]:

@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any
 from weir.api.descriptors import ListStateDescriptor, MapStateDescriptor, StateDescriptor
 from weir.api.serializers import Serializer
 from weir.checkpoint.coordinator import CompletedCheckpoint, PendingCheckpoint
-from weir.checkpoint.format import CheckpointKind, CheckpointMetadata, encode_metadata, uid_dir
+from weir.checkpoint.format import (
+    CheckpointKind,
+    CheckpointMetadata,
+    SubtaskStateHandle,
+    encode_metadata,
+    uid_dir,
+)
 from weir.checkpoint.publish import write_new_directory
 from weir.checkpoint.storage import CheckpointStorage
 from weir.checkpoint.subtask_files import write_snapshot
@@ -36,6 +42,7 @@ from weir.processor.encoding import (
     timer_entries,
 )
 from weir.processor.locate import locate
+from weir.processor.spark_writer import is_spark_frame, timer_states_of, write_on_executors
 from weir.runtime.spark.savepoints import canonical_keyed, copy_subtask
 from weir.state.keyed import meta_of
 from weir.state.keygroups import check_parallelism, key_group_range_for_operator
@@ -73,8 +80,10 @@ def write_savepoint(
     storage_options: dict[str, Any] | None = None,
 ) -> str:
     """Write a savepoint into the new directory ``target`` holding the state of
-    operator ``uid`` from DataFrames (pandas, or Spark: collected to the driver);
-    its URL.
+    operator ``uid`` from DataFrames, pandas or Spark; its URL. Keyed state and timers
+    given as Spark DataFrames are encoded and written on the executors, one task per
+    subtask (``weir.processor.spark_writer``; then ``target`` must be reachable by them),
+    operator and broadcast state (small by nature) are collected.
 
     ``states`` maps keyed state names to tables (``key, value``; list ``key, index,
     value``; map ``key, map_key, value``; plus ``ttl_timestamp_ms`` for a state with
@@ -127,11 +136,19 @@ def write_savepoint(
         checkpoint_id = based.checkpoint_id if based is not None else 0
         now = int(time.time() * 1000)
         pending = PendingCheckpoint(checkpoint_id, now, CheckpointKind.SAVEPOINT, storage, "")
+        written: dict[int, SubtaskStateHandle] = {}
+        if built.spark_tables or built.spark_timers is not None:
+            written = write_on_executors(
+                built.spark_tables, built.spark_timers, snaps, uid=uid, storage=storage,
+                storage_options=storage_options)
         for snap in snaps:
-            kgr = key_group_range_for_operator(max_parallelism, parallelism, snap.subtask_index)
-            prefix = f"{uid_dir(uid)}/{snap.subtask_index}-savepoint"
-            pending.acknowledge(uid, parallelism, max_parallelism,
-                                write_snapshot(snap, storage, prefix, kgr))
+            handle = written.get(snap.subtask_index)
+            if handle is None:
+                kgr = key_group_range_for_operator(max_parallelism, parallelism,
+                                                   snap.subtask_index)
+                prefix = f"{uid_dir(uid)}/{snap.subtask_index}-savepoint"
+                handle = write_snapshot(snap, storage, prefix, kgr)
+            pending.acknowledge(uid, parallelism, max_parallelism, handle)
         positions: dict[str, Any] = {}
         if located is not None:
             for other, completed in sorted(located.checkpoints.items()):
@@ -164,7 +181,8 @@ def _load(completed: CompletedCheckpoint, uid: str) -> list[OperatorSubtaskSnaps
 
 
 def _frame(table: Any) -> pd.DataFrame:
-    """A pandas DataFrame of ``table`` (a Spark DataFrame is collected)."""
+    """A pandas DataFrame of ``table`` (a Spark DataFrame of operator or broadcast state,
+    small by nature, is collected)."""
     to_pandas = getattr(table, "toPandas", None)
     return table if to_pandas is None else to_pandas()
 
@@ -187,6 +205,9 @@ class _Build:
         self.op_states: dict[
             str, tuple[OperatorListStateSnapshot, dict[int, OperatorListStateSnapshot]]] = {}
         self.bc_states: dict[str, BroadcastStateSnapshot] = {}
+        #: keyed tables given as Spark DataFrames: name -> (meta, serializers, DataFrame)
+        self.spark_tables: dict[str, tuple[StateMeta, list[Serializer[Any]], Any]] = {}
+        self.spark_timers: Any = None
 
     def _what(self, scope: str, name: str) -> str:
         return f"{scope} state {name!r} of operator {self.uid!r}"
@@ -225,11 +246,17 @@ class _Build:
                 raise ConfigurationError(
                     f"{what} is new: declare it with its descriptor, e.g. "
                     f"descriptors=[ValueStateDescriptor({name!r}, IntSerializer())]")
-            keyed_entries(meta, _frame(table), sers, self.max_parallelism, self.groups, what)
+            if is_spark_frame(table):  # encoded and written on the executors
+                self.spark_tables[name] = (meta, sers, table)
+            else:
+                keyed_entries(meta, table, sers, self.max_parallelism, self.groups, what)
             self.metas[name] = meta
-        if timers is not None:
-            self.timer_states = timer_entries(_frame(timers), self.max_parallelism,
-                                              self.groups, f"timers of operator {self.uid!r}")
+        what = f"timers of operator {self.uid!r}"
+        if is_spark_frame(timers):
+            self.spark_timers = timers
+            self.timer_states = timer_states_of(timers, what)
+        elif timers is not None:
+            self.timer_states = timer_entries(timers, self.max_parallelism, self.groups, what)
         self.is_keyed = self.is_keyed or bool(self.metas) or bool(self.timer_states)
 
     def operator(self, tables: Mapping[str, Any], union: set[str]) -> None:
