@@ -25,7 +25,9 @@
     ├── OwnershipError              a stage's location is owned by another running query
     │   └── FencedError             this query lost the location to a newer owner
     ├── TaskPlacementError          a Spark task got rows of key groups it does not own
-    └── RestartsExhaustedError      a supervised query failed and its restart strategy gives up
+    ├── RestartsExhaustedError      a supervised query failed and its restart strategy gives up
+    └── ChannelError                a continuous-runtime channel failed: peer gone, bad secret,
+                                    malformed frame
 
 Messages say what happened, where (state name, operator uid, subtask, key group) and
 what to do about it. Lower-level errors are chained with ``raise ... from exc``.
@@ -48,6 +50,7 @@ __all__ = [
     "OutputSchemaError",
     "ReadOnlyStateError",
     "RestartsExhaustedError",
+    "ChannelError",
     "RestoreError",
     "SinkError",
     "StateBackendError",
@@ -162,3 +165,8 @@ class TaskPlacementError(WeirError):
 class RestartsExhaustedError(WeirError):
     """A supervised streaming query (:func:`weir.spark.supervise`) failed once more than
     its restart strategy allows; chained from the query's last error."""
+
+
+class ChannelError(WeirError):
+    """A channel of the continuous runtime failed: the peer closed it or is not weir, or
+    it did not prove the job's shared secret."""

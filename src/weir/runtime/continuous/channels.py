@@ -1,0 +1,293 @@
+"""Credit-based channels between the tasks of the continuous runtime: Flink's network
+flow control, between OS processes over TCP (wire format: :mod:`.wire`).
+
+**Sender** (:class:`OutputChannel`, one per edge and consumer subtask). Records collect
+in a buffer of up to ``buffer_records``; a full buffer, or a partial one when the
+flusher's ``buffer_timeout_ms`` passes (Flink's ``OutputFlusher``; 0: every record), is
+queued. A queued buffer is sent only against a credit and tells the receiver how many
+buffers wait behind it (the backlog). Events (barriers, watermarks, end of partition)
+travel in order with the buffers and need no credit. When ``max_backlog`` buffers wait
+for credit, :meth:`OutputChannel.emit` blocks: backpressure, all the way up to the
+sources. A sender holds at most ``max_backlog`` + 1 buffers.
+
+**Receiver** (``gates.InputGate``, one per task input, one channel per producer
+subtask). Each channel has ``exclusive_buffers`` credits of its own; the gate lends its
+``floating_buffers`` to channels whose backlog exceeds their credit and takes them back
+once the backlog is gone (a sender without credit announces a growing backlog). A
+buffer the task takes returns its credit. A gate holds at
+most channels x exclusive + floating buffers. Blocking a channel (aligning a barrier)
+stops the task taking from it: its credit is withheld and its sender stops once it has
+used what it was given.
+
+The receiving side is :mod:`weir.runtime.continuous.gates`. Who connects: a consumer's
+``ChannelServer`` listens (loopback by default) and
+registers a gate per input before its address is handed out; a producer connects,
+answers the server's challenge with an HMAC of the job's shared secret, and is
+refused (:class:`~weir.errors.ChannelError`) without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import pickle
+import socket
+import struct
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any, ClassVar
+
+import msgpack
+
+from weir.errors import ChannelError, ConfigurationError
+from weir.runtime.continuous.wire import Kind, hello_mac, read_frame, write_frame
+
+__all__ = ["DEFAULT_CONFIG", "ChannelConfig", "OutputChannel", "U32"]
+
+U32 = struct.Struct(">I")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChannelConfig:
+    """Flow-control settings of a job's channels (Flink's names in brackets)."""
+
+    #: records per buffer (a buffer is the unit of credit) [memory segment size]
+    buffer_records: int = 512
+    #: a partial buffer is sent after at most this long; 0: after every record
+    #: [execution.buffer-timeout, 100 ms in Flink; small here for latency]
+    buffer_timeout_ms: float = 10.0
+    #: credits of each input channel of its own [exclusive buffers per channel: 2]
+    exclusive_buffers: int = 2
+    #: credits a gate lends to channels with a backlog [floating buffers per gate: 8]
+    floating_buffers: int = 8
+    #: buffers a sender queues before emit blocks
+    max_backlog: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("buffer_records", "exclusive_buffers", "max_backlog"):
+            if getattr(self, name) < 1:
+                raise ConfigurationError(f"ChannelConfig.{name} must be >= 1, got "
+                                         f"{getattr(self, name)!r}")
+        if self.floating_buffers < 0 or self.buffer_timeout_ms < 0:
+            raise ConfigurationError("ChannelConfig: floating_buffers and buffer_timeout_ms "
+                                     "must be >= 0")
+
+
+DEFAULT_CONFIG = ChannelConfig()
+
+
+# ------------------------------------------------------------------------- sender
+
+
+class OutputChannel:
+    """The sending end of one channel (see the module doc). Thread-safe: the task
+    thread emits, a reader thread takes credits, the flusher flushes."""
+
+    def __init__(self, address: tuple[str, int], *, secret: bytes, job: str, edge: str,
+                 producer: int, consumer: int, config: ChannelConfig = DEFAULT_CONFIG,
+                 connect_timeout_s: float = 30.0) -> None:
+        self.config = config
+        self.where = f"channel {edge}[{producer}->{consumer}] of job {job!r} to " \
+                     f"{address[0]}:{address[1]}"
+        self._sock = _connect(address, connect_timeout_s, self.where)
+        try:
+            kind, nonce = read_frame(self._sock, self.where)
+            if kind is not Kind.CHALLENGE:
+                raise ChannelError(f"{self.where}: expected a challenge, got {kind.name}")
+            fields = {"v": 1, "job": job, "edge": edge, "producer": producer,
+                      "consumer": consumer}
+            write_frame(self._sock, Kind.HELLO, msgpack.packb(
+                {**fields, "mac": hello_mac(secret, nonce, fields)}))
+            kind, body = read_frame(self._sock, self.where)
+            if kind is Kind.REFUSED:
+                raise ChannelError(f"{self.where}: refused: {body.decode(errors='replace')}")
+            if kind is not Kind.WELCOME:
+                raise ChannelError(f"{self.where}: expected welcome, got {kind.name}")
+        except (ChannelError, OSError) as exc:
+            self._sock.close()
+            if isinstance(exc, ChannelError):
+                raise
+            raise ChannelError(f"{self.where}: {exc}") from exc
+        self._sock.settimeout(None)
+        self._cond = threading.Condition()
+        self._records: list[Any] = []
+        self._queue: deque[tuple[Kind, bytes]] = deque()
+        self._queued_data = 0
+        self._credit = 0
+        self._announced_backlog = 0
+        self._error: BaseException | None = None
+        self._closed = False
+        #: counters: records and buffers sent, ns the task waited for credit
+        self.records_out = 0
+        self.buffers_out = 0
+        self.backpressured_ns = 0
+        threading.Thread(target=self._read_credits, name=f"credits {self.where}",
+                         daemon=True).start()
+        if config.buffer_timeout_ms > 0:
+            _Flusher.register(self)
+
+    def emit(self, record: Any) -> None:
+        """Add a record; blocks while the channel is backpressured."""
+        with self._cond:
+            self._records.append(record)
+            self.records_out += 1
+            if len(self._records) >= self.config.buffer_records or (
+                    self.config.buffer_timeout_ms == 0):
+                self._finish(wait=True)
+
+    def emit_event(self, event: dict[str, Any]) -> None:
+        """Send an event (a dict) after every record emitted before it."""
+        with self._cond:
+            self._finish(wait=False)
+            self._queue.append((Kind.EVENT, msgpack.packb(event)))
+            self._pump()
+
+    def flush(self, *, wait: bool = True) -> None:
+        """Queue the partial buffer (and send what credit allows)."""
+        with self._cond:
+            self._finish(wait=wait)
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Send the end of partition after everything queued, wait until all of it is
+        sent (it needs the receiver's credit), and close."""
+        self.emit_event({"kind": "end"})
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._queue and self._error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ChannelError(f"{self.where}: {len(self._queue)} buffers still "
+                                       f"unsent after {timeout_s} s (the receiver takes none)")
+                self._cond.wait(left)
+            self._closed = True
+        _Flusher.unregister(self)
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_WR)
+
+    def abort(self) -> None:
+        """Close at once, dropping what is queued."""
+        self._closed = True
+        _Flusher.unregister(self)
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+    @property
+    def backlog(self) -> int:
+        """Buffers waiting for credit."""
+        return self._queued_data
+
+    def _finish(self, *, wait: bool) -> None:
+        """(Locked.) Queue the partial buffer, send, and with ``wait`` block while
+        ``max_backlog`` buffers wait for credit."""
+        if self._error is not None:
+            raise ChannelError(f"{self.where}: {self._error}") from self._error
+        if self._records and (wait or self._queued_data < self.config.max_backlog):
+            self._queue.append((Kind.DATA, pickle.dumps(self._records, protocol=5)))
+            self._queued_data += 1
+            self._records = []
+        self._pump()
+        if self._credit == 0 and self._queued_data > self._announced_backlog:
+            self._announced_backlog = self._queued_data  # so the receiver can lend credit
+            try:
+                write_frame(self._sock, Kind.BACKLOG, U32.pack(self._queued_data))
+            except OSError as exc:
+                self._error = exc
+        if wait and self._queued_data >= self.config.max_backlog:
+            started = time.perf_counter_ns()
+            while self._queued_data >= self.config.max_backlog and self._error is None:
+                self._cond.wait()
+            self.backpressured_ns += time.perf_counter_ns() - started
+            if self._error is not None:
+                raise ChannelError(f"{self.where}: {self._error}") from self._error
+
+    def _pump(self) -> None:
+        """(Locked.) Send queued buffers while credit lasts, events always."""
+        try:
+            while self._queue:
+                kind, body = self._queue[0]
+                if kind is Kind.DATA:
+                    if self._credit == 0:
+                        return
+                    self._credit -= 1
+                    self._queued_data -= 1
+                    self._announced_backlog = self._queued_data
+                    write_frame(self._sock, kind, U32.pack(self._queued_data) + body)
+                    self.buffers_out += 1
+                else:
+                    write_frame(self._sock, kind, body)
+                self._queue.popleft()
+                self._cond.notify_all()
+        except OSError as exc:
+            self._error = exc
+            self._cond.notify_all()
+
+    def _read_credits(self) -> None:
+        try:
+            while True:
+                kind, body = read_frame(self._sock, self.where)
+                if kind is not Kind.CREDIT:
+                    raise ChannelError(f"{self.where}: unexpected {kind.name} from the receiver")
+                with self._cond:
+                    self._credit += U32.unpack(body)[0]
+                    self._pump()
+                    self._cond.notify_all()
+        except (ChannelError, OSError) as exc:
+            with self._cond:
+                if not self._closed:
+                    self._error = exc
+                self._cond.notify_all()
+
+
+class _Flusher:
+    """One thread per process flushing every channel's partial buffer each
+    ``buffer_timeout_ms`` (the smallest registered)."""
+
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+    _channels: ClassVar[weakref.WeakSet[OutputChannel]] = weakref.WeakSet()
+    _thread: ClassVar[threading.Thread | None] = None
+    _pid: ClassVar[int] = 0
+
+    @classmethod
+    def register(cls, channel: OutputChannel) -> None:
+        with cls._lock:
+            cls._channels.add(channel)
+            if cls._thread is None or cls._pid != os.getpid():
+                cls._pid = os.getpid()
+                cls._thread = threading.Thread(target=cls._run, name="weir-flusher",
+                                               daemon=True)
+                cls._thread.start()
+
+    @classmethod
+    def unregister(cls, channel: OutputChannel) -> None:
+        with cls._lock:
+            cls._channels.discard(channel)
+
+    @classmethod
+    def _run(cls) -> None:
+        while True:
+            with cls._lock:
+                channels = list(cls._channels)
+            timeout = min((c.config.buffer_timeout_ms for c in channels), default=10.0)
+            time.sleep(timeout / 1000)
+            for channel in channels:
+                with contextlib.suppress(ChannelError):
+                    channel.flush(wait=False)
+
+
+def _connect(address: tuple[str, int], timeout_s: float, where: str) -> socket.socket:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            sock = socket.create_connection(address, timeout=max(deadline - time.monotonic(),
+                                                                 0.1))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
+        except ConnectionRefusedError as exc:
+            if time.monotonic() >= deadline:
+                raise ChannelError(f"{where}: nobody listens there ({exc})") from exc
+            time.sleep(0.05)
+        except OSError as exc:
+            raise ChannelError(f"{where}: cannot connect: {exc}") from exc

@@ -1,0 +1,279 @@
+"""The receiving side of the continuous runtime's channels (the sending side and the
+flow-control rules: :mod:`weir.runtime.continuous.channels`): an :class:`InputGate` per
+task input, fed by one reader thread per producer's connection, and the process's
+:class:`ChannelServer` that authenticates producers and hands each connection to its
+gate."""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import os
+import pickle
+import socket
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import msgpack
+
+from weir.errors import ChannelError, ConfigurationError
+from weir.runtime.continuous.channels import DEFAULT_CONFIG, U32, ChannelConfig
+from weir.runtime.continuous.wire import Kind, hello_mac, read_frame, write_frame
+
+__all__ = ["ChannelServer", "InputGate"]
+
+
+class InputGate:
+    """The receiving ends of one task input: a channel per producer subtask (see the
+    module doc). The task thread calls :meth:`poll`, :meth:`block`, :meth:`unblock`;
+    one reader thread per channel fills it."""
+
+    def __init__(self, edge: str, consumer: int, producers: int,
+                 config: ChannelConfig = DEFAULT_CONFIG) -> None:
+        self.edge, self.consumer, self.producers, self.config = edge, consumer, producers, config
+        self._cond = threading.Condition()
+        self._socks: list[socket.socket | None] = [None] * producers
+        self._queues: list[deque[tuple[Kind, Any]]] = [deque() for _ in range(producers)]
+        self._announced = [0] * producers  # credits the sender holds, unused
+        self._floating = [0] * producers   # floating buffers lent to the channel
+        self._backlog = [0] * producers
+        self._blocked = [False] * producers
+        self._ended = [False] * producers
+        self._pool = config.floating_buffers
+        self._error: BaseException | None = None
+        self._next = 0
+        #: counters: buffers and records taken by the task
+        self.buffers_in = 0
+        self.records_in = 0
+
+    @property
+    def finished(self) -> bool:
+        """Every channel delivered its end of partition (and the task took it)."""
+        return all(self._ended)
+
+    @property
+    def connected(self) -> int:
+        """Channels whose producer has connected."""
+        return sum(s is not None for s in self._socks)
+
+    def poll(self, timeout_s: float | None = None) -> tuple[int, Kind, Any] | None:
+        """The next buffer (``(channel, Kind.DATA, records)``) or event (``(channel,
+        Kind.EVENT, dict)``) of an unblocked channel, taking channels in turn; None if
+        nothing came within ``timeout_s`` or every channel has ended."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                if self._error is not None:
+                    raise ChannelError(f"input {self.edge} of subtask {self.consumer}: "
+                                       f"{self._error}") from self._error
+                n = self.producers
+                for k in range(n):
+                    c = (self._next + k) % n
+                    if self._blocked[c] or not self._queues[c]:
+                        continue
+                    self._next = c + 1
+                    kind, item = self._queues[c].popleft()
+                    if kind is Kind.DATA:
+                        self.buffers_in += 1
+                        self.records_in += len(item)
+                        self._returned(c)
+                    elif item.get("kind") == "end":
+                        self._ended[c] = True
+                    return c, kind, item
+                if all(self._ended):
+                    return None
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self._cond.wait(left)
+
+    def block(self, channel: int) -> None:
+        """Take nothing more from ``channel`` (its credit is withheld)."""
+        with self._cond:
+            self._blocked[channel] = True
+
+    def unblock(self, channel: int | None = None) -> None:
+        """Take from ``channel`` again (None: every channel)."""
+        with self._cond:
+            for c in range(self.producers) if channel is None else (channel,):
+                self._blocked[c] = False
+            self._cond.notify_all()
+
+    def is_blocked(self, channel: int) -> bool:
+        """Whether ``channel`` is blocked."""
+        return self._blocked[channel]
+
+    def queued(self, channel: int) -> int:
+        """Buffers and events received on ``channel`` that the task has not taken."""
+        return len(self._queues[channel])
+
+    def close(self) -> None:
+        """Close every channel's connection."""
+        with self._cond:
+            for sock in self._socks:
+                if sock is not None:
+                    with contextlib.suppress(OSError):
+                        sock.close()
+            self._ended = [True] * self.producers
+            self._cond.notify_all()
+
+    # -- (locked) credit accounting
+
+    def _grant(self, c: int, n: int) -> None:
+        sock = self._socks[c]
+        if n <= 0 or sock is None:
+            return
+        self._announced[c] += n
+        try:
+            write_frame(sock, Kind.CREDIT, U32.pack(n))
+        except OSError as exc:
+            self._error = exc
+
+    def _lend(self, c: int) -> None:
+        want = self._backlog[c] - self._announced[c]
+        if want > 0 and self._pool > 0:
+            k = min(want, self._pool)
+            self._pool -= k
+            self._floating[c] += k
+            self._grant(c, k)
+
+    def _returned(self, c: int) -> None:
+        """The task took a buffer of ``c``: its slot is free again."""
+        if self._floating[c] > 0 and self._backlog[c] <= self._announced[c]:
+            self._floating[c] -= 1
+            self._pool += 1
+            for other in range(self.producers):
+                self._lend(other)
+        else:
+            self._grant(c, 1)
+
+    # -- reader threads
+
+    def _attach(self, producer: int, sock: socket.socket) -> None:
+        with self._cond:
+            if self._socks[producer] is not None:
+                raise ChannelError(f"input {self.edge} of subtask {self.consumer}: producer "
+                                   f"{producer} connected twice")
+            self._socks[producer] = sock
+            self._grant(producer, self.config.exclusive_buffers)
+        threading.Thread(target=self._read, args=(producer, sock),
+                         name=f"gate {self.edge}[{producer}->{self.consumer}]",
+                         daemon=True).start()
+
+    def _read(self, c: int, sock: socket.socket) -> None:
+        where = f"input {self.edge} of subtask {self.consumer}, channel {c}"
+        try:
+            while True:
+                kind, body = read_frame(sock, where)
+                if kind is Kind.DATA:
+                    records = pickle.loads(body[4:])
+                    with self._cond:
+                        self._queues[c].append((kind, records))
+                        self._announced[c] -= 1
+                        self._backlog[c] = U32.unpack_from(body)[0]
+                        self._lend(c)
+                        self._cond.notify_all()
+                elif kind is Kind.BACKLOG:
+                    with self._cond:
+                        self._backlog[c] = U32.unpack(body)[0]
+                        self._lend(c)
+                elif kind is Kind.EVENT:
+                    event = msgpack.unpackb(body)
+                    with self._cond:
+                        self._queues[c].append((kind, event))
+                        self._cond.notify_all()
+                    if event.get("kind") == "end":
+                        return
+                else:
+                    raise ChannelError(f"{where}: unexpected {kind.name} from the sender")
+        except (ChannelError, OSError) as exc:
+            with self._cond:
+                if not self._ended[c]:
+                    self._error = exc
+                self._cond.notify_all()
+
+
+class ChannelServer:
+    """Where a process's input gates accept their producers: listens on ``host``
+    (loopback by default), checks each producer's proof of the job's ``secret``, and
+    hands the connection to the gate registered for its edge and consumer."""
+
+    def __init__(self, *, secret: bytes, job: str, host: str = "127.0.0.1",
+                 port: int = 0) -> None:
+        if not secret:
+            raise ConfigurationError("a ChannelServer needs the job's shared secret")
+        self.secret, self.job = secret, job
+        self._gates: dict[tuple[str, int], InputGate] = {}
+        self._lock = threading.Lock()
+        self._listener = socket.create_server((host, port))
+        self.address: tuple[str, int] = (host, self._listener.getsockname()[1])
+        self.refused = 0
+        self._closed = False
+        threading.Thread(target=self._accept, name=f"channel server {self.address}",
+                         daemon=True).start()
+
+    def gate(self, edge: str, consumer: int, producers: int,
+             config: ChannelConfig = DEFAULT_CONFIG) -> InputGate:
+        """Register (before handing out the address) and return the input gate of
+        ``edge`` at subtask ``consumer``, fed by ``producers`` channels."""
+        gate = InputGate(edge, consumer, producers, config)
+        with self._lock:
+            self._gates[(edge, consumer)] = gate
+        return gate
+
+    def close(self) -> None:
+        """Stop accepting; the gates close their own channels."""
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handshake, args=(sock,), daemon=True).start()
+
+    def _handshake(self, sock: socket.socket) -> None:
+        where = f"a producer connecting to {self.address[0]}:{self.address[1]}"
+        try:
+            sock.settimeout(30.0)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            nonce = os.urandom(32)
+            write_frame(sock, Kind.CHALLENGE, nonce)
+            kind, body = read_frame(sock, where)
+            hello = msgpack.unpackb(body) if kind is Kind.HELLO else None
+            if not isinstance(hello, dict):
+                raise ChannelError(f"{where}: expected hello, got {kind.name}")
+            mac = hello.pop("mac", b"")
+            if not hmac.compare_digest(hello_mac(self.secret, nonce, hello), bytes(mac)):
+                self._refuse(sock, "the job's shared secret was not proven")
+                return
+            if hello.get("job") != self.job or hello.get("v") != 1:
+                self._refuse(sock, f"this is job {self.job!r} (protocol 1), not "
+                                   f"{hello.get('job')!r} (protocol {hello.get('v')})")
+                return
+            with self._lock:
+                gate = self._gates.get((hello["edge"], hello["consumer"]))
+            producer = hello.get("producer")
+            if gate is None or not isinstance(producer, int) or not (
+                    0 <= producer < gate.producers):
+                self._refuse(sock, f"no input {hello.get('edge')!r} at subtask "
+                                   f"{hello.get('consumer')} for producer {producer}")
+                return
+            write_frame(sock, Kind.WELCOME)
+            sock.settimeout(None)
+            gate._attach(producer, sock)
+        except (ChannelError, OSError, ValueError):
+            self.refused += 1
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _refuse(self, sock: socket.socket, reason: str) -> None:
+        self.refused += 1
+        with contextlib.suppress(OSError):
+            write_frame(sock, Kind.REFUSED, reason.encode())
+            sock.close()
