@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 import msgpack
 
 from weir.errors import ChannelError, ConfigurationError
-from weir.runtime.continuous.wire import Kind, hello_mac, read_frame, write_frame
+from weir.runtime.continuous.wire import VERSION, Kind, dial, read_frame, write_frame
 
 __all__ = ["DEFAULT_CONFIG", "ChannelConfig", "OutputChannel", "U32"]
 
@@ -92,26 +92,10 @@ class OutputChannel:
         self.config = config
         self.where = f"channel {edge}[{producer}->{consumer}] of job {job!r} to " \
                      f"{address[0]}:{address[1]}"
-        self._sock = _connect(address, connect_timeout_s, self.where)
-        try:
-            kind, nonce = read_frame(self._sock, self.where)
-            if kind is not Kind.CHALLENGE:
-                raise ChannelError(f"{self.where}: expected a challenge, got {kind.name}")
-            fields = {"v": 1, "job": job, "edge": edge, "producer": producer,
-                      "consumer": consumer}
-            write_frame(self._sock, Kind.HELLO, msgpack.packb(
-                {**fields, "mac": hello_mac(secret, nonce, fields)}))
-            kind, body = read_frame(self._sock, self.where)
-            if kind is Kind.REFUSED:
-                raise ChannelError(f"{self.where}: refused: {body.decode(errors='replace')}")
-            if kind is not Kind.WELCOME:
-                raise ChannelError(f"{self.where}: expected welcome, got {kind.name}")
-        except (ChannelError, OSError) as exc:
-            self._sock.close()
-            if isinstance(exc, ChannelError):
-                raise
-            raise ChannelError(f"{self.where}: {exc}") from exc
-        self._sock.settimeout(None)
+        self._sock = dial(address, secret=secret, timeout_s=connect_timeout_s,
+                          where=self.where, fields={"v": VERSION, "job": job, "edge": edge,
+                                                    "producer": producer,
+                                                    "consumer": consumer})
         self._cond = threading.Condition()
         self._records: list[Any] = []
         self._queue: deque[tuple[Kind, bytes]] = deque()
@@ -275,19 +259,3 @@ class _Flusher:
             for channel in channels:
                 with contextlib.suppress(ChannelError):
                     channel.flush(wait=False)
-
-
-def _connect(address: tuple[str, int], timeout_s: float, where: str) -> socket.socket:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            sock = socket.create_connection(address, timeout=max(deadline - time.monotonic(),
-                                                                 0.1))
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return sock
-        except ConnectionRefusedError as exc:
-            if time.monotonic() >= deadline:
-                raise ChannelError(f"{where}: nobody listens there ({exc})") from exc
-            time.sleep(0.05)
-        except OSError as exc:
-            raise ChannelError(f"{where}: cannot connect: {exc}") from exc

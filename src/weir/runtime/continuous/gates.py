@@ -7,8 +7,6 @@ gate."""
 from __future__ import annotations
 
 import contextlib
-import hmac
-import os
 import pickle
 import socket
 import threading
@@ -20,7 +18,7 @@ import msgpack
 
 from weir.errors import ChannelError, ConfigurationError
 from weir.runtime.continuous.channels import DEFAULT_CONFIG, U32, ChannelConfig
-from weir.runtime.continuous.wire import Kind, hello_mac, read_frame, write_frame
+from weir.runtime.continuous.wire import Kind, Refused, greet, read_frame, refuse, write_frame
 
 __all__ = ["ChannelServer", "InputGate"]
 
@@ -240,40 +238,21 @@ class ChannelServer:
     def _handshake(self, sock: socket.socket) -> None:
         where = f"a producer connecting to {self.address[0]}:{self.address[1]}"
         try:
-            sock.settimeout(30.0)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            nonce = os.urandom(32)
-            write_frame(sock, Kind.CHALLENGE, nonce)
-            kind, body = read_frame(sock, where)
-            hello = msgpack.unpackb(body) if kind is Kind.HELLO else None
-            if not isinstance(hello, dict):
-                raise ChannelError(f"{where}: expected hello, got {kind.name}")
-            mac = hello.pop("mac", b"")
-            if not hmac.compare_digest(hello_mac(self.secret, nonce, hello), bytes(mac)):
-                self._refuse(sock, "the job's shared secret was not proven")
-                return
-            if hello.get("job") != self.job or hello.get("v") != 1:
-                self._refuse(sock, f"this is job {self.job!r} (protocol 1), not "
-                                   f"{hello.get('job')!r} (protocol {hello.get('v')})")
-                return
+            hello = greet(sock, secret=self.secret, job=self.job, where=where)
             with self._lock:
-                gate = self._gates.get((hello["edge"], hello["consumer"]))
+                gate = self._gates.get((str(hello.get("edge")), int(hello.get("consumer", -1))))
             producer = hello.get("producer")
             if gate is None or not isinstance(producer, int) or not (
                     0 <= producer < gate.producers):
-                self._refuse(sock, f"no input {hello.get('edge')!r} at subtask "
-                                   f"{hello.get('consumer')} for producer {producer}")
-                return
+                raise Refused(f"no input {hello.get('edge')!r} at subtask "
+                              f"{hello.get('consumer')} for producer {producer}")
             write_frame(sock, Kind.WELCOME)
             sock.settimeout(None)
             gate._attach(producer, sock)
-        except (ChannelError, OSError, ValueError):
+        except Refused as exc:
+            self.refused += 1
+            refuse(sock, str(exc))
+        except (ChannelError, OSError, ValueError, TypeError):
             self.refused += 1
             with contextlib.suppress(OSError):
                 sock.close()
-
-    def _refuse(self, sock: socket.socket, reason: str) -> None:
-        self.refused += 1
-        with contextlib.suppress(OSError):
-            write_frame(sock, Kind.REFUSED, reason.encode())
-            sock.close()

@@ -1,16 +1,18 @@
 """The wire format of the continuous runtime's channels (version 1).
 
 A channel is one TCP connection from a producer subtask to a consumer subtask of one
-edge. Every message is a *frame*::
+edge; a control connection one from a task to the job's coordinator. Both open with the
+same handshake (:func:`dial`, :func:`greet`). Every message is a *frame*::
 
     uint32_be length n | uint8 kind | n - 1 bytes of body
 
 Kinds and bodies:
 
 * ``CHALLENGE`` (consumer → producer, first): 32 random bytes (a nonce).
-* ``HELLO`` (producer → consumer, answer): msgpack ``{"v": 1, "job", "edge",
-  "producer", "consumer", "mac"}``, ``mac`` = HMAC-SHA256(secret, nonce + msgpack of the
-  other fields). The consumer compares it in constant time and closes the connection
+* ``HELLO`` (producer → consumer, answer): msgpack ``{"v": 1, "job", ..., "mac"}``
+  (a channel: ``"edge", "producer", "consumer"``; a control connection: ``"task",
+  "subtask"``), ``mac`` = HMAC-SHA256(secret, nonce + msgpack of the other fields).
+  The consumer compares it in constant time and closes the connection
   on a mismatch (a ``REFUSED`` frame with the reason first).
 * ``WELCOME`` (consumer → producer): empty; the channel is open.
 * ``REFUSED`` (consumer → producer): the reason, UTF-8.
@@ -21,6 +23,8 @@ Kinds and bodies:
 * ``BACKLOG`` (producer → consumer): uint32_be — buffers waiting for credit, sent when
   the backlog grows while the producer has no credit (Flink's backlog announcement), so
   the consumer can lend it floating credits.
+* ``CONTROL`` (either way, on a task's control connection to the coordinator): msgpack
+  of a message (``weir.runtime.continuous.control``).
 * ``EVENT`` (producer → consumer): msgpack of an event (barrier, cancellation marker,
   watermark, end of partition); in order with the data, sent without credit.
 
@@ -29,18 +33,22 @@ A frame longer than :data:`MAX_FRAME` is refused (a peer that is not weir).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
 import hmac
+import os
 import socket
 import struct
+import time
 from typing import Any
 
 import msgpack
 
 from weir.errors import ChannelError
 
-__all__ = ["MAX_FRAME", "VERSION", "Kind", "hello_mac", "read_frame", "write_frame"]
+__all__ = ["MAX_FRAME", "VERSION", "Kind", "Refused", "dial", "greet", "hello_mac", "read_frame",
+           "refuse", "write_frame"]
 
 VERSION = 1
 MAX_FRAME = 256 << 20
@@ -58,6 +66,7 @@ class Kind(enum.IntEnum):
     DATA = 6
     EVENT = 7
     BACKLOG = 8
+    CONTROL = 9
 
 
 def frame(kind: Kind, body: bytes | memoryview = b"") -> bytes:
@@ -98,3 +107,75 @@ def read_frame(sock: socket.socket, where: str) -> tuple[Kind, bytes]:
 def hello_mac(secret: bytes, nonce: bytes, fields: dict[str, Any]) -> bytes:
     """The MAC a producer proves the shared secret with."""
     return hmac.new(secret, nonce + msgpack.packb(fields), hashlib.sha256).digest()
+
+
+class Refused(Exception):
+    """A connecting peer is turned away (the reason goes to it in a ``REFUSED`` frame)."""
+
+
+def dial(address: tuple[str, int], *, secret: bytes, fields: dict[str, Any],
+         timeout_s: float, where: str) -> socket.socket:
+    """Connect to ``address`` (retrying while nobody listens yet, up to ``timeout_s``),
+    prove ``secret`` with ``fields`` (``"v"`` and ``"job"`` added by the caller) and
+    return the open socket, blocking and without timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            sock = socket.create_connection(
+                address, timeout=max(deadline - time.monotonic(), 0.1))
+            break
+        except ConnectionRefusedError as exc:
+            if time.monotonic() >= deadline:
+                raise ChannelError(f"{where}: nobody listens there ({exc})") from exc
+            time.sleep(0.05)
+        except OSError as exc:
+            raise ChannelError(f"{where}: cannot connect: {exc}") from exc
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        kind, nonce = read_frame(sock, where)
+        if kind is not Kind.CHALLENGE:
+            raise ChannelError(f"{where}: expected a challenge, got {kind.name}")
+        write_frame(sock, Kind.HELLO, msgpack.packb(
+            {**fields, "mac": hello_mac(secret, nonce, fields)}))
+        kind, body = read_frame(sock, where)
+        if kind is Kind.REFUSED:
+            raise ChannelError(f"{where}: refused: {body.decode(errors='replace')}")
+        if kind is not Kind.WELCOME:
+            raise ChannelError(f"{where}: expected welcome, got {kind.name}")
+        sock.settimeout(None)
+        return sock
+    except (ChannelError, OSError) as exc:
+        sock.close()
+        if isinstance(exc, ChannelError):
+            raise
+        raise ChannelError(f"{where}: {exc}") from exc
+
+
+def greet(sock: socket.socket, *, secret: bytes, job: str, where: str) -> dict[str, Any]:
+    """The accepting side of the handshake: challenge, check the proof of ``secret``
+    and the job; the peer's fields (without the MAC). Raises :class:`Refused`; the
+    caller answers ``WELCOME`` or :func:`refuse`."""
+    sock.settimeout(30.0)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    nonce = os.urandom(32)
+    write_frame(sock, Kind.CHALLENGE, nonce)
+    kind, body = read_frame(sock, where)
+    hello = msgpack.unpackb(body) if kind is Kind.HELLO else None
+    if not isinstance(hello, dict):
+        raise Refused(f"expected hello, got {kind.name}")
+    mac = hello.pop("mac", b"")
+    if not isinstance(mac, bytes) or not hmac.compare_digest(
+            hello_mac(secret, nonce, hello), mac):
+        raise Refused("the job's shared secret was not proven")
+    if hello.get("job") != job or hello.get("v") != VERSION:
+        raise Refused(f"this is job {job!r} (protocol {VERSION}), not {hello.get('job')!r} "
+                      f"(protocol {hello.get('v')})")
+    return hello
+
+
+def refuse(sock: socket.socket, reason: str) -> None:
+    """Tell the peer why, and close."""
+    with contextlib.suppress(OSError):
+        write_frame(sock, Kind.REFUSED, reason.encode())
+    with contextlib.suppress(OSError):
+        sock.close()
