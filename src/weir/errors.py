@@ -26,8 +26,9 @@
     │   └── FencedError             this query lost the location to a newer owner
     ├── TaskPlacementError          a Spark task got rows of key groups it does not own
     ├── RestartsExhaustedError      a supervised query failed and its restart strategy gives up
-    └── ChannelError                a continuous-runtime channel failed: peer gone, bad secret,
-                                    malformed frame
+    ├── ChannelError                a continuous-runtime channel failed: peer gone, bad secret,
+    │                               malformed frame
+    └── JobFailedError              a continuous job failed: a task failed or disappeared
 
 Messages say what happened, where (state name, operator uid, subtask, key group) and
 what to do about it. Lower-level errors are chained with ``raise ... from exc``.
@@ -51,6 +52,7 @@ __all__ = [
     "ReadOnlyStateError",
     "RestartsExhaustedError",
     "ChannelError",
+    "JobFailedError",
     "RestoreError",
     "SinkError",
     "StateBackendError",
@@ -170,3 +172,8 @@ class RestartsExhaustedError(WeirError):
 class ChannelError(WeirError):
     """A channel of the continuous runtime failed: the peer closed it or is not weir, or
     it did not prove the job's shared secret."""
+
+
+class JobFailedError(WeirError):
+    """A continuous job failed: one of its tasks failed or disappeared, or its
+    checkpoints failed more often than tolerated."""

@@ -472,6 +472,11 @@ class CheckpointCoordinator:
 
     # life cycle ---------------------------------------------------------------------
 
+    @property
+    def next_id(self) -> int:
+        """The id the next :meth:`trigger` gives (after every id seen in the storage)."""
+        return self._next_id
+
     def trigger(self, timestamp_ms: int | None = None) -> PendingCheckpoint:
         """Start checkpoint ``n+1``."""
         cid = self._next_id

@@ -1,0 +1,135 @@
+"""Sources and sinks of the continuous runtime (:mod:`weir.api.connectors`).
+
+* :class:`SequenceSource` — the numbers ``0 .. n-1``; subtask ``i`` of ``p`` emits
+  ``i, i+p, i+2p, …`` (Flink's ``UnalignedCheckpointITCase`` shape), so each subtask's
+  output is strictly increasing. A position is ``[next, step]``.
+* :class:`FileSink` — JSON lines, exactly-once by two-phase commit. Layout under its
+  directory::
+
+      .pending/<attempt>-<subtask>-<n>.jsonl    an open or prepared transaction
+      part-<attempt>-<subtask>-<n>.jsonl         a committed one (renamed from .pending)
+
+  A committable is the pending file's name; committing renames it (a second commit
+  finds the part file and does nothing). Files of earlier attempts left in
+  ``.pending`` that no checkpoint holds are deleted on restore.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from weir.api.connectors import Sink, SinkWriter, Source, SourceReader
+
+__all__ = ["FileSink", "SequenceSource", "read_file_sink"]
+
+
+class _SequenceReader(SourceReader[int]):
+    def __init__(self, positions: list[list[int]], end: int) -> None:
+        self._positions = [list(p) for p in positions]
+        self._end = end
+
+    def poll(self, max_records: int) -> list[int] | None:
+        live = [p for p in self._positions if p[0] < self._end]
+        if not live:
+            return None
+        out: list[int] = []
+        while len(out) < max_records and live:
+            for p in live:
+                out.append(p[0])
+                p[0] += p[1]
+            live = [p for p in live if p[0] < self._end]
+        return out
+
+    def positions(self) -> list[Any]:
+        return [list(p) for p in self._positions]
+
+
+class SequenceSource(Source[int]):
+    """The numbers ``0 .. n-1`` (see the module doc)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def reader(self, subtask: int, parallelism: int, positions: list[Any] | None
+               ) -> SourceReader[int]:
+        start = [[subtask, parallelism]] if positions is None else positions
+        return _SequenceReader(start, self.n)
+
+
+class _FileWriter(SinkWriter[Any]):
+    def __init__(self, sink: FileSink, subtask: int, attempt: int) -> None:
+        self.sink, self.subtask, self.attempt = sink, subtask, attempt
+        self._n = 0
+        self._file: Any = None
+        self._name = ""
+
+    def write(self, record: Any) -> None:
+        if self._file is None:
+            self._name = f"{self.attempt}-{self.subtask}-{self._n}.jsonl"
+            self._n += 1
+            self._file = open(self.sink.pending / self._name, "w", encoding="utf-8")  # noqa: SIM115
+        self._file.write(json.dumps(record) + "\n")
+
+    def prepare_commit(self, checkpoint_id: int) -> Any:
+        if self._file is None:
+            return None
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        self._file = None
+        return self._name
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class FileSink(Sink[Any]):
+    """JSON lines in ``path``, exactly-once (see the module doc)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.pending = self.path / ".pending"
+
+    def writer(self, subtask: int, parallelism: int, attempt: int) -> SinkWriter[Any]:
+        self.pending.mkdir(parents=True, exist_ok=True)
+        return _FileWriter(self, subtask, attempt)
+
+    def commit(self, committables: list[Any]) -> None:
+        for name in committables:
+            target = self.path / f"part-{name}"
+            try:
+                os.rename(self.pending / name, target)
+            except FileNotFoundError:
+                if not target.exists():
+                    raise
+        with contextlib.suppress(OSError):
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def abort_attempts(self, before: int, keep: list[Any]) -> None:
+        kept = set(keep)
+        if not self.pending.exists():
+            return
+        for entry in self.pending.iterdir():
+            attempt = entry.name.split("-", 1)[0]
+            if attempt.isdigit() and int(attempt) < before and entry.name not in kept:
+                with contextlib.suppress(FileNotFoundError):
+                    entry.unlink()
+
+
+def read_file_sink(path: str | Path) -> list[Any]:
+    """Every committed record of a :class:`FileSink` directory."""
+    out: list[Any] = []
+    for part in sorted(Path(path).glob("part-*.jsonl")):
+        with open(part, encoding="utf-8") as f:
+            out.extend(json.loads(line) for line in f)
+    return out
