@@ -207,3 +207,28 @@ def test_producers_in_other_processes(server: ChannelServer) -> None:
     for i in range(2):
         assert [r for c, r in got if c == i and isinstance(r, tuple)] == [
             (i, n) for n in range(50_000)]
+
+
+def test_an_event_never_overtakes_records_even_with_a_full_backlog(
+    server: ChannelServer
+) -> None:
+    """The flusher filled the backlog; records emitted after it must still precede the
+    barrier (else they fall into the next checkpoint's epoch: lost on restore)."""
+    config = ChannelConfig(buffer_records=100, buffer_timeout_ms=5, exclusive_buffers=1,
+                           floating_buffers=0, max_backlog=1)
+    gate = server.gate("e", 0, 1, config)
+    out = connect(server, config=config)
+    for i in range(100):
+        out.emit(i)  # a full buffer, sent on the one credit
+    for i in range(100, 103):
+        out.emit(i)
+    wait_until(lambda: out.backlog == 1)  # the flusher queued them: the backlog is full
+    for i in range(103, 106):
+        out.emit(i)
+    out.emit_event({"kind": "barrier", "id": 1})
+    closer = threading.Thread(target=out.close)
+    closer.start()
+    got = drain(gate)
+    closer.join()
+    assert got == [(0, i) for i in range(106)] + [
+        (0, {"kind": "barrier", "id": 1}), (0, {"kind": "end"})]

@@ -38,9 +38,9 @@ def _by_value() -> None:
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-def spec(tmp_path: Path, backend: str, n: int) -> PipelineSpec:
+def spec(tmp_path: Path, backend: str, n: int, rate: float | None = None) -> PipelineSpec:
     return PipelineSpec(
-        job="count", source=SequenceSource(n), source_uid="numbers", source_parallelism=2,
+        job="count", source=SequenceSource(n, rate), source_uid="numbers", source_parallelism=2,
         key_selector=lambda v: v % 50, function=Count(), function_uid="count",
         parallelism=2, sink=FileSink(tmp_path / "out"), sink_uid="sink",
         checkpoint_storage=str(tmp_path / "chk"), state_backend=backend, max_parallelism=32)
@@ -66,7 +66,7 @@ def test_a_bounded_job_is_exactly_once_across_processes(tmp_path: Path, backend:
 
 
 def test_a_killed_task_fails_the_job_at_once_and_leaves_no_process(tmp_path: Path) -> None:
-    """(Restarts come with the restart strategies: for now the job fails, clearly.)"""
+    """With no restart allowed, the job fails, naming the task that died."""
     import os
     import signal
     import threading
@@ -74,7 +74,8 @@ def test_a_killed_task_fails_the_job_at_once_and_leaves_no_process(tmp_path: Pat
 
     from weir.errors import JobFailedError
 
-    job = LocalJob(spec(tmp_path, "hashmap", 50_000_000), CheckpointConfig(interval_ms=100))
+    job = LocalJob(spec(tmp_path, "hashmap", 50_000_000), CheckpointConfig(interval_ms=100),
+                   restart=weir.RestartStrategy.no_restart())
     failure: list[BaseException] = []
 
     def run() -> None:
@@ -96,5 +97,65 @@ def test_a_killed_task_fails_the_job_at_once_and_leaves_no_process(tmp_path: Pat
     assert not runner.is_alive()
     assert time.monotonic() - killed < 15
     assert len(failure) == 1 and isinstance(failure[0], JobFailedError)
-    assert "count[1] disappeared" in str(failure[0])
+    assert "count[1] disappeared" in str(failure[0]) and "no more restarts" in str(failure[0])
     assert all(p.poll() is not None for p in job._procs.values())  # no process left
+
+
+def check_exactly_once(tmp_path: Path, n: int) -> None:
+    """Every number once in the output, every key's counts 1..n/50, and the state."""
+    out = read_file_sink(tmp_path / "out")
+    numbers = [r[1] for r in out]
+    lost = set(range(n)) - set(numbers)
+    duplicated = [v for v, c in Counter(numbers).items() if c > 1]
+    assert (len(lost), len(duplicated)) == (0, 0), (len(lost), len(duplicated))
+    per_key: dict[int, list[int]] = {}
+    for key, _, count in out:
+        per_key.setdefault(key, []).append(count)
+    assert all(sorted(c) == list(range(1, n // 50 + 1)) for c in per_key.values())
+    state = weir.read_state(str(tmp_path / "chk")).keyed_state("count", "count")
+    assert dict(zip(state["key"], state["value"], strict=True)) == {k: n // 50 for k in range(50)}
+    assert not list((tmp_path / "out" / ".pending").iterdir())
+
+
+def test_tasks_killed_with_sigkill_restart_from_the_latest_checkpoint_exactly_once(
+    tmp_path: Path, backend: str
+) -> None:
+    """A keyed task, then a source task, killed with SIGKILL mid-run (after checkpoints
+    completed): every task restarts from the latest completed checkpoint; lost =
+    duplicated = 0 in the committed output and in the state, failures = 2."""
+    import os
+    import signal
+    import threading
+    import time
+
+    n = 400_000
+    sleeps: list[float] = []
+    job = LocalJob(spec(tmp_path, backend, n, rate=40_000), CheckpointConfig(interval_ms=100),
+                   restart=weir.RestartStrategy.fixed_delay(attempts=2, delay=0.5),
+                   sleep=sleeps.append)
+    errors: list[BaseException] = []
+    runner = threading.Thread(target=lambda: _run(job, errors))
+    runner.start()
+    kills = 0
+    for victim, attempt in ((("count", 1), 0), (("numbers", 0), 1)):
+        deadline = time.monotonic() + 60
+        seen = len(job.result.completed)
+        while job.attempt != attempt or len(job.result.completed) < seen + 2 or (
+                victim not in job._procs):
+            assert time.monotonic() < deadline and runner.is_alive(), errors
+            time.sleep(0.01)
+        os.kill(job._procs[victim].pid, signal.SIGKILL)
+        kills += 1
+    runner.join(120)
+    assert not runner.is_alive() and not errors, errors
+    assert kills == 2 and job.result.restarts == 2 and sleeps == [0.5, 0.5]
+    assert [f.split(":")[1].strip() for f in job.result.failures] == [
+        "task count[1] disappeared", "task numbers[0] disappeared"]
+    check_exactly_once(tmp_path, n)
+
+
+def _run(job: LocalJob, errors: list[BaseException]) -> None:
+    try:
+        job.run(timeout_s=120)
+    except BaseException as exc:
+        errors.append(exc)

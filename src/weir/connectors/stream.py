@@ -2,7 +2,8 @@
 
 * :class:`SequenceSource` — the numbers ``0 .. n-1``; subtask ``i`` of ``p`` emits
   ``i, i+p, i+2p, …`` (Flink's ``UnalignedCheckpointITCase`` shape), so each subtask's
-  output is strictly increasing. A position is ``[next, step]``.
+  output is strictly increasing. A position is ``[next, step]``. Optionally at a fixed
+  rate per subtask.
 * :class:`FileSink` — JSON lines, exactly-once by two-phase commit. Layout under its
   directory::
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +30,30 @@ __all__ = ["FileSink", "SequenceSource", "read_file_sink"]
 
 
 class _SequenceReader(SourceReader[int]):
-    def __init__(self, positions: list[list[int]], end: int) -> None:
+    def __init__(self, positions: list[list[int]], end: int, rate: float | None) -> None:
         self._positions = [list(p) for p in positions]
         self._end = end
+        self._rate = rate
+        self._started = time.monotonic()
+        self._emitted = 0
 
     def poll(self, max_records: int) -> list[int] | None:
         live = [p for p in self._positions if p[0] < self._end]
         if not live:
             return None
+        if self._rate is not None:
+            allowed = int((time.monotonic() - self._started) * self._rate) - self._emitted
+            if allowed <= 0:
+                time.sleep(min(0.005, 1 / self._rate))
+                return []
+            max_records = min(max_records, allowed)
         out: list[int] = []
         while len(out) < max_records and live:
             for p in live:
                 out.append(p[0])
                 p[0] += p[1]
             live = [p for p in live if p[0] < self._end]
+        self._emitted += len(out)
         return out
 
     def positions(self) -> list[Any]:
@@ -51,13 +63,15 @@ class _SequenceReader(SourceReader[int]):
 class SequenceSource(Source[int]):
     """The numbers ``0 .. n-1`` (see the module doc)."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, records_per_second: float | None = None) -> None:
         self.n = n
+        #: at most this many records a second per subtask (None: as fast as it goes)
+        self.records_per_second = records_per_second
 
     def reader(self, subtask: int, parallelism: int, positions: list[Any] | None
                ) -> SourceReader[int]:
         start = [[subtask, parallelism]] if positions is None else positions
-        return _SequenceReader(start, self.n)
+        return _SequenceReader(start, self.n, self.records_per_second)
 
 
 class _FileWriter(SinkWriter[Any]):

@@ -125,7 +125,9 @@ class OutputChannel:
     def emit_event(self, event: dict[str, Any]) -> None:
         """Send an event (a dict) after every record emitted before it."""
         with self._cond:
-            self._finish(wait=False)
+            # the records before the event go first, whatever the backlog (else they
+            # would follow a barrier into the next checkpoint's epoch)
+            self._finish(wait=False, force=True)
             self._queue.append((Kind.EVENT, msgpack.packb(event)))
             self._pump()
 
@@ -163,12 +165,13 @@ class OutputChannel:
         """Buffers waiting for credit."""
         return self._queued_data
 
-    def _finish(self, *, wait: bool) -> None:
-        """(Locked.) Queue the partial buffer, send, and with ``wait`` block while
-        ``max_backlog`` buffers wait for credit."""
+    def _finish(self, *, wait: bool, force: bool = False) -> None:
+        """(Locked.) Queue the partial buffer (without ``wait`` or ``force`` only below
+        ``max_backlog``: the flusher never grows the backlog), send, and with ``wait``
+        block while ``max_backlog`` buffers wait for credit."""
         if self._error is not None:
             raise ChannelError(f"{self.where}: {self._error}") from self._error
-        if self._records and (wait or self._queued_data < self.config.max_backlog):
+        if self._records and (wait or force or self._queued_data < self.config.max_backlog):
             self._queue.append((Kind.DATA, pickle.dumps(self._records, protocol=5)))
             self._queued_data += 1
             self._records = []

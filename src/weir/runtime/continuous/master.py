@@ -20,9 +20,12 @@ hosts the coordinator, and runs the checkpoints.
    the job ends when every task has.
 
 Any task failing or disappearing (a killed process is noticed at once through its
-control connection) fails the job: every task process is killed, and
-:class:`~weir.errors.JobFailedError` names the task and its error. (Restarts under a
-restart strategy are the next step.)
+control connection) fails the attempt: every task process is killed, the attempt's
+pending checkpoints are aborted, and — as the restart strategy allows (Flink's
+default with checkpointing: exponential delay) — every task starts again from the
+latest completed checkpoint (a global restart: sources rewound to its positions, sinks
+committing what it holds and dropping what the failed attempt left open). When the
+strategy gives up, :class:`~weir.errors.JobFailedError` names the root cause.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +45,7 @@ from typing import Any
 from pyspark import cloudpickle
 
 from weir.api.checkpointing import CheckpointConfig
+from weir.api.restart import RestartStrategy
 from weir.checkpoint.coordinator import CheckpointCoordinator, PendingCheckpoint
 from weir.checkpoint.format import decode_part
 from weir.errors import JobFailedError
@@ -67,6 +72,9 @@ class JobResult:
 
     completed: list[int] = field(default_factory=list)
     aborted: list[tuple[int, str]] = field(default_factory=list)
+    #: the first line of each failure that caused a restart (or ended the job)
+    failures: list[str] = field(default_factory=list)
+    restarts: int = 0
     duration_s: float = 0.0
 
 
@@ -74,11 +82,15 @@ class LocalJob:
     """Runs a :class:`PipelineSpec` with a process per task (see the module doc)."""
 
     def __init__(self, spec: PipelineSpec, checkpointing: CheckpointConfig, *,
-                 attempt: int = 0, workdir: str | Path | None = None,
-                 retained: int = 3) -> None:
-        self.spec, self.checkpointing, self.attempt = spec, checkpointing, attempt
+                 restart: RestartStrategy | None = None, workdir: str | Path | None = None,
+                 retained: int = 3, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.spec, self.checkpointing = spec, checkpointing
+        #: Flink's default with checkpointing on: exponential delay
+        self.restart = restart if restart is not None else RestartStrategy.exponential_delay()
+        self.sleep = sleep
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"weir-{spec.job}-"))
         self.coordinator = CheckpointCoordinator(spec.checkpoint_storage, retained=retained)
+        self.attempt = 0
         self._inbox: queue.Queue[tuple[TaskId, dict[str, Any]]] = queue.Queue()
         self._procs: dict[TaskId, subprocess.Popen[bytes]] = {}
         self._pending: dict[int, tuple[PendingCheckpoint, set[TaskId]]] = {}
@@ -86,21 +98,52 @@ class LocalJob:
         self.result = JobResult()
 
     def run(self, timeout_s: float = 600.0) -> JobResult:
-        """Run the job to its end (bounded sources); raises JobFailedError."""
+        """Run the job to its end (bounded sources), restarting every task from the
+        latest completed checkpoint after a failure as the restart strategy allows;
+        raises :class:`~weir.errors.JobFailedError` once it gives up."""
         started = time.monotonic()
+        tracker = self.restart.tracker()
+        while True:
+            try:
+                self._run_attempt(started + timeout_s)
+                break
+            except JobFailedError as exc:
+                self.result.failures.append(str(exc).splitlines()[0])
+                delay = tracker.on_failure(time.monotonic())
+                if delay is None or time.monotonic() >= started + timeout_s:
+                    raise JobFailedError(
+                        f"{exc} — and its restart strategy {self.restart} allows no more "
+                        f"restarts after {tracker.restarts}; the latest completed "
+                        f"checkpoint is in {self.spec.checkpoint_storage}") from exc
+                log.warning("weir: job %s: %s; restart %d in %.3g s from the latest completed "
+                            "checkpoint", self.spec.job, str(exc).splitlines()[0],
+                            tracker.restarts, delay)
+                self.sleep(delay)
+                self.attempt += 1
+        self.result.restarts = tracker.restarts
+        self.result.duration_s = time.monotonic() - started
+        return self.result
+
+    def _run_attempt(self, deadline: float) -> None:
+        """One attempt: launch every task, run to the end; JobFailedError on failure
+        (every process killed, the attempt's pending checkpoints aborted)."""
+        self._inbox = queue.Queue()
+        self._procs, self._finished = {}, set()
         secret = os.urandom(32)
-        server = ControlServer(lambda t, m: self._inbox.put((t, m)), secret=secret,
+        inbox = self._inbox
+        server = ControlServer(lambda t, m: inbox.put((t, m)), secret=secret,
                                job=self.spec.job)
         finished = False
         try:
             self._launch(server, secret)
-            self._run(server, started + timeout_s)
+            self._run(server, deadline)
             finished = True
         finally:
             server.close()
             self._stop_processes(grace_s=5.0 if finished else 0.0)
-        self.result.duration_s = time.monotonic() - started
-        return self.result
+            for pending, _ in self._pending.values():
+                self.coordinator.abort(pending)
+            self._pending.clear()
 
     # -- phases
 
@@ -218,6 +261,10 @@ class LocalJob:
                     scheduler.request(RequestKind.FORCED)  # the final checkpoint
             elif kind == "finished":
                 finished.add(task)
+            if final_id not in (None, -1) and final_id not in self._pending and (
+                    final_id not in self.result.completed):
+                final_id = None  # the final checkpoint was aborted: force another
+                scheduler.request(RequestKind.FORCED)
 
     def _decide(self, decision: Decision, server: ControlServer, tasks: set[TaskId],
                 sources: set[TaskId]) -> int | None:
