@@ -14,7 +14,7 @@ from pyspark import cloudpickle
 
 import weir
 from weir.api.checkpointing import CheckpointConfig
-from weir.connectors.stream import FileSink, SequenceSource, read_file_sink
+from weir.connectors.stream import FileSink, SequenceSource, read_stream_sink
 from weir.runtime.continuous.graph import PipelineSpec
 from weir.runtime.continuous.master import LocalJob
 
@@ -50,7 +50,7 @@ def test_a_bounded_job_is_exactly_once_across_processes(tmp_path: Path, backend:
     n = 150_000
     result = LocalJob(spec(tmp_path, backend, n), CheckpointConfig(interval_ms=20)).run(
         timeout_s=120)
-    out = read_file_sink(tmp_path / "out")
+    out = read_stream_sink(tmp_path / "out")
     numbers = [r[1] for r in out]
     lost = set(range(n)) - set(numbers)
     duplicated = [v for v, c in Counter(numbers).items() if c > 1]
@@ -103,7 +103,7 @@ def test_a_killed_task_fails_the_job_at_once_and_leaves_no_process(tmp_path: Pat
 
 def check_exactly_once(tmp_path: Path, n: int) -> None:
     """Every number once in the output, every key's counts 1..n/50, and the state."""
-    out = read_file_sink(tmp_path / "out")
+    out = read_stream_sink(tmp_path / "out")
     numbers = [r[1] for r in out]
     lost = set(range(n)) - set(numbers)
     duplicated = [v for v, c in Counter(numbers).items() if c > 1]

@@ -1,4 +1,6 @@
-"""Exactly-once sinks for Spark Structured Streaming (PySpark Python data sources).
+"""Connectors. For Spark Structured Streaming: exactly-once sinks (PySpark Python data
+sources). For the continuous runtime (:mod:`weir.stream`): :class:`SequenceSource` and
+the two-phase-commit :class:`FileSink` (:mod:`weir.connectors.stream`).
 
 ``register_sinks(spark)`` makes ``df.writeStream.format("weir-files")`` and
 ``format("weir-sqlite")`` available; see :mod:`weir.connectors.sinks` for options,
@@ -21,8 +23,12 @@ from weir.connectors.sqlite import (
     committed_sqlite_batches,
     read_sqlite_sink,
 )
+from weir.connectors.stream import FileSink, SequenceSource, read_stream_sink
 
 __all__ = [
+    "FileSink",
+    "SequenceSource",
+    "read_stream_sink",
     "FILE_SINK_NAME",
     "SQLITE_SINK_NAME",
     "FileCommitMessage",

@@ -26,7 +26,7 @@ from typing import Any
 
 from weir.api.connectors import Sink, SinkWriter, Source, SourceReader
 
-__all__ = ["FileSink", "SequenceSource", "read_file_sink"]
+__all__ = ["FileSink", "SequenceSource", "read_stream_sink"]
 
 
 class _SequenceReader(SourceReader[int]):
@@ -140,7 +140,7 @@ class FileSink(Sink[Any]):
                     entry.unlink()
 
 
-def read_file_sink(path: str | Path) -> list[Any]:
+def read_stream_sink(path: str | Path) -> list[Any]:
     """Every committed record of a :class:`FileSink` directory."""
     out: list[Any] = []
     for part in sorted(Path(path).glob("part-*.jsonl")):

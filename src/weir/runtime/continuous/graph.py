@@ -18,7 +18,27 @@ from weir.errors import ConfigurationError
 from weir.runtime.continuous.channels import DEFAULT_CONFIG, ChannelConfig
 from weir.state.keygroups import check_parallelism
 
-__all__ = ["PipelineSpec"]
+__all__ = ["PipelineSpec", "chain"]
+
+
+def chain(steps: tuple[tuple[str, Callable[[Any], Any]], ...]
+          ) -> Callable[[Any], list[Any]]:
+    """One function applying stateless ``steps`` to a record: its outputs."""
+    if not steps:
+        return lambda record: [record]
+
+    def run(record: Any) -> list[Any]:
+        records = [record]
+        for kind, fn in steps:
+            if kind == "map":
+                records = [fn(r) for r in records]
+            elif kind == "filter":
+                records = [r for r in records if fn(r)]
+            else:
+                records = [o for r in records for o in fn(r)]
+        return records
+
+    return run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +61,11 @@ class PipelineSpec:
     channel: ChannelConfig = DEFAULT_CONFIG
     #: records a source reads per poll between control checks
     source_batch: int = 256
+    #: stateless steps chained after the source, before key_by: ("map"|"filter"|
+    #: "flat_map", function)
+    before_key_by: tuple[tuple[str, Callable[[Any], Any]], ...] = ()
+    #: stateless steps chained after the keyed function, before the sink
+    after_process: tuple[tuple[str, Callable[[Any], Any]], ...] = ()
 
     def __post_init__(self) -> None:
         uids = [self.source_uid, self.function_uid, self.sink_uid]

@@ -45,7 +45,7 @@ from weir.runtime.continuous.barriers import (
 from weir.runtime.continuous.channels import OutputChannel
 from weir.runtime.continuous.control import ControlClient
 from weir.runtime.continuous.gates import ChannelServer, InputGate
-from weir.runtime.continuous.graph import PipelineSpec
+from weir.runtime.continuous.graph import PipelineSpec, chain
 from weir.runtime.continuous.wire import Kind
 from weir.runtime.nonkeyed import NonKeyedOperator
 from weir.runtime.operator import KeyedOperator
@@ -158,6 +158,7 @@ class SourceTask(_Task):
                               edge=EDGE, producer=self.subtask, consumer=i,
                               config=spec.channel) for i in range(spec.parallelism)]
         route, key_of = spec.parallelism, spec.key_selector
+        steps = chain(spec.before_key_by)
         m = spec.max_parallelism
         exhausted = False
         while True:
@@ -188,8 +189,9 @@ class SourceTask(_Task):
                     out.flush(wait=False)
                 self.control.send({"kind": "source_end"})
                 continue
-            for record in records:
-                outs[assign_key_to_parallel_operator(key_of(record), m, route)].emit(record)
+            for raw in records:
+                for record in steps(raw):
+                    outs[assign_key_to_parallel_operator(key_of(record), m, route)].emit(record)
 
 
 class KeyedTask(_Task):
@@ -239,7 +241,12 @@ class KeyedTask(_Task):
                                    "reason": "CHECKPOINT_DECLINED", "error": reason.value})
 
         handler = AlignedBarrierHandler(spec.source_parallelism, gate, Actions())
-        process, write = self.op.process_element, writer.write
+        process, after = self.op.process_element, chain(spec.after_process)
+
+        def write(out: Any) -> None:
+            for record in after(out):
+                writer.write(record)
+
         next_tick = time.monotonic()
         while not gate.finished:
             message = self.control.receive(0)
