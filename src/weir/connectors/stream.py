@@ -10,6 +10,8 @@
       .pending/<attempt>-<subtask>-<n>.jsonl    an open or prepared transaction
       part-<attempt>-<subtask>-<n>.jsonl         a committed one (renamed from .pending)
 
+  (numbers zero-padded, so the names sort in the order a subtask wrote them).
+
   A committable is the pending file's name; committing renames it (a second commit
   finds the part file and does nothing). Files of earlier attempts left in
   ``.pending`` that no checkpoint holds are deleted on restore.
@@ -83,7 +85,7 @@ class _FileWriter(SinkWriter[Any]):
 
     def write(self, record: Any) -> None:
         if self._file is None:
-            self._name = f"{self.attempt}-{self.subtask}-{self._n}.jsonl"
+            self._name = f"{self.attempt:05d}-{self.subtask:05d}-{self._n:09d}.jsonl"
             self._n += 1
             self._file = open(self.sink.pending / self._name, "w", encoding="utf-8")  # noqa: SIM115
         self._file.write(json.dumps(record) + "\n")

@@ -187,8 +187,11 @@ class LocalJob:
                 task, message = self._inbox.get(timeout=left)
             except queue.Empty:
                 break
-            if message["kind"] in ("failed", "disconnected"):
-                reports.append((task, message))
+            if message["kind"] == "finished":
+                self._finished.add(task)
+            elif message["kind"] == "failed" or (
+                    message["kind"] == "disconnected" and task not in self._finished):
+                reports.append((task, message))  # (a finished task's close is no failure)
         failed = {t for t, m in reports if m["kind"] == "failed"}
 
         def rank(report: tuple[TaskId, dict[str, Any]]) -> int:

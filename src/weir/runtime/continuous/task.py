@@ -175,6 +175,7 @@ class SourceTask(_Task):
                 elif kind == "finish":
                     for out in outs:
                         out.close()
+                    self.op.close()
                     self.control.send({"kind": "finished"})
                     return
                 else:
@@ -281,5 +282,7 @@ class KeyedTask(_Task):
                 self.committables = [e for e in self.committables if e[0] > done]
             self.notified(message)
         writer.close()
+        self.op.close()  # the function's close(); an error fails the task
+        self.sink_op.close()
         self.control.send({"kind": "finished"})
 
