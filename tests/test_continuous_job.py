@@ -159,3 +159,68 @@ def _run(job: LocalJob, errors: list[BaseException]) -> None:
         job.run(timeout_s=120)
     except BaseException as exc:
         errors.append(exc)
+
+
+class Hangs(Count):
+    """Count, but one call sleeps for an hour when the marker file is there."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def process_element(self, value: int, ctx: Any) -> Any:
+        if value % 97 == 0:
+            import os
+            import time
+
+            try:
+                os.rename(self.marker, self.marker + ".fired")
+            except FileNotFoundError:
+                pass
+            else:
+                time.sleep(3600)
+        yield from super().process_element(value, ctx)
+
+
+def test_a_hung_task_is_found_by_its_heartbeat_and_the_job_restarts(tmp_path: Path) -> None:
+    import dataclasses
+
+    marker = tmp_path / "hang"
+    marker.touch()
+    n = 60_000
+    job_spec = dataclasses.replace(spec(tmp_path, "hashmap", n, rate=20_000),
+                                   function=Hangs(str(marker)), heartbeat_timeout_s=2.0)
+    job = LocalJob(job_spec, CheckpointConfig(interval_ms=100),
+                   restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0))
+    result = job.run(timeout_s=120)
+    assert result.restarts == 1 and "is hung" in result.failures[0]
+    assert "heartbeat timeout 2.0 s" in result.failures[0]
+    check_exactly_once(tmp_path, n)
+
+
+def test_at_least_once_loses_nothing_across_a_kill(tmp_path: Path) -> None:
+    """Barrier tracking, never blocking: after a SIGKILL nothing is lost (records
+    behind a barrier on a fast channel may come twice)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from weir.api.checkpointing import CheckpointingMode
+
+    n = 200_000
+    job = LocalJob(spec(tmp_path, "hashmap", n, rate=40_000),
+                   CheckpointConfig(interval_ms=50, mode=CheckpointingMode.AT_LEAST_ONCE),
+                   restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0))
+    errors: list[BaseException] = []
+    runner = threading.Thread(target=lambda: _run(job, errors))
+    runner.start()
+    deadline = time.monotonic() + 60
+    while len(job.result.completed) < 3:
+        assert time.monotonic() < deadline and runner.is_alive(), errors
+        time.sleep(0.01)
+    os.kill(job._procs[("count", 0)].pid, signal.SIGKILL)
+    runner.join(120)
+    assert not runner.is_alive() and not errors, errors
+    assert job.result.restarts == 1
+    numbers = {r[1] for r in read_stream_sink(tmp_path / "out")}
+    assert len(set(range(n)) - numbers) == 0

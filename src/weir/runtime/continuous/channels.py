@@ -38,6 +38,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import msgpack
@@ -104,6 +105,8 @@ class OutputChannel:
         self._announced_backlog = 0
         self._error: BaseException | None = None
         self._closed = False
+        #: called about once a second while emit is blocked by backpressure
+        self.on_blocked: Callable[[], None] | None = None
         #: counters: records and buffers sent, ns the task waited for credit
         self.records_out = 0
         self.buffers_out = 0
@@ -185,7 +188,8 @@ class OutputChannel:
         if wait and self._queued_data >= self.config.max_backlog:
             started = time.perf_counter_ns()
             while self._queued_data >= self.config.max_backlog and self._error is None:
-                self._cond.wait()
+                if not self._cond.wait(1.0) and self.on_blocked is not None:
+                    self.on_blocked()  # still backpressured: alive, not hung
             self.backpressured_ns += time.perf_counter_ns() - started
             if self._error is not None:
                 raise ChannelError(f"{self.where}: {self._error}") from self._error

@@ -66,6 +66,11 @@ class PipelineSpec:
     before_key_by: tuple[tuple[str, Callable[[Any], Any]], ...] = ()
     #: stateless steps chained after the keyed function, before the sink
     after_process: tuple[tuple[str, Callable[[Any], Any]], ...] = ()
+    #: barrier tracking instead of alignment (set from the job's CheckpointConfig)
+    at_least_once: bool = False
+    #: a task whose main loop is silent this long is taken as hung (Flink's
+    #: heartbeat.timeout: 50 s)
+    heartbeat_timeout_s: float = 50.0
 
     def __post_init__(self) -> None:
         uids = [self.source_uid, self.function_uid, self.sink_uid]

@@ -30,6 +30,7 @@ strategy gives up, :class:`~weir.errors.JobFailedError` names the root cause.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
@@ -44,7 +45,7 @@ from typing import Any
 
 from pyspark import cloudpickle
 
-from weir.api.checkpointing import CheckpointConfig
+from weir.api.checkpointing import CheckpointConfig, CheckpointingMode
 from weir.api.restart import RestartStrategy
 from weir.checkpoint.coordinator import CheckpointCoordinator, PendingCheckpoint
 from weir.checkpoint.format import decode_part
@@ -95,6 +96,7 @@ class LocalJob:
         self._procs: dict[TaskId, subprocess.Popen[bytes]] = {}
         self._pending: dict[int, tuple[PendingCheckpoint, set[TaskId]]] = {}
         self._finished: set[TaskId] = set()
+        self._heard: dict[TaskId, float] = {}  # when each task was last heard from
         self.result = JobResult()
 
     def run(self, timeout_s: float = 600.0) -> JobResult:
@@ -128,7 +130,7 @@ class LocalJob:
         """One attempt: launch every task, run to the end; JobFailedError on failure
         (every process killed, the attempt's pending checkpoints aborted)."""
         self._inbox = queue.Queue()
-        self._procs, self._finished = {}, set()
+        self._procs, self._finished, self._heard = {}, set(), {}
         secret = os.urandom(32)
         inbox = self._inbox
         server = ControlServer(lambda t, m: inbox.put((t, m)), secret=secret,
@@ -149,7 +151,9 @@ class LocalJob:
 
     def _launch(self, server: ControlServer, secret: bytes) -> None:
         spec_file = self.workdir / "pipeline.pickle"
-        spec_file.write_bytes(cloudpickle.dumps(self.spec))  # type: ignore[no-untyped-call]
+        spec = dataclasses.replace(
+            self.spec, at_least_once=self.checkpointing.mode is CheckpointingMode.AT_LEAST_ONCE)
+        spec_file.write_bytes(cloudpickle.dumps(spec))  # type: ignore[no-untyped-call]
         env = {**os.environ, "WEIR_JOB_SECRET": secret.hex(),
                "WEIR_COORDINATOR": f"{server.address[0]}:{server.address[1]}"}
         for vertex, subtask in self.spec.tasks():
@@ -162,11 +166,13 @@ class LocalJob:
         left = deadline - time.monotonic()
         if left <= 0:
             raise JobFailedError(f"job {self.spec.job!r} did not finish in time")
+        self._check_heartbeats()
         try:
             item = self._inbox.get(timeout=min(left, wait_s if wait_s is not None else left))
         except queue.Empty:
             return None
         task, message = item
+        self._heard[task] = time.monotonic()
         log.debug("job %s: %s[%d]: %s", self.spec.job, task[0], task[1],
                   {k: v for k, v in message.items() if k != "parts"})
         if message["kind"] == "disconnected" and task in self._finished:
@@ -174,6 +180,16 @@ class LocalJob:
         if message["kind"] in ("failed", "disconnected"):
             raise self._failure(item)
         return item
+
+    def _check_heartbeats(self) -> None:
+        """A running task not heard from within the heartbeat timeout is hung."""
+        now = time.monotonic()
+        for task, heard in self._heard.items():
+            if task not in self._finished and now - heard > self.spec.heartbeat_timeout_s:
+                raise JobFailedError(
+                    f"job {self.spec.job!r}: task {task[0]}[{task[1]}] is hung: nothing "
+                    f"from its main loop for {now - heard:.1f} s (heartbeat timeout "
+                    f"{self.spec.heartbeat_timeout_s} s)")
 
     def _failure(self, first: tuple[TaskId, dict[str, Any]]) -> JobFailedError:
         """The job's error, naming its root cause: one failure drags others along (the

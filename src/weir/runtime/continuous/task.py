@@ -40,6 +40,7 @@ from weir.runtime.continuous.barriers import (
     AbortReason,
     AlignedBarrierHandler,
     Barrier,
+    BarrierTracker,
     barrier_event,
 )
 from weir.runtime.continuous.channels import OutputChannel
@@ -90,6 +91,7 @@ class _Task:
         self.control = control
         self.storage = CheckpointStorage(spec.checkpoint_storage)
         self.checkpointers: list[SubtaskCheckpointer] = []
+        self._next_heartbeat = 0.0
 
     def config(self, uid: str, parallelism: int, backend: str = "hashmap") -> OperatorConfig:
         return OperatorConfig(uid=uid, state_backend=backend,
@@ -122,6 +124,14 @@ class _Task:
                                    "error": f"{type(exc).__name__}: {exc}"})
 
         threading.Thread(target=ack, name=f"ack {barrier.checkpoint_id}", daemon=True).start()
+
+    def heartbeat(self) -> None:
+        """Tell the coordinator the main loop is alive (at most once a second): a task
+        stuck in a call for longer than the heartbeat timeout is taken as hung."""
+        now = time.monotonic()
+        if now >= self._next_heartbeat:
+            self._next_heartbeat = now + 1.0
+            self.control.send({"kind": "heartbeat"})
 
     def notified(self, message: dict[str, Any]) -> None:
         kind, cid = message["kind"], int(message.get("id", 0))
@@ -157,6 +167,8 @@ class SourceTask(_Task):
         outs = [OutputChannel(tuple(addresses[str(i)]), secret=secret, job=spec.job,
                               edge=EDGE, producer=self.subtask, consumer=i,
                               config=spec.channel) for i in range(spec.parallelism)]
+        for out in outs:
+            out.on_blocked = self.heartbeat
         route, key_of = spec.parallelism, spec.key_selector
         steps = chain(spec.before_key_by)
         m = spec.max_parallelism
@@ -181,6 +193,7 @@ class SourceTask(_Task):
                 else:
                     self.notified(message)
                 message = self.control.receive(0)
+            self.heartbeat()
             if exhausted:
                 continue
             records = reader.poll(spec.source_batch)
@@ -241,7 +254,9 @@ class KeyedTask(_Task):
                 task.control.send({"kind": "decline", "id": checkpoint_id,
                                    "reason": "CHECKPOINT_DECLINED", "error": reason.value})
 
-        handler = AlignedBarrierHandler(spec.source_parallelism, gate, Actions())
+        handler: AlignedBarrierHandler | BarrierTracker = (
+            BarrierTracker(spec.source_parallelism, Actions()) if spec.at_least_once
+            else AlignedBarrierHandler(spec.source_parallelism, gate, Actions()))
         process, after = self.op.process_element, chain(spec.after_process)
 
         def write(out: Any) -> None:
@@ -267,10 +282,11 @@ class KeyedTask(_Task):
                             write(out)
                 else:
                     handler.on_event(channel, item)
-            if time.monotonic() >= next_tick:  # processing-time timers
+            if time.monotonic() >= next_tick:  # processing-time timers, heartbeat
                 for out in self.op.advance_processing_time():
                     write(out)
                 next_tick = time.monotonic() + 0.1
+                self.heartbeat()
         # every input ended (after the final checkpoint): wait for its notification
         while self.committables:
             message = self.control.receive(30.0)
