@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup java compiler chromium demo test soak lint bench-state-ops bench-checkpoint bench-query-state bench-spark bench-large-state clean
+.PHONY: setup java compiler chromium demo test soak lint bench-state-ops bench-checkpoint bench-query-state bench-spark bench-large-state bench-continuous clean
 
 setup: java compiler chromium $(STAMP)
 
@@ -69,6 +69,9 @@ bench-spark: setup
 
 bench-large-state: setup
 	$(PY) -m bench.spark_large_state
+
+bench-continuous: setup
+	$(PY) -m bench.continuous_keyed_count
 
 
 clean:
