@@ -86,3 +86,62 @@ def test_shapes_it_cannot_run_yet_are_refused(tmp_path: Path) -> None:
 
     with pytest.raises(weir.ConfigurationError, match="KeyedProcessFunction"):
         KeyedStream(env).process(object(), uid="x")  # type: ignore[arg-type]
+
+
+class Count(weir.KeyedProcessFunction[int, list[int]]):
+    """A running count per key (n % 10), emitted with each record."""
+
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(weir.ValueStateDescriptor[int]("count", weir.IntSerializer()))
+
+    def process_element(self, value: int, ctx: Any) -> Any:
+        n = (self.count.value() or 0) + 1
+        self.count.update(n)
+        yield [value % 10, value, n]
+
+
+def counting_job(tmp_path: Path, backend: str) -> StreamEnvironment:
+    env = StreamEnvironment(parallelism=2, state_backend=backend, max_parallelism=32,
+                            checkpoint_storage=tmp_path / "chk",
+                            checkpointing=CheckpointConfig(interval_ms=100))
+    (env.from_source(SequenceSource(5_000), uid="numbers")
+        .key_by(lambda n: n % 10)
+        .process(Count(), uid="count")
+        .sink_to(FileSink(tmp_path / "out"), uid="sink"))
+    return env
+
+
+def test_a_bootstrapped_savepoint_restores_at_another_parallelism(
+    tmp_path: Path, backend: str
+) -> None:
+    """State written by weir.write_savepoint at parallelism 1 (the same format every
+    runtime writes) drives a continuous job at parallelism 2: counts go on from it."""
+    import pandas as pd
+
+    counts = pd.DataFrame({"key": list(range(10)), "value": [1_000 + k for k in range(10)]})
+    savepoint = weir.write_savepoint(
+        tmp_path / "sp", uid="count", max_parallelism=32, parallelism=1,
+        states={"count": counts},
+        descriptors=[weir.ValueStateDescriptor[int]("count", weir.IntSerializer())])
+    counting_job(tmp_path, backend).execute("resumed", restore_from=savepoint)
+    out = read_stream_sink(tmp_path / "out")
+    for key in range(10):
+        assert sorted(c for k, _, c in out if k == key) == list(range(1_001 + key,
+                                                                       1_001 + key + 500))
+    state = weir.read_state(str(tmp_path / "chk")).keyed_state("count", "count")
+    assert dict(zip(state["key"], state["value"], strict=True)) == {
+        k: 1_500 + k for k in range(10)}
+
+
+def test_state_of_an_operator_the_job_lacks_is_refused_unless_allowed(tmp_path: Path) -> None:
+    import pandas as pd
+
+    savepoint = weir.write_savepoint(
+        tmp_path / "sp", uid="gone", max_parallelism=32,
+        states={"x": pd.DataFrame({"key": [1], "value": [1]})},
+        descriptors=[weir.ValueStateDescriptor[int]("x", weir.IntSerializer())])
+    with pytest.raises(weir.RestoreError, match="gone"):
+        counting_job(tmp_path, "hashmap").execute("strict", restore_from=savepoint)
+    counting_job(tmp_path, "hashmap").execute("lenient", restore_from=savepoint,
+                                              allow_non_restored_state=True)
+    assert len(read_stream_sink(tmp_path / "out")) == 5_000

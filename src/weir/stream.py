@@ -92,10 +92,18 @@ class StreamEnvironment:
         return DataStream(self, keyed=False)
 
     def execute(self, job_name: str = "job", *,
-                timeout: float | datetime.timedelta = 3600.0) -> JobResult:
+                timeout: float | datetime.timedelta = 3600.0,
+                restore_from: str | Path | None = None,
+                allow_non_restored_state: bool = False) -> JobResult:
         """Run the job until its bounded sources end (restarting after failures as the
         restart strategy allows); what it did. Raises
-        :class:`~weir.errors.JobFailedError` when it gives up."""
+        :class:`~weir.errors.JobFailedError` when it gives up.
+
+        The job continues from the latest completed checkpoint in its checkpoint
+        storage; with none there, from ``restore_from`` — a savepoint or checkpoint
+        written by any runtime (the harness, Spark, this one, ``weir.write_savepoint``)
+        at any parallelism, matched to the operators by uid; state of an operator the
+        job does not have is an error unless ``allow_non_restored_state``."""
         if self._source is None or self._process is None or self._sink is None:
             raise ConfigurationError(f"the job is incomplete: {_SHAPE}")
         assert self._key_by is not None
@@ -111,7 +119,9 @@ class StreamEnvironment:
             max_parallelism=self.max_parallelism, state_backend=self.state_backend,
             channel=self.channels, before_key_by=tuple(self._before),
             after_process=tuple(self._after))
-        return LocalJob(spec, self.checkpointing, restart=self.restart_strategy).run(
+        return LocalJob(spec, self.checkpointing, restart=self.restart_strategy,
+                        restore_from=restore_from,
+                        allow_non_restored_state=allow_non_restored_state).run(
             timeout_s=seconds)
 
 

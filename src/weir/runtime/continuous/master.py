@@ -47,9 +47,13 @@ from pyspark import cloudpickle
 
 from weir.api.checkpointing import CheckpointConfig, CheckpointingMode
 from weir.api.restart import RestartStrategy
-from weir.checkpoint.coordinator import CheckpointCoordinator, PendingCheckpoint
+from weir.checkpoint.coordinator import (
+    CheckpointCoordinator,
+    PendingCheckpoint,
+    load_checkpoint,
+)
 from weir.checkpoint.format import decode_part
-from weir.errors import JobFailedError
+from weir.errors import ConfigurationError, JobFailedError, WeirError
 from weir.runtime.continuous.control import ControlServer, TaskId
 from weir.runtime.continuous.graph import PipelineSpec
 from weir.runtime.continuous.scheduling import (
@@ -84,8 +88,12 @@ class LocalJob:
 
     def __init__(self, spec: PipelineSpec, checkpointing: CheckpointConfig, *,
                  restart: RestartStrategy | None = None, workdir: str | Path | None = None,
-                 retained: int = 3, sleep: Callable[[float], None] = time.sleep) -> None:
+                 retained: int = 3, sleep: Callable[[float], None] = time.sleep,
+                 restore_from: str | Path | None = None,
+                 allow_non_restored_state: bool = False) -> None:
         self.spec, self.checkpointing = spec, checkpointing
+        self.restore_from = None if restore_from is None else str(restore_from)
+        self.allow_non_restored_state = allow_non_restored_state
         #: Flink's default with checkpointing on: exponential delay
         self.restart = restart if restart is not None else RestartStrategy.exponential_delay()
         self.sleep = sleep
@@ -181,6 +189,25 @@ class LocalJob:
             raise self._failure(item)
         return item
 
+    def _restore_url(self) -> str | None:
+        """What every task restores: the latest completed checkpoint of this job, else
+        ``restore_from`` (a savepoint or checkpoint of any runtime, at any parallelism),
+        whose operators must all be in the job unless ``allow_non_restored_state``."""
+        latest = self.coordinator.latest()
+        if latest is not None:
+            return latest.url
+        if self.restore_from is None:
+            return None
+        try:
+            found = load_checkpoint(self.restore_from)
+        except (OSError, WeirError) as exc:
+            raise ConfigurationError(
+                f"job {self.spec.job!r}: cannot restore from {self.restore_from}: {exc}"
+            ) from exc
+        found.check_operators([self.spec.source_uid, self.spec.function_uid,
+                               self.spec.sink_uid], self.allow_non_restored_state)
+        return found.url
+
     def _check_heartbeats(self) -> None:
         """A running task not heard from within the heartbeat timeout is hung."""
         now = time.monotonic()
@@ -236,9 +263,7 @@ class LocalJob:
                 registered.add(got[0])
                 if got[0][0] == spec.function_uid:
                     addresses[str(got[0][1])] = got[1]["address"]
-        latest = self.coordinator.latest()
-        start = {"kind": "start", "addresses": addresses,
-                 "restore": latest.url if latest is not None else None}
+        start = {"kind": "start", "addresses": addresses, "restore": self._restore_url()}
         for task in tasks:
             server.send(task, start)
         def clock() -> int:
