@@ -355,3 +355,38 @@ def test_full_hashmap_checkpoints_keep_exactly_the_retained_ones(
     check_restores(latest, job.oracle, "rocksdb", 2)
     assert savepoint is not None and savepoint_oracle is not None
     check_restores(weir.load_checkpoint(tmp_path / "sp"), savepoint_oracle, "rocksdb", 3)
+
+
+def test_aborting_one_of_two_concurrent_incremental_checkpoints_spares_the_others_files(
+    tmp_path: Path,
+) -> None:
+    """Checkpoints n and n+1 pending at once (max_concurrent > 1) on RocksDB: aborting n
+    deletes n's new shared files only, never n+1's, which then completes and restores."""
+    from weir.testing import KeyedOperatorHarness as Harness
+
+    class Count(weir.KeyedProcessFunction[Any, Any]):
+        def open(self, ctx: Any) -> None:
+            self.n = ctx.get_state(weir.ValueStateDescriptor[int]("n", weir.IntSerializer()))
+
+        def process_element(self, value: Any, ctx: Any) -> None:
+            self.n.update((self.n.value() or 0) + 1)
+
+    coord = weir.CheckpointCoordinator(tmp_path / "chk")
+    with Harness(Count(), lambda k: k, uid="count", state_backend="rocksdb") as h:
+        h.process_elements(range(1_000))
+        checkpointer = h.checkpointer(coord.storage, "incremental")
+        first = coord.trigger()
+        snap_first = checkpointer.snapshot(first.checkpoint_id, first.timestamp_ms)
+        h.process_elements(range(1_000, 2_000))
+        second = coord.trigger()
+        snap_second = checkpointer.snapshot(second.checkpoint_id, second.timestamp_ms)
+        first.acknowledge("count", 1, 128, snap_first.result())
+        second.acknowledge("count", 1, 128, snap_second.result())
+        coord.abort(first)
+        checkpointer.notify_checkpoint_aborted(first.checkpoint_id)
+        done = coord.complete(second)
+        done.verify()  # every file of the surviving checkpoint is there and intact
+    with Harness.restore(Count(), lambda k: k, done, parallelism=1, subtask_index=0,
+                         uid="count", state_backend="hashmap") as restored:
+        n = weir.ValueStateDescriptor[int]("n", weir.IntSerializer())
+        assert restored.state_of(0, n) == 1 and restored.state_of(1_999, n) == 1

@@ -537,15 +537,19 @@ class CheckpointCoordinator:
             self._discard(free[0])
 
     def abort(self, pending: PendingCheckpoint) -> None:
-        """Give up ``pending``: delete what it wrote."""
+        """Give up ``pending``: delete what it wrote — its directory and the shared files
+        it uploaded (named ``shared/<operator>/<id>-…``) that no completed checkpoint
+        references. Shared files of other checkpoints are never touched: another one may
+        be pending at the same time (``max_concurrent`` > 1) and reference them."""
         if pending.kind is CheckpointKind.SAVEPOINT:
             for path in pending.storage.walk_files():
                 pending.storage.delete(path)
             return
         pending.storage.delete(pending.directory, recursive=True)
         keep = self.referenced_files()
+        mine = f"{pending.checkpoint_id}-"
         for path in self.storage.walk_files("shared"):
-            if path not in keep:
+            if posixpath.basename(path).startswith(mine) and path not in keep:
                 self.storage.delete(path)
 
     def _add(self, completed: CompletedCheckpoint) -> None:
