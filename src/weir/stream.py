@@ -20,7 +20,8 @@ failure restarts every task from the latest completed checkpoint.
 This release runs one shape of job — a source, stateless ``map`` / ``filter`` /
 ``flat_map`` steps (chained into the source's tasks), ``key_by(...).process(...)`` with a
 :class:`~weir.KeyedProcessFunction` (every state type, TTL, processing-time timers; the
-same operator core and checkpoint format as the harness and the Spark runtime),
+same operator core and checkpoint format as the harness and the Spark runtime; event
+time and its timers with a :class:`WatermarkStrategy` on the source),
 stateless steps again, and a two-phase-commit sink — exactly-once with aligned
 checkpoints, on this machine. Other shapes raise a clear error.
 """
@@ -37,6 +38,7 @@ from weir.api.checkpointing import CheckpointConfig, CheckpointingMode
 from weir.api.connectors import Sink, Source
 from weir.api.functions import KeyedProcessFunction
 from weir.api.restart import RestartStrategy
+from weir.api.watermarks import WatermarkStrategy
 from weir.errors import ConfigurationError
 from weir.runtime.continuous.channels import ChannelConfig
 from weir.runtime.continuous.graph import PipelineSpec
@@ -44,7 +46,7 @@ from weir.runtime.continuous.master import JobResult, LocalJob
 
 __all__ = [
     "ChannelConfig", "CheckpointConfig", "CheckpointingMode", "DataStream", "JobResult",
-    "KeyedStream", "RestartStrategy", "StreamEnvironment",
+    "KeyedStream", "RestartStrategy", "StreamEnvironment", "WatermarkStrategy",
 ]
 
 _SHAPE = ("the continuous runtime runs source -> [map/filter/flat_map] -> key_by -> "
@@ -79,16 +81,23 @@ class StreamEnvironment:
         self._process: tuple[KeyedProcessFunction[Any, Any], str, int] | None = None
         self._after: list[tuple[str, Callable[[Any], Any]]] = []
         self._sink: tuple[Sink[Any], str] | None = None
+        self._watermarks: WatermarkStrategy | None = None
 
-    def from_source(self, source: Source[Any], *, uid: str,
-                    parallelism: int | None = None) -> DataStream:
-        """A stream of ``source``'s records; ``uid`` names its state (positions)."""
+    def from_source(self, source: Source[Any], *, uid: str, parallelism: int | None = None,
+                    watermarks: WatermarkStrategy | None = None) -> DataStream:
+        """A stream of ``source``'s records; ``uid`` names its state (positions).
+        ``watermarks`` gives records their event time (``ctx.timestamp``) and drives
+        event-time timers."""
         if self._source is not None:
             raise ConfigurationError(f"a second source {uid!r}: {_SHAPE}")
         if not isinstance(source, Source):
             raise ConfigurationError(f"from_source needs a weir.api.connectors.Source, got "
                                      f"{type(source).__name__}")
+        if watermarks is not None and not isinstance(watermarks, WatermarkStrategy):
+            raise ConfigurationError(f"watermarks must be a WatermarkStrategy, got "
+                                     f"{type(watermarks).__name__}")
         self._source = (source, uid, parallelism or self.parallelism)
+        self._watermarks = watermarks
         return DataStream(self, keyed=False)
 
     def execute(self, job_name: str = "job", *,
@@ -118,7 +127,7 @@ class StreamEnvironment:
             sink=sink, sink_uid=sink_uid, checkpoint_storage=self.checkpoint_storage,
             max_parallelism=self.max_parallelism, state_backend=self.state_backend,
             channel=self.channels, before_key_by=tuple(self._before),
-            after_process=tuple(self._after))
+            after_process=tuple(self._after), watermarks=self._watermarks)
         return LocalJob(spec, self.checkpointing, restart=self.restart_strategy,
                         restore_from=restore_from,
                         allow_non_restored_state=allow_non_restored_state).run(

@@ -14,6 +14,7 @@ from typing import Any
 
 from weir.api.connectors import Sink, Source
 from weir.api.functions import KeyedProcessFunction
+from weir.api.watermarks import WatermarkStrategy
 from weir.errors import ConfigurationError
 from weir.runtime.continuous.channels import DEFAULT_CONFIG, ChannelConfig
 from weir.state.keygroups import check_parallelism
@@ -71,6 +72,8 @@ class PipelineSpec:
     #: a task whose main loop is silent this long is taken as hung (Flink's
     #: heartbeat.timeout: 50 s)
     heartbeat_timeout_s: float = 50.0
+    #: event time: records travel as (timestamp, record) and sources send watermarks
+    watermarks: WatermarkStrategy | None = None
 
     def __post_init__(self) -> None:
         uids = [self.source_uid, self.function_uid, self.sink_uid]

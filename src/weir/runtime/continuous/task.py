@@ -50,7 +50,7 @@ from weir.runtime.continuous.graph import PipelineSpec, chain
 from weir.runtime.continuous.wire import Kind
 from weir.runtime.nonkeyed import NonKeyedOperator
 from weir.runtime.operator import KeyedOperator
-from weir.runtime.operator_base import OperatorConfig
+from weir.runtime.operator_base import MAX_WATERMARK, MIN_WATERMARK, OperatorConfig
 from weir.state.keygroups import assign_key_to_parallel_operator
 
 __all__ = ["KeyedTask", "SourceTask"]
@@ -173,6 +173,18 @@ class SourceTask(_Task):
         steps = chain(spec.before_key_by)
         m = spec.max_parallelism
         exhausted = False
+        strategy = spec.watermarks
+        stamp = strategy.timestamp_assigner if strategy is not None else None
+        largest, sent = MIN_WATERMARK, MIN_WATERMARK
+        next_watermark = time.monotonic()
+
+        def send_watermark(watermark: int) -> None:
+            nonlocal sent
+            if watermark > sent:
+                sent = watermark
+                for out in outs:
+                    out.emit_event({"kind": "watermark", "ts": watermark})
+
         while True:
             message = self.control.receive(0.05 if exhausted else 0)
             while message is not None:
@@ -199,13 +211,25 @@ class SourceTask(_Task):
             records = reader.poll(spec.source_batch)
             if records is None:
                 exhausted = True
+                if stamp is not None:  # every event-time timer fires before the end
+                    send_watermark(MAX_WATERMARK)
                 for out in outs:
                     out.flush(wait=False)
                 self.control.send({"kind": "source_end"})
                 continue
             for raw in records:
                 for record in steps(raw):
-                    outs[assign_key_to_parallel_operator(key_of(record), m, route)].emit(record)
+                    out = outs[assign_key_to_parallel_operator(key_of(record), m, route)]
+                    if stamp is None:
+                        out.emit(record)
+                    else:
+                        ts = int(stamp(record))
+                        largest = max(largest, ts)
+                        out.emit((ts, record))
+            if strategy is not None and time.monotonic() >= next_watermark:
+                next_watermark = time.monotonic() + strategy.interval_ms / 1000
+                if largest > MIN_WATERMARK:
+                    send_watermark(largest - strategy.max_out_of_orderness_ms - 1)
 
 
 class KeyedTask(_Task):
@@ -264,6 +288,13 @@ class KeyedTask(_Task):
                 writer.write(record)
 
         next_tick = time.monotonic()
+        event_time = spec.watermarks is not None
+        watermarks = [MIN_WATERMARK] * spec.source_parallelism
+
+        def advance() -> None:
+            for out in self.op.advance_watermark(min(watermarks)):
+                write(out)
+
         while not gate.finished:
             message = self.control.receive(0)
             while message is not None:
@@ -277,11 +308,22 @@ class KeyedTask(_Task):
             if got is not None:
                 channel, kind, item = got
                 if kind is Kind.DATA:
-                    for record in item:
-                        for out in process(record):
-                            write(out)
+                    if event_time:
+                        for ts, record in item:
+                            for out in process(record, ts):
+                                write(out)
+                    else:
+                        for record in item:
+                            for out in process(record):
+                                write(out)
+                elif item.get("kind") == "watermark":
+                    watermarks[channel] = max(watermarks[channel], int(item["ts"]))
+                    advance()
                 else:
                     handler.on_event(channel, item)
+                    if item.get("kind") == "end":
+                        watermarks[channel] = MAX_WATERMARK  # no longer holds time back
+                        advance()
             if time.monotonic() >= next_tick:  # processing-time timers, heartbeat
                 for out in self.op.advance_processing_time():
                     write(out)

@@ -1,0 +1,99 @@
+"""Event time on the continuous runtime: records carry their timestamp
+(``ctx.timestamp``), watermarks trail the largest one by the bound, event-time timers
+fire as the smallest watermark of a task's inputs passes them, and every timer fires
+by the end (the final watermark) — each exactly once, also across a SIGKILL restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark import cloudpickle
+
+import weir
+from weir.api.checkpointing import CheckpointConfig
+from weir.api.watermarks import WatermarkStrategy
+from weir.connectors.stream import FileSink, SequenceSource, read_stream_sink
+from weir.runtime.continuous.graph import PipelineSpec
+from weir.runtime.continuous.master import LocalJob
+
+KEYS = 20
+
+
+class Deadlines(weir.KeyedProcessFunction[int, list[Any]]):
+    """Each record (event time = its number times 10 ms) sets a timer 1 s later; a record
+    arriving after the watermark passed its own timer time would be a bug."""
+
+    def process_element(self, value: int, ctx: Any) -> Any:
+        assert ctx.timestamp == value * 10
+        assert ctx.current_watermark() < ctx.timestamp + 1_000
+        ctx.timer_service.register_event_time_timer(ctx.timestamp + 1_000)
+        yield ["record", value % KEYS, value]
+
+    def on_timer(self, timestamp: int, ctx: Any) -> Any:
+        yield ["timer", ctx.current_key, timestamp]
+
+
+@pytest.fixture(autouse=True)
+def _by_value() -> None:
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def job(tmp_path: Path, backend: str, n: int, rate: float | None) -> LocalJob:
+    spec = PipelineSpec(
+        job="deadlines", source=SequenceSource(n, rate), source_uid="numbers",
+        source_parallelism=2, key_selector=lambda v: v % KEYS, function=Deadlines(),
+        function_uid="deadlines", parallelism=2, sink=FileSink(tmp_path / "out"),
+        sink_uid="sink", checkpoint_storage=str(tmp_path / "chk"), state_backend=backend,
+        max_parallelism=32,
+        watermarks=WatermarkStrategy.bounded_out_of_orderness(50, lambda v: v * 10,
+                                                              interval=20))
+    return LocalJob(spec, CheckpointConfig(interval_ms=50),
+                    restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0))
+
+
+def check(tmp_path: Path, n: int) -> None:
+    out = read_stream_sink(tmp_path / "out")
+    records = Counter(r[2] for r in out if r[0] == "record")
+    assert set(records) == set(range(n)) and max(records.values()) == 1
+    timers = Counter((r[1], r[2]) for r in out if r[0] == "timer")
+    expected = {(v % KEYS, v * 10 + 1_000) for v in range(n)}  # one per distinct time
+    assert set(timers) == expected and max(timers.values()) == 1
+
+
+def test_every_event_time_timer_fires_once_by_the_end(tmp_path: Path, backend: str) -> None:
+    n = 20_000
+    result = job(tmp_path, backend, n, None).run(timeout_s=120)
+    assert result.restarts == 0
+    check(tmp_path, n)
+
+
+def test_event_time_timers_fire_once_across_a_sigkill(tmp_path: Path) -> None:
+    n = 100_000
+    running = job(tmp_path, "rocksdb", n, rate=25_000)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            running.run(timeout_s=120)
+        except BaseException as exc:
+            errors.append(exc)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    deadline = time.monotonic() + 60
+    while len(running.result.completed) < 3:
+        assert time.monotonic() < deadline and runner.is_alive(), errors
+        time.sleep(0.01)
+    os.kill(running._procs[("deadlines", 1)].pid, signal.SIGKILL)
+    runner.join(120)
+    assert not runner.is_alive() and not errors, errors
+    assert running.result.restarts == 1
+    check(tmp_path, n)
