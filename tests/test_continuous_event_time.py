@@ -18,6 +18,7 @@ import pytest
 from pyspark import cloudpickle
 
 import weir
+import weir.api.connectors
 from weir.api.checkpointing import CheckpointConfig
 from weir.api.watermarks import WatermarkStrategy
 from weir.connectors.stream import FileSink, SequenceSource, read_stream_sink
@@ -97,3 +98,67 @@ def test_event_time_timers_fire_once_across_a_sigkill(tmp_path: Path) -> None:
     assert not runner.is_alive() and not errors, errors
     assert running.result.restarts == 1
     check(tmp_path, n)
+
+
+class HalfSilent(weir.api.connectors.Source[int]):
+    """Subtask 0: the numbers 0, 2, 4, … below ``n`` at a rate; subtask 1: nothing
+    until the file ``stop`` exists, then its end."""
+
+    def __init__(self, n: int, stop: str) -> None:
+        self.n, self.stop = n, stop
+
+    def reader(self, subtask: int, parallelism: int, positions: Any) -> Any:
+        from weir.connectors.stream import SequenceSource as Seq
+
+        if subtask == 0:
+            return Seq(self.n, 2_000).reader(0, 2, positions)
+        stop = self.stop
+
+        class Silent(weir.api.connectors.SourceReader[int]):
+            def poll(self, max_records: int) -> list[int] | None:
+                if os.path.exists(stop):
+                    return None
+                time.sleep(0.005)
+                return []
+
+            def positions(self) -> list[Any]:
+                return []
+
+        return Silent()
+
+
+def test_an_idle_source_subtask_does_not_hold_event_time_back(tmp_path: Path) -> None:
+    import dataclasses
+
+    stop = tmp_path / "stop"
+    n = 10_000
+    base = job(tmp_path, "hashmap", n, None)
+    strategy = WatermarkStrategy.bounded_out_of_orderness(
+        50, lambda v: v * 10, interval=20).with_idleness(100)
+    running = LocalJob(dataclasses.replace(base.spec, source=HalfSilent(n, str(stop)),
+                                           watermarks=strategy),
+                       CheckpointConfig(interval_ms=50))
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            running.run(timeout_s=120)
+        except BaseException as exc:
+            errors.append(exc)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    deadline = time.monotonic() + 60
+    out = tmp_path / "out"
+    # timers fire (and commit) while subtask 1 has sent nothing and not ended
+    while not any(r[0] == "timer" for r in read_stream_sink(out)) if out.exists() else True:
+        assert time.monotonic() < deadline and runner.is_alive(), errors
+        time.sleep(0.05)
+    stop.touch()
+    runner.join(120)
+    assert not runner.is_alive() and not errors, errors
+    rows = read_stream_sink(out)
+    assert sorted(r[2] for r in rows if r[0] == "record") == list(range(0, n, 2))
+    timers = Counter((r[1], r[2]) for r in rows if r[0] == "timer")
+    assert set(timers) == {(v % KEYS, v * 10 + 1_000) for v in range(0, n, 2)}
+    assert max(timers.values()) == 1

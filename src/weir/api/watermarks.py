@@ -5,7 +5,8 @@ A source task assigns each record its timestamp and, every ``interval_ms`` (Flin
 ``pipeline.auto-watermark-interval``, 200 ms), sends the watermark ``largest
 timestamp - max_out_of_orderness - 1`` downstream when it advanced. A task's event
 time is the smallest watermark of its open inputs (an ended input no longer holds it
-back); event-time timers fire as it passes them. At the end of a bounded input the
+back, nor does an idle one: ``with_idleness``); event-time timers fire as it passes
+them. At the end of a bounded input the
 source sends the largest watermark, so every event-time timer fires before the final
 checkpoint.
 """
@@ -40,6 +41,14 @@ class WatermarkStrategy:
     max_out_of_orderness_ms: int = 0
     #: how often (ms) a source task sends its watermark
     interval_ms: int = 200
+    #: a source task without records this long (ms) is idle: it no longer holds event
+    #: time back until it has records again (None: never idle)
+    idleness_ms: int | None = None
+
+    def with_idleness(self, timeout: float | datetime.timedelta) -> WatermarkStrategy:
+        """The same strategy, with a source task idle after ``timeout`` (ms or
+        timedelta) without records (Flink's ``withIdleness``)."""
+        return dataclasses.replace(self, idleness_ms=max(1, _ms(timeout, "timeout")))
 
     @staticmethod
     def bounded_out_of_orderness(max_out_of_orderness: float | datetime.timedelta,

@@ -177,11 +177,12 @@ class SourceTask(_Task):
         stamp = strategy.timestamp_assigner if strategy is not None else None
         largest, sent = MIN_WATERMARK, MIN_WATERMARK
         next_watermark = time.monotonic()
+        last_record, idle = time.monotonic(), False
 
         def send_watermark(watermark: int) -> None:
-            nonlocal sent
-            if watermark > sent:
-                sent = watermark
+            nonlocal sent, idle
+            if watermark > sent or (idle and watermark >= sent):
+                sent, idle = watermark, False
                 for out in outs:
                     out.emit_event({"kind": "watermark", "ts": watermark})
 
@@ -217,6 +218,8 @@ class SourceTask(_Task):
                     out.flush(wait=False)
                 self.control.send({"kind": "source_end"})
                 continue
+            if records:
+                last_record = time.monotonic()
             for raw in records:
                 for record in steps(raw):
                     out = outs[assign_key_to_parallel_operator(key_of(record), m, route)]
@@ -228,7 +231,14 @@ class SourceTask(_Task):
                         out.emit((ts, record))
             if strategy is not None and time.monotonic() >= next_watermark:
                 next_watermark = time.monotonic() + strategy.interval_ms / 1000
-                if largest > MIN_WATERMARK:
+                quiet = strategy.idleness_ms is not None and (
+                    time.monotonic() - last_record) * 1000 >= strategy.idleness_ms
+                if quiet:
+                    if not idle:
+                        idle = True  # no longer holds event time back downstream
+                        for out in outs:
+                            out.emit_event({"kind": "idle"})
+                elif largest > MIN_WATERMARK:  # (a watermark ends idleness downstream)
                     send_watermark(largest - strategy.max_out_of_orderness_ms - 1)
 
 
@@ -291,9 +301,13 @@ class KeyedTask(_Task):
         event_time = spec.watermarks is not None
         watermarks = [MIN_WATERMARK] * spec.source_parallelism
 
+        idle: set[int] = set()
+
         def advance() -> None:
-            for out in self.op.advance_watermark(min(watermarks)):
-                write(out)
+            active = [w for c, w in enumerate(watermarks) if c not in idle]
+            if active:  # all idle: event time stands still
+                for out in self.op.advance_watermark(min(active)):
+                    write(out)
 
         while not gate.finished:
             message = self.control.receive(0)
@@ -318,6 +332,10 @@ class KeyedTask(_Task):
                                 write(out)
                 elif item.get("kind") == "watermark":
                     watermarks[channel] = max(watermarks[channel], int(item["ts"]))
+                    idle.discard(channel)
+                    advance()
+                elif item.get("kind") == "idle":
+                    idle.add(channel)
                     advance()
                 else:
                     handler.on_event(channel, item)
