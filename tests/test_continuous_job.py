@@ -224,3 +224,33 @@ def test_at_least_once_loses_nothing_across_a_kill(tmp_path: Path) -> None:
     assert job.result.restarts == 1
     numbers = {r[1] for r in read_stream_sink(tmp_path / "out")}
     assert len(set(range(n)) - numbers) == 0
+
+
+def test_the_sqlite_sink_is_exactly_once_across_a_sigkill(tmp_path: Path) -> None:
+    import dataclasses
+    import os
+    import signal
+    import threading
+    import time
+
+    from weir.connectors.stream import SqliteSink, read_sqlite_stream_sink
+
+    n = 150_000
+    db = tmp_path / "out.db"
+    job = LocalJob(dataclasses.replace(spec(tmp_path, "hashmap", n, rate=30_000),
+                                       sink=SqliteSink(db, table="counts")),
+                   CheckpointConfig(interval_ms=100),
+                   restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0))
+    errors: list[BaseException] = []
+    runner = threading.Thread(target=lambda: _run(job, errors))
+    runner.start()
+    deadline = time.monotonic() + 60
+    while len(job.result.completed) < 3:
+        assert time.monotonic() < deadline and runner.is_alive(), errors
+        time.sleep(0.01)
+    os.kill(job._procs[("count", 0)].pid, signal.SIGKILL)
+    runner.join(120)
+    assert not runner.is_alive() and not errors, errors
+    assert job.result.restarts == 1
+    numbers = Counter(r[1] for r in read_sqlite_stream_sink(db, table="counts"))
+    assert set(numbers) == set(range(n)) and max(numbers.values()) == 1

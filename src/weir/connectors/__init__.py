@@ -23,11 +23,19 @@ from weir.connectors.sqlite import (
     committed_sqlite_batches,
     read_sqlite_sink,
 )
-from weir.connectors.stream import FileSink, SequenceSource, read_stream_sink
+from weir.connectors.stream import (
+    FileSink,
+    SequenceSource,
+    SqliteSink,
+    read_sqlite_stream_sink,
+    read_stream_sink,
+)
 
 __all__ = [
     "FileSink",
     "SequenceSource",
+    "SqliteSink",
+    "read_sqlite_stream_sink",
     "read_stream_sink",
     "FILE_SINK_NAME",
     "SQLITE_SINK_NAME",

@@ -15,6 +15,8 @@
   A committable is the pending file's name; committing renames it (a second commit
   finds the part file and does nothing). Files of earlier attempts left in
   ``.pending`` that no checkpoint holds are deleted on restore.
+* :class:`SqliteSink` — JSON records in a SQLite table, exactly-once by two-phase
+  commit through a staging table (see the class).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from typing import Any
 
 from weir.api.connectors import Sink, SinkWriter, Source, SourceReader
 
-__all__ = ["FileSink", "SequenceSource", "read_stream_sink"]
+__all__ = ["FileSink", "SequenceSource", "SqliteSink", "read_sqlite_stream_sink",
+           "read_stream_sink"]
 
 
 class _SequenceReader(SourceReader[int]):
@@ -149,3 +152,109 @@ def read_stream_sink(path: str | Path) -> list[Any]:
         with open(part, encoding="utf-8") as f:
             out.extend(json.loads(line) for line in f)
     return out
+
+
+class _SqliteWriter(SinkWriter[Any]):
+    def __init__(self, sink: SqliteSink, subtask: int, attempt: int) -> None:
+        self.sink, self.subtask, self.attempt = sink, subtask, attempt
+        self._n = 0
+        self._rows: list[tuple[str, str]] = []
+        self._conn = sink._connect()
+
+    def _txn(self) -> str:
+        return f"{self.attempt:05d}-{self.subtask:05d}-{self._n:09d}"
+
+    def write(self, record: Any) -> None:
+        self._rows.append((self._txn(), json.dumps(record)))
+        if len(self._rows) >= 1_000:
+            self._stage()
+
+    def _stage(self) -> None:
+        if self._rows:
+            with self._conn:
+                self._conn.executemany(
+                    f"INSERT INTO {self.sink.staging} (txn, value) VALUES (?, ?)", self._rows)
+            self._rows = []
+
+    def prepare_commit(self, checkpoint_id: int) -> Any:
+        self._stage()
+        txn = self._txn()
+        self._n += 1
+        found = self._conn.execute(
+            f"SELECT 1 FROM {self.sink.staging} WHERE txn = ? LIMIT 1", (txn,)).fetchone()
+        return txn if found else None
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class SqliteSink(Sink[Any]):
+    """Records as JSON in table ``table`` of the SQLite database ``path``, exactly-once
+    by two-phase commit: a writer stages its transaction's rows in ``<table>_staging``
+    under a transaction id (the committable); committing moves them into ``table`` and
+    records the id in ``<table>_committed``, in one SQLite transaction, so a second
+    commit of the same id does nothing."""
+
+    def __init__(self, path: str | Path, *, table: str = "records") -> None:
+        if not table.isidentifier():
+            raise ValueError(f"table must be an identifier, got {table!r}")
+        self.path, self.table = str(path), table
+        self.staging, self.committed = f"{table}_staging", f"{table}_committed"
+
+    def _connect(self) -> Any:
+        import sqlite3
+
+        conn = sqlite3.connect(self.path, timeout=60.0)
+        conn.execute("PRAGMA journal_mode=WAL")
+        with conn:
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {self.table} "
+                         f"(txn TEXT NOT NULL, value TEXT NOT NULL)")
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {self.staging} "
+                         f"(txn TEXT NOT NULL, value TEXT NOT NULL)")
+            conn.execute(f"CREATE INDEX IF NOT EXISTS {self.staging}_txn "
+                         f"ON {self.staging} (txn)")
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {self.committed} "
+                         f"(txn TEXT PRIMARY KEY)")
+        return conn
+
+    def writer(self, subtask: int, parallelism: int, attempt: int) -> SinkWriter[Any]:
+        return _SqliteWriter(self, subtask, attempt)
+
+    def commit(self, committables: list[Any]) -> None:
+        conn = self._connect()
+        try:
+            with conn:
+                for txn in committables:
+                    done = conn.execute(f"SELECT 1 FROM {self.committed} WHERE txn = ?",
+                                        (txn,)).fetchone()
+                    if done:
+                        continue
+                    conn.execute(f"INSERT INTO {self.table} (txn, value) SELECT txn, value "
+                                 f"FROM {self.staging} WHERE txn = ? ORDER BY rowid", (txn,))
+                    conn.execute(f"DELETE FROM {self.staging} WHERE txn = ?", (txn,))
+                    conn.execute(f"INSERT INTO {self.committed} (txn) VALUES (?)", (txn,))
+        finally:
+            conn.close()
+
+    def abort_attempts(self, before: int, keep: list[Any]) -> None:
+        conn = self._connect()
+        try:
+            with conn:
+                rows = conn.execute(f"SELECT DISTINCT txn FROM {self.staging}").fetchall()
+                for (txn,) in rows:
+                    if int(txn.split("-", 1)[0]) < before and txn not in set(keep):
+                        conn.execute(f"DELETE FROM {self.staging} WHERE txn = ?", (txn,))
+        finally:
+            conn.close()
+
+
+def read_sqlite_stream_sink(path: str | Path, *, table: str = "records") -> list[Any]:
+    """Every committed record of a :class:`SqliteSink` table, in commit order."""
+    import sqlite3
+
+    conn = sqlite3.connect(str(path))
+    try:
+        rows = conn.execute(f"SELECT value FROM {table} ORDER BY rowid").fetchall()
+    finally:
+        conn.close()
+    return [json.loads(v) for (v,) in rows]
