@@ -222,28 +222,42 @@ class SqliteSink(Sink[Any]):
 
     def commit(self, committables: list[Any]) -> None:
         conn = self._connect()
+        conn.isolation_level = None  # explicit transactions below
         try:
-            with conn:
+            # every subtask commits the recovered committables at once after a restore:
+            # take the write lock first, then claim each id (a claimed one is skipped)
+            conn.execute("BEGIN IMMEDIATE")
+            try:
                 for txn in committables:
-                    done = conn.execute(f"SELECT 1 FROM {self.committed} WHERE txn = ?",
-                                        (txn,)).fetchone()
-                    if done:
+                    claimed = conn.execute(
+                        f"INSERT OR IGNORE INTO {self.committed} (txn) VALUES (?)", (txn,))
+                    if claimed.rowcount != 1:
                         continue
                     conn.execute(f"INSERT INTO {self.table} (txn, value) SELECT txn, value "
                                  f"FROM {self.staging} WHERE txn = ? ORDER BY rowid", (txn,))
                     conn.execute(f"DELETE FROM {self.staging} WHERE txn = ?", (txn,))
-                    conn.execute(f"INSERT INTO {self.committed} (txn) VALUES (?)", (txn,))
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
         finally:
             conn.close()
 
     def abort_attempts(self, before: int, keep: list[Any]) -> None:
         conn = self._connect()
+        conn.isolation_level = None
+        kept = set(keep)
         try:
-            with conn:
+            conn.execute("BEGIN IMMEDIATE")  # (read then write: take the lock first)
+            try:
                 rows = conn.execute(f"SELECT DISTINCT txn FROM {self.staging}").fetchall()
                 for (txn,) in rows:
-                    if int(txn.split("-", 1)[0]) < before and txn not in set(keep):
+                    if int(txn.split("-", 1)[0]) < before and txn not in kept:
                         conn.execute(f"DELETE FROM {self.staging} WHERE txn = ?", (txn,))
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
         finally:
             conn.close()
 
