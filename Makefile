@@ -45,10 +45,12 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q
 
-# The long fault-injection run: kill -9 of executors and drivers on local-cluster,
-# six seeds (make test runs one).
+# The long fault-injection runs: kill -9 of executors and drivers on local-cluster,
+# six seeds (make test runs one); Flink's acceptance shape on the continuous runtime
+# over both backends (make test runs RocksDB).
 soak: setup
 	WEIR_FAULT_SEEDS=0,1,2,3,4,5 $(PY) -m pytest -q -s tests/test_spark_cluster_faults.py
+	WEIR_SOAK=1 $(PY) -m pytest -q tests/test_continuous_acceptance.py
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench

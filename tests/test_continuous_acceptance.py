@@ -95,6 +95,13 @@ def oracle(rows: list[list[int]], n: int) -> tuple[int, int, int]:
     return lost, dup, disorder
 
 
+# make test runs it on RocksDB (the backend with more to get wrong on restore: native
+# checkpoints, shared files); make soak (WEIR_SOAK=1) on both.
+SOAK_BACKENDS = ["hashmap", "rocksdb"] if os.environ.get("WEIR_SOAK") else ["rocksdb"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", SOAK_BACKENDS)
 def test_five_failures_at_every_stage_lose_duplicate_or_reorder_nothing(
     tmp_path: Path, backend: str
 ) -> None:

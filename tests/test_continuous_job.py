@@ -128,7 +128,7 @@ def test_tasks_killed_with_sigkill_restart_from_the_latest_checkpoint_exactly_on
     import threading
     import time
 
-    n = 400_000
+    n = 240_000
     sleeps: list[float] = []
     job = LocalJob(spec(tmp_path, backend, n, rate=40_000), CheckpointConfig(interval_ms=100),
                    restart=weir.RestartStrategy.fixed_delay(attempts=2, delay=0.5),
