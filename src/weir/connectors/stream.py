@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -217,49 +218,46 @@ class SqliteSink(Sink[Any]):
                          f"(txn TEXT PRIMARY KEY)")
         return conn
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[Any]:
+        """A connection in a transaction holding the write lock (``BEGIN IMMEDIATE``),
+        committed at the end of the block, rolled back on an error."""
+        conn = self._connect()
+        conn.isolation_level = None
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        finally:
+            conn.close()
+
     def writer(self, subtask: int, parallelism: int, attempt: int) -> SinkWriter[Any]:
         return _SqliteWriter(self, subtask, attempt)
 
     def commit(self, committables: list[Any]) -> None:
-        conn = self._connect()
-        conn.isolation_level = None  # explicit transactions below
-        try:
-            # every subtask commits the recovered committables at once after a restore:
-            # take the write lock first, then claim each id (a claimed one is skipped)
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for txn in committables:
-                    claimed = conn.execute(
-                        f"INSERT OR IGNORE INTO {self.committed} (txn) VALUES (?)", (txn,))
-                    if claimed.rowcount != 1:
-                        continue
-                    conn.execute(f"INSERT INTO {self.table} (txn, value) SELECT txn, value "
-                                 f"FROM {self.staging} WHERE txn = ? ORDER BY rowid", (txn,))
-                    conn.execute(f"DELETE FROM {self.staging} WHERE txn = ?", (txn,))
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-        finally:
-            conn.close()
+        # every subtask commits the recovered committables at once after a restore: the
+        # write lock first, then claim each id (one claimed already is skipped)
+        with self._locked() as conn:
+            for txn in committables:
+                claimed = conn.execute(
+                    f"INSERT OR IGNORE INTO {self.committed} (txn) VALUES (?)", (txn,))
+                if claimed.rowcount != 1:
+                    continue
+                conn.execute(f"INSERT INTO {self.table} (txn, value) SELECT txn, value "
+                             f"FROM {self.staging} WHERE txn = ? ORDER BY rowid", (txn,))
+                conn.execute(f"DELETE FROM {self.staging} WHERE txn = ?", (txn,))
 
     def abort_attempts(self, before: int, keep: list[Any]) -> None:
-        conn = self._connect()
-        conn.isolation_level = None
         kept = set(keep)
-        try:
-            conn.execute("BEGIN IMMEDIATE")  # (read then write: take the lock first)
-            try:
-                rows = conn.execute(f"SELECT DISTINCT txn FROM {self.staging}").fetchall()
-                for (txn,) in rows:
-                    if int(txn.split("-", 1)[0]) < before and txn not in kept:
-                        conn.execute(f"DELETE FROM {self.staging} WHERE txn = ?", (txn,))
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-        finally:
-            conn.close()
+        with self._locked() as conn:  # (read, then write: the lock first)
+            rows = conn.execute(f"SELECT DISTINCT txn FROM {self.staging}").fetchall()
+            for (txn,) in rows:
+                if int(txn.split("-", 1)[0]) < before and txn not in kept:
+                    conn.execute(f"DELETE FROM {self.staging} WHERE txn = ?", (txn,))
 
 
 def read_sqlite_stream_sink(path: str | Path, *, table: str = "records") -> list[Any]:

@@ -257,6 +257,14 @@ class KeyedTask(_Task):
         #: (checkpoint id, committable) prepared and not yet committed
         self.committables: list[list[Any]] = []
 
+    def notified(self, message: dict[str, Any]) -> None:
+        """Also commit the sink's transactions up to a completed checkpoint."""
+        if message["kind"] == "complete":
+            done = int(message["id"])
+            self.spec.sink.commit([c for cid, c in self.committables if cid <= done])
+            self.committables = [e for e in self.committables if e[0] > done]
+        super().notified(message)
+
     def listen(self, secret: bytes) -> tuple[ChannelServer, InputGate]:
         server = ChannelServer(secret=secret, job=self.spec.job)
         gate = server.gate(EDGE, self.subtask, self.spec.source_parallelism, self.spec.channel)
@@ -312,10 +320,6 @@ class KeyedTask(_Task):
         while not gate.finished:
             message = self.control.receive(0)
             while message is not None:
-                if message["kind"] == "complete":
-                    done = int(message["id"])
-                    spec.sink.commit([c for cid, c in self.committables if cid <= done])
-                    self.committables = [e for e in self.committables if e[0] > done]
                 self.notified(message)
                 message = self.control.receive(0)
             got = gate.poll(0.02)
@@ -350,12 +354,11 @@ class KeyedTask(_Task):
         # every input ended (after the final checkpoint): wait for its notification
         while self.committables:
             message = self.control.receive(30.0)
-            if message is None:
-                break
-            if message["kind"] == "complete":
-                done = int(message["id"])
-                spec.sink.commit([c for cid, c in self.committables if cid <= done])
-                self.committables = [e for e in self.committables if e[0] > done]
+            if message is None:  # never finish with prepared transactions uncommitted
+                raise ChannelError(
+                    f"task {spec.function_uid}[{self.subtask}]: its inputs ended but no "
+                    f"checkpoint completed the transactions {self.committables} for 30 s; "
+                    f"the job restarts from its latest checkpoint")
             self.notified(message)
         writer.close()
         self.op.close()  # the function's close(); an error fails the task
