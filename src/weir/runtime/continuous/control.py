@@ -28,6 +28,7 @@ from weir.errors import ChannelError, ConfigurationError
 from weir.runtime.continuous.wire import (
     VERSION,
     Kind,
+    Listener,
     Refused,
     dial,
     greet,
@@ -54,11 +55,9 @@ class ControlServer:
         self.handler, self.secret, self.job = handler, secret, job
         self._lock = threading.Lock()
         self._tasks: dict[TaskId, tuple[socket.socket, threading.Lock]] = {}
-        self._listener = socket.create_server((host, port))
-        self.address: tuple[str, int] = (host, self._listener.getsockname()[1])
         self.refused = 0
-        self._closed = False
-        threading.Thread(target=self._accept, name="weir-control-server", daemon=True).start()
+        self._listener = Listener(host, port, self._serve, "weir-control-server")
+        self.address = self._listener.address
 
     @property
     def tasks(self) -> set[TaskId]:
@@ -82,9 +81,7 @@ class ControlServer:
 
     def close(self) -> None:
         """Stop accepting and close every task's connection."""
-        self._closed = True
-        with contextlib.suppress(OSError):
-            self._listener.close()
+        self._listener.close()
         with self._lock:
             entries = list(self._tasks.values())
         for sock, _ in entries:
@@ -92,14 +89,6 @@ class ControlServer:
                 sock.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 sock.close()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                sock, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
 
     def _serve(self, sock: socket.socket) -> None:
         where = f"a task connecting to the coordinator at {self.address[0]}:{self.address[1]}"
@@ -135,7 +124,7 @@ class ControlServer:
                 self._tasks.pop(task, None)
             with contextlib.suppress(OSError):
                 sock.close()
-        if not self._closed:
+        if not self._listener.closed:
             self.handler(task, {"kind": "disconnected", "error": error})
 
 

@@ -18,7 +18,15 @@ import msgpack
 
 from weir.errors import ChannelError, ConfigurationError
 from weir.runtime.continuous.channels import DEFAULT_CONFIG, U32, ChannelConfig
-from weir.runtime.continuous.wire import Kind, Refused, greet, read_frame, refuse, write_frame
+from weir.runtime.continuous.wire import (
+    Kind,
+    Listener,
+    Refused,
+    greet,
+    read_frame,
+    refuse,
+    write_frame,
+)
 
 __all__ = ["ChannelServer", "InputGate"]
 
@@ -205,12 +213,9 @@ class ChannelServer:
         self.secret, self.job = secret, job
         self._gates: dict[tuple[str, int], InputGate] = {}
         self._lock = threading.Lock()
-        self._listener = socket.create_server((host, port))
-        self.address: tuple[str, int] = (host, self._listener.getsockname()[1])
         self.refused = 0
-        self._closed = False
-        threading.Thread(target=self._accept, name=f"channel server {self.address}",
-                         daemon=True).start()
+        self._listener = Listener(host, port, self._handshake, f"channel server {host}:{port}")
+        self.address = self._listener.address
 
     def gate(self, edge: str, consumer: int, producers: int,
              config: ChannelConfig = DEFAULT_CONFIG) -> InputGate:
@@ -223,17 +228,7 @@ class ChannelServer:
 
     def close(self) -> None:
         """Stop accepting; the gates close their own channels."""
-        self._closed = True
-        with contextlib.suppress(OSError):
-            self._listener.close()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                sock, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handshake, args=(sock,), daemon=True).start()
+        self._listener.close()
 
     def _handshake(self, sock: socket.socket) -> None:
         where = f"a producer connecting to {self.address[0]}:{self.address[1]}"

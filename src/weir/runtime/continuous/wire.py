@@ -40,15 +40,17 @@ import hmac
 import os
 import socket
 import struct
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
 
 from weir.errors import ChannelError
 
-__all__ = ["MAX_FRAME", "VERSION", "Kind", "Refused", "dial", "greet", "hello_mac", "read_frame",
-           "refuse", "write_frame"]
+__all__ = ["MAX_FRAME", "VERSION", "Kind", "Listener", "Refused", "dial", "greet",
+           "hello_mac", "read_frame", "refuse", "write_frame"]
 
 VERSION = 1
 MAX_FRAME = 256 << 20
@@ -179,3 +181,30 @@ def refuse(sock: socket.socket, reason: str) -> None:
         write_frame(sock, Kind.REFUSED, reason.encode())
     with contextlib.suppress(OSError):
         sock.close()
+
+
+class Listener:
+    """A listening socket on ``host:port`` (0: any free port) whose accepted
+    connections each go to ``serve`` in a thread of their own, until :meth:`close`."""
+
+    def __init__(self, host: str, port: int, serve: Callable[[socket.socket], None],
+                 name: str) -> None:
+        self._sock = socket.create_server((host, port))
+        self.address: tuple[str, int] = (host, self._sock.getsockname()[1])
+        self.closed = False
+        self._serve = serve
+        threading.Thread(target=self._accept, name=name, daemon=True).start()
+
+    def close(self) -> None:
+        """Stop accepting."""
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                sock, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
