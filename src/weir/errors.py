@@ -22,6 +22,7 @@
     ├── CheckpointError             writing a checkpoint or savepoint failed (storage, disk full)
     ├── OutputSchemaError           a function's output does not fit output_schema (Spark)
     ├── SinkError                   a sink could not stage, commit or abort a batch
+    ├── SourceError                 a source read input it cannot parse (file, offset, line)
     ├── OwnershipError              a stage's location is owned by another running query
     │   └── FencedError             this query lost the location to a newer owner
     ├── TaskPlacementError          a Spark task got rows of key groups it does not own
@@ -55,6 +56,7 @@ __all__ = [
     "JobFailedError",
     "RestoreError",
     "SinkError",
+    "SourceError",
     "StateBackendError",
     "StateError",
     "StateMigrationError",
@@ -148,6 +150,11 @@ class OutputSchemaError(WeirError, TypeError):
 
 class SinkError(WeirError):
     """A sink could not stage, commit or abort a batch."""
+
+
+class SourceError(WeirError):
+    """A source read input it cannot turn into records (e.g. a line of a JSON-lines file
+    that is not JSON); the message names the file, the byte offset and the line."""
 
 
 class OwnershipError(WeirError):

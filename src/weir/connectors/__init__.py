@@ -1,6 +1,8 @@
 """Connectors. For Spark Structured Streaming: exactly-once sinks (PySpark Python data
 sources). For the continuous runtime (:mod:`weir.stream`): :class:`SequenceSource` and
-the two-phase-commit :class:`FileSink` (:mod:`weir.connectors.stream`).
+the two-phase-commit :class:`FileSink` (:mod:`weir.connectors.stream`), and the
+replayable, bounded :class:`FileSource` of JSON-lines or text files
+(:mod:`weir.connectors.file_source`).
 
 ``register_sinks(spark)`` makes ``df.writeStream.format("weir-files")`` and
 ``format("weir-sqlite")`` available; see :mod:`weir.connectors.sinks` for options,
@@ -8,6 +10,7 @@ on-disk layout and the exactly-once argument.
 """
 
 from weir.connectors.common import FILE_SINK_NAME, SQLITE_SINK_NAME
+from weir.connectors.file_source import FileSource
 from weir.connectors.files import (
     FileCommitMessage,
     FileSinkWriter,
@@ -33,6 +36,7 @@ from weir.connectors.stream import (
 
 __all__ = [
     "FileSink",
+    "FileSource",
     "SequenceSource",
     "SqliteSink",
     "read_sqlite_stream_sink",

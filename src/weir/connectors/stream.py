@@ -4,6 +4,8 @@
   ``i, i+p, i+2p, …`` (Flink's ``UnalignedCheckpointITCase`` shape), so each subtask's
   output is strictly increasing. A position is ``[next, step]``. Optionally at a fixed
   rate per subtask.
+* :class:`~weir.connectors.file_source.FileSource` — a directory's (or one file's) JSON
+  lines or text lines, bounded and replayable; see :mod:`weir.connectors.file_source`.
 * :class:`FileSink` — JSON lines, exactly-once by two-phase commit. Layout under its
   directory::
 
