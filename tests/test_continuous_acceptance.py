@@ -20,9 +20,9 @@ import pytest
 from pyspark import cloudpickle
 
 import weir
+from continuous_helpers import keyed_graph
 from weir.api.checkpointing import CheckpointConfig
-from weir.connectors.stream import FileSink, SequenceSource, read_stream_sink
-from weir.runtime.continuous.graph import PipelineSpec
+from weir.connectors.stream import SequenceSource, read_stream_sink
 from weir.runtime.continuous.master import LocalJob
 
 P = 2
@@ -109,12 +109,10 @@ def test_five_failures_at_every_stage_lose_duplicate_or_reorder_nothing(
     markers = tmp_path / "markers"
     markers.mkdir()
     (markers / "close").touch()  # armed from the start: fires at the end of the job
-    spec = PipelineSpec(
-        job="acceptance", source=SequenceSource(n, 20_000), source_uid="source",
-        source_parallelism=P, key_selector=lambda v: v % P, function=Failing(str(markers)),
-        function_uid="failing", parallelism=P, sink=FileSink(tmp_path / "out"),
-        sink_uid="sink", checkpoint_storage=str(tmp_path / "chk"), state_backend=backend,
-        max_parallelism=16)
+    spec = keyed_graph(tmp_path, source=SequenceSource(n, 20_000), source_uid="source",
+                       key_selector=lambda v: v % P, function=Failing(str(markers)),
+                       function_uid="failing", parallelism=P, backend=backend,
+                       max_parallelism=16, job="acceptance")
     job = LocalJob(spec, CheckpointConfig(interval_ms=50),
                    restart=weir.RestartStrategy.fixed_delay(attempts=5, delay=0))
     errors: list[BaseException] = []

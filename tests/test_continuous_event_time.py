@@ -19,10 +19,11 @@ from pyspark import cloudpickle
 
 import weir
 import weir.api.connectors
+from continuous_helpers import keyed_graph
 from weir.api.checkpointing import CheckpointConfig
 from weir.api.watermarks import WatermarkStrategy
-from weir.connectors.stream import FileSink, SequenceSource, read_stream_sink
-from weir.runtime.continuous.graph import PipelineSpec
+from weir.connectors.stream import SequenceSource, read_stream_sink
+from weir.runtime.continuous.graph import JobGraph
 from weir.runtime.continuous.master import LocalJob
 
 KEYS = 20
@@ -47,16 +48,18 @@ def _by_value() -> None:
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
+def graph(tmp_path: Path, backend: str, source: weir.api.connectors.Source[int],
+          strategy: WatermarkStrategy | None = None) -> JobGraph:
+    strategy = strategy or WatermarkStrategy.bounded_out_of_orderness(50, lambda v: v * 10,
+                                                                      interval=20)
+    return keyed_graph(tmp_path, source=source, key_selector=lambda v: v % KEYS,
+                       function=Deadlines(), function_uid="deadlines", backend=backend,
+                       watermarks=strategy, job="deadlines")
+
+
 def job(tmp_path: Path, backend: str, n: int, rate: float | None) -> LocalJob:
-    spec = PipelineSpec(
-        job="deadlines", source=SequenceSource(n, rate), source_uid="numbers",
-        source_parallelism=2, key_selector=lambda v: v % KEYS, function=Deadlines(),
-        function_uid="deadlines", parallelism=2, sink=FileSink(tmp_path / "out"),
-        sink_uid="sink", checkpoint_storage=str(tmp_path / "chk"), state_backend=backend,
-        max_parallelism=32,
-        watermarks=WatermarkStrategy.bounded_out_of_orderness(50, lambda v: v * 10,
-                                                              interval=20))
-    return LocalJob(spec, CheckpointConfig(interval_ms=50),
+    return LocalJob(graph(tmp_path, backend, SequenceSource(n, rate)),
+                    CheckpointConfig(interval_ms=50),
                     restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0))
 
 
@@ -128,15 +131,11 @@ class HalfSilent(weir.api.connectors.Source[int]):
 
 
 def test_an_idle_source_subtask_does_not_hold_event_time_back(tmp_path: Path) -> None:
-    import dataclasses
-
     stop = tmp_path / "stop"
     n = 10_000
-    base = job(tmp_path, "hashmap", n, None)
     strategy = WatermarkStrategy.bounded_out_of_orderness(
         50, lambda v: v * 10, interval=20).with_idleness(100)
-    running = LocalJob(dataclasses.replace(base.spec, source=HalfSilent(n, str(stop)),
-                                           watermarks=strategy),
+    running = LocalJob(graph(tmp_path, "hashmap", HalfSilent(n, str(stop)), strategy),
                        CheckpointConfig(interval_ms=50))
     errors: list[BaseException] = []
 

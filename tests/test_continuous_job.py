@@ -13,9 +13,10 @@ import pytest
 from pyspark import cloudpickle
 
 import weir
+from continuous_helpers import keyed_graph
 from weir.api.checkpointing import CheckpointConfig
-from weir.connectors.stream import FileSink, SequenceSource, read_stream_sink
-from weir.runtime.continuous.graph import PipelineSpec
+from weir.connectors.stream import SequenceSource, read_stream_sink
+from weir.runtime.continuous.graph import JobGraph
 from weir.runtime.continuous.master import LocalJob
 
 COUNT = weir.ValueStateDescriptor[int]("count", weir.IntSerializer())
@@ -38,12 +39,11 @@ def _by_value() -> None:
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-def spec(tmp_path: Path, backend: str, n: int, rate: float | None = None) -> PipelineSpec:
-    return PipelineSpec(
-        job="count", source=SequenceSource(n, rate), source_uid="numbers", source_parallelism=2,
-        key_selector=lambda v: v % 50, function=Count(), function_uid="count",
-        parallelism=2, sink=FileSink(tmp_path / "out"), sink_uid="sink",
-        checkpoint_storage=str(tmp_path / "chk"), state_backend=backend, max_parallelism=32)
+def spec(tmp_path: Path, backend: str, n: int, rate: float | None = None,
+         **kw: Any) -> JobGraph:
+    kw.setdefault("function", Count())
+    return keyed_graph(tmp_path, source=SequenceSource(n, rate), key_selector=lambda v: v % 50,
+                       backend=backend, job="count", **kw)
 
 
 def test_a_bounded_job_is_exactly_once_across_processes(tmp_path: Path, backend: str) -> None:
@@ -182,13 +182,11 @@ class Hangs(Count):
 
 
 def test_a_hung_task_is_found_by_its_heartbeat_and_the_job_restarts(tmp_path: Path) -> None:
-    import dataclasses
-
     marker = tmp_path / "hang"
     marker.touch()
     n = 60_000
-    job_spec = dataclasses.replace(spec(tmp_path, "hashmap", n, rate=20_000),
-                                   function=Hangs(str(marker)), heartbeat_timeout_s=2.0)
+    job_spec = spec(tmp_path, "hashmap", n, rate=20_000, function=Hangs(str(marker)),
+                    heartbeat_timeout_s=2.0)
     job = LocalJob(job_spec, CheckpointConfig(interval_ms=100),
                    restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0))
     result = job.run(timeout_s=120)
@@ -227,7 +225,6 @@ def test_at_least_once_loses_nothing_across_a_kill(tmp_path: Path) -> None:
 
 
 def test_the_sqlite_sink_is_exactly_once_across_a_sigkill(tmp_path: Path) -> None:
-    import dataclasses
     import os
     import signal
     import threading
@@ -237,8 +234,7 @@ def test_the_sqlite_sink_is_exactly_once_across_a_sigkill(tmp_path: Path) -> Non
 
     n = 150_000
     db = tmp_path / "out.db"
-    job = LocalJob(dataclasses.replace(spec(tmp_path, "hashmap", n, rate=30_000),
-                                       sink=SqliteSink(db, table="counts")),
+    job = LocalJob(spec(tmp_path, "hashmap", n, rate=30_000, sink=SqliteSink(db, table="counts")),
                    CheckpointConfig(interval_ms=100),
                    restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0))
     errors: list[BaseException] = []

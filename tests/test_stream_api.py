@@ -1,6 +1,6 @@
 """weir.stream, the continuous runtime's public API: a job declared with
 from_source / map / filter / flat_map / key_by / process / sink_to runs exactly-once
-over task processes on both backends; shapes it cannot run yet are refused clearly."""
+over task processes on both backends; jobs that cannot run are refused clearly."""
 
 from __future__ import annotations
 
@@ -70,22 +70,26 @@ def test_defaults_follow_flink(tmp_path: Path) -> None:
     assert on.restart_strategy == RestartStrategy.exponential_delay()
 
 
-def test_shapes_it_cannot_run_yet_are_refused(tmp_path: Path) -> None:
+def test_jobs_that_cannot_run_are_refused_before_they_start(tmp_path: Path) -> None:
     env = StreamEnvironment(checkpoint_storage=tmp_path)
     stream = env.from_source(SequenceSource(10), uid="a")
-    with pytest.raises(weir.ConfigurationError, match="sink_to before key_by"):
-        stream.sink_to(FileSink(tmp_path / "o"), uid="s")
-    with pytest.raises(weir.ConfigurationError, match="a second source"):
-        env.from_source(SequenceSource(10), uid="b")
-    with pytest.raises(weir.ConfigurationError, match="incomplete"):
+    with pytest.raises(weir.ConfigurationError, match="no sink"):
         env.execute()
-    keyed = stream.key_by(lambda n: n).process(RunningTotal(), uid="p")
-    with pytest.raises(weir.ConfigurationError, match="a second key_by"):
-        keyed.key_by(lambda n: n)
-    from weir.stream import KeyedStream
-
+    stream.map(lambda n: n).sink_to(FileSink(tmp_path / "o"), uid="s")
+    stream.filter(bool)
+    with pytest.raises(weir.ConfigurationError, match=r"output of \['filter-3'\] goes nowhere"):
+        env.execute()
     with pytest.raises(weir.ConfigurationError, match="KeyedProcessFunction"):
-        KeyedStream(env).process(object(), uid="x")  # type: ignore[arg-type]
+        stream.key_by(lambda n: n).process(object(), uid="x")
+    with pytest.raises(weir.ConfigurationError, match=r"is keyed: call \.key_by"):
+        stream.process(RunningTotal(), uid="y")  # type: ignore[arg-type]
+    with pytest.raises(weir.ConfigurationError, match="uid"):
+        stream.sink_to(FileSink(tmp_path / "o"), uid="")
+    twice = StreamEnvironment(checkpoint_storage=tmp_path)
+    twice.from_source(SequenceSource(10), uid="same").sink_to(FileSink(tmp_path / "o"),
+                                                               uid="same")
+    with pytest.raises(weir.ConfigurationError, match=r"\['same'\] are used twice"):
+        twice.execute()
 
 
 class Count(weir.KeyedProcessFunction[int, list[int]]):

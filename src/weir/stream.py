@@ -17,13 +17,17 @@ failure restarts every task from the latest completed checkpoint.
         .sink_to(FileSink("/data/out"), uid="sink"))
     result = env.execute("count")        # bounded sources: returns at their end
 
-This release runs one shape of job — a source, stateless ``map`` / ``filter`` /
-``flat_map`` steps (chained into the source's tasks), ``key_by(...).process(...)`` with a
-:class:`~weir.KeyedProcessFunction` (every state type, TTL, processing-time timers; the
-same operator core and checkpoint format as the harness and the Spark runtime; event
-time and its timers with a :class:`WatermarkStrategy` on the source),
-stateless steps again, and a two-phase-commit sink — exactly-once with aligned
-checkpoints, on this machine. Other shapes raise a clear error.
+Operators: sources (several; a :class:`WatermarkStrategy` gives a source's records
+event time), ``map`` / ``filter`` / ``flat_map``, ``process`` with a
+:class:`~weir.ProcessFunction` (operator state through
+:class:`~weir.CheckpointedFunction`), ``key_by(...).process(...)`` with a
+:class:`~weir.KeyedProcessFunction` (every state type, TTL, event- and processing-time
+timers), ``key_by(...).connect(stream.broadcast(descriptors)).process(...)`` with a
+:class:`~weir.KeyedBroadcastProcessFunction`, ``union``, ``rebalance`` and two-phase-
+commit sinks (``sink_to``). An operator runs in its input's task (a chain) when it is
+that input's only consumer at the same parallelism over a forward edge. The state of
+every operator with a uid is in the same checkpoint format as the harness and the
+Spark runtime use.
 """
 
 from __future__ import annotations
@@ -36,21 +40,28 @@ from typing import Any
 
 from weir.api.checkpointing import CheckpointConfig, CheckpointingMode
 from weir.api.connectors import Sink, Source
-from weir.api.functions import KeyedProcessFunction
+from weir.api.descriptors import MapStateDescriptor
+from weir.api.functions import KeyedBroadcastProcessFunction, KeyedProcessFunction, ProcessFunction
 from weir.api.restart import RestartStrategy
 from weir.api.watermarks import WatermarkStrategy
 from weir.errors import ConfigurationError
 from weir.runtime.continuous.channels import ChannelConfig
-from weir.runtime.continuous.graph import PipelineSpec
+from weir.runtime.continuous.graph import (
+    JobGraph,
+    LogicalInput,
+    LogicalNode,
+    OperatorSpec,
+    OpKind,
+    Partitioner,
+    compile_graph,
+)
 from weir.runtime.continuous.master import JobResult, LocalJob
 
 __all__ = [
-    "ChannelConfig", "CheckpointConfig", "CheckpointingMode", "DataStream", "JobResult",
-    "KeyedStream", "RestartStrategy", "StreamEnvironment", "WatermarkStrategy",
+    "BroadcastStream", "ChannelConfig", "CheckpointConfig", "CheckpointingMode",
+    "DataStream", "JobResult", "KeyedBroadcastStream", "KeyedStream", "RestartStrategy",
+    "StreamEnvironment", "WatermarkStrategy",
 ]
-
-_SHAPE = ("the continuous runtime runs source -> [map/filter/flat_map] -> key_by -> "
-          "process -> [map/filter/flat_map] -> sink_to for now")
 
 
 class StreamEnvironment:
@@ -75,30 +86,28 @@ class StreamEnvironment:
                                 else RestartStrategy.no_restart())
         self.restart_strategy = restart_strategy
         self.channels = channels or ChannelConfig()
-        self._source: tuple[Source[Any], str, int] | None = None
-        self._before: list[tuple[str, Callable[[Any], Any]]] = []
-        self._key_by: Callable[[Any], Any] | None = None
-        self._process: tuple[KeyedProcessFunction[Any, Any], str, int] | None = None
-        self._after: list[tuple[str, Callable[[Any], Any]]] = []
-        self._sink: tuple[Sink[Any], str] | None = None
-        self._watermarks: WatermarkStrategy | None = None
+        self._nodes: list[LogicalNode] = []
+
+    def _add(self, op: OperatorSpec, parallelism: int,
+             inputs: tuple[LogicalInput, ...] = ()) -> int:
+        self._nodes.append(LogicalNode(op, parallelism, inputs))
+        return len(self._nodes) - 1
 
     def from_source(self, source: Source[Any], *, uid: str, parallelism: int | None = None,
                     watermarks: WatermarkStrategy | None = None) -> DataStream:
         """A stream of ``source``'s records; ``uid`` names its state (positions).
         ``watermarks`` gives records their event time (``ctx.timestamp``) and drives
         event-time timers."""
-        if self._source is not None:
-            raise ConfigurationError(f"a second source {uid!r}: {_SHAPE}")
         if not isinstance(source, Source):
             raise ConfigurationError(f"from_source needs a weir.api.connectors.Source, got "
                                      f"{type(source).__name__}")
         if watermarks is not None and not isinstance(watermarks, WatermarkStrategy):
             raise ConfigurationError(f"watermarks must be a WatermarkStrategy, got "
                                      f"{type(watermarks).__name__}")
-        self._source = (source, uid, parallelism or self.parallelism)
-        self._watermarks = watermarks
-        return DataStream(self, keyed=False)
+        p = parallelism or self.parallelism
+        node = self._add(OperatorSpec(OpKind.SOURCE, _uid(uid), source,
+                                      watermarks=watermarks), p)
+        return DataStream(self, (LogicalInput(node),), p)
 
     def execute(self, job_name: str = "job", *,
                 timeout: float | datetime.timedelta = 3600.0,
@@ -113,86 +122,183 @@ class StreamEnvironment:
         written by any runtime (the harness, Spark, this one, ``weir.write_savepoint``)
         at any parallelism, matched to the operators by uid; state of an operator the
         job does not have is an error unless ``allow_non_restored_state``."""
-        if self._source is None or self._process is None or self._sink is None:
-            raise ConfigurationError(f"the job is incomplete: {_SHAPE}")
-        assert self._key_by is not None
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
-        source, source_uid, source_parallelism = self._source
-        function, function_uid, parallelism = self._process
-        sink, sink_uid = self._sink
-        spec = PipelineSpec(
-            job=f"{job_name}-{uuid.uuid4().hex[:8]}", source=source, source_uid=source_uid,
-            source_parallelism=source_parallelism, key_selector=self._key_by,
-            function=function, function_uid=function_uid, parallelism=parallelism,
-            sink=sink, sink_uid=sink_uid, checkpoint_storage=self.checkpoint_storage,
-            max_parallelism=self.max_parallelism, state_backend=self.state_backend,
-            channel=self.channels, before_key_by=tuple(self._before),
-            after_process=tuple(self._after), watermarks=self._watermarks)
-        return LocalJob(spec, self.checkpointing, restart=self.restart_strategy,
-                        restore_from=restore_from,
+        return LocalJob(self.job_graph(job_name), self.checkpointing,
+                        restart=self.restart_strategy, restore_from=restore_from,
                         allow_non_restored_state=allow_non_restored_state).run(
             timeout_s=seconds)
 
+    def job_graph(self, job_name: str = "job") -> JobGraph:
+        """What :meth:`execute` would run: the operators chained into vertices (one task
+        per subtask each) and the edges between them (Flink's job graph)."""
+        nodes = self._nodes
+        if not any(n.op.kind is OpKind.SINK for n in nodes):
+            raise ConfigurationError("the job has no sink: end every stream with sink_to")
+        read = {i.node for n in nodes for i in n.inputs}
+        dangling = [n.op.name for k, n in enumerate(nodes)
+                    if k not in read and n.op.kind is not OpKind.SINK]
+        if dangling:
+            raise ConfigurationError(f"the output of {dangling} goes nowhere: end every "
+                                     f"stream with sink_to")
+        return compile_graph(
+            f"{job_name}-{uuid.uuid4().hex[:8]}", nodes,
+            checkpoint_storage=self.checkpoint_storage, max_parallelism=self.max_parallelism,
+            state_backend=self.state_backend, channel=self.channels)
+
+
+def _uid(uid: object) -> str:
+    if not isinstance(uid, str) or not uid:
+        raise ConfigurationError(f"a uid must be a non-empty string, got {uid!r}")
+    return uid
+
 
 class DataStream:
-    """A stream of records (Flink's ``DataStream``)."""
+    """A stream of records (Flink's ``DataStream``): the outputs of one or more
+    operators (a union), partitioned for the next one."""
 
-    def __init__(self, env: StreamEnvironment, *, keyed: bool) -> None:
-        self._env, self._after_process = env, keyed
+    def __init__(self, env: StreamEnvironment, inputs: tuple[LogicalInput, ...],
+                 parallelism: int) -> None:
+        self._env, self._inputs, self._parallelism = env, inputs, parallelism
 
-    def _step(self, kind: str, fn: Callable[[Any], Any]) -> DataStream:
+    def _then(self, op: OperatorSpec, parallelism: int | None,
+              inputs: tuple[LogicalInput, ...] | None = None) -> DataStream:
+        ins = self._inputs if inputs is None else inputs
+        forward = len(ins) == 1 and ins[0].partitioner is Partitioner.FORWARD
+        p = parallelism or (self._parallelism if forward else self._env.parallelism)
+        node = self._env._add(op, p, ins)
+        return DataStream(self._env, (LogicalInput(node),), p)
+
+    def _step(self, kind: OpKind, fn: Callable[[Any], Any]) -> DataStream:
         if not callable(fn):
-            raise ConfigurationError(f"{kind} needs a function, got {fn!r}")
-        if self._env._sink is not None:
-            raise ConfigurationError(f"{kind} after sink_to: {_SHAPE}")
-        (self._env._after if self._after_process else self._env._before).append((kind, fn))
-        return self
+            raise ConfigurationError(f"{kind.value} needs a function, got {fn!r}")
+        name = f"{kind.value}-{len(self._env._nodes)}"
+        return self._then(OperatorSpec(kind, name, fn), None)
 
     def map(self, fn: Callable[[Any], Any]) -> DataStream:
         """Each record replaced by ``fn(record)``."""
-        return self._step("map", fn)
+        return self._step(OpKind.MAP, fn)
 
     def filter(self, fn: Callable[[Any], bool]) -> DataStream:
         """The records for which ``fn`` is true."""
-        return self._step("filter", fn)
+        return self._step(OpKind.FILTER, fn)
 
     def flat_map(self, fn: Callable[[Any], Iterable[Any]]) -> DataStream:
         """Every record ``fn`` yields for each record."""
-        return self._step("flat_map", fn)
+        return self._step(OpKind.FLAT_MAP, fn)
+
+    def process(self, function: ProcessFunction[Any, Any], *, uid: str,
+                parallelism: int | None = None) -> DataStream:
+        """Run a non-keyed ``function`` on each record (operator state through
+        :class:`~weir.CheckpointedFunction`, kept under ``uid``)."""
+        if isinstance(function, KeyedProcessFunction | KeyedBroadcastProcessFunction):
+            raise ConfigurationError(f"{type(function).__name__} is keyed: call "
+                                     f".key_by(...).process(...)")
+        if not isinstance(function, ProcessFunction):
+            raise ConfigurationError(f"process needs a ProcessFunction, got "
+                                     f"{type(function).__name__}")
+        return self._then(OperatorSpec(OpKind.PROCESS, _uid(uid), function), parallelism)
 
     def key_by(self, key_selector: Callable[[Any], Any]) -> KeyedStream:
         """The stream partitioned by key (by key group, as on every runtime)."""
-        if self._after_process or self._env._key_by is not None:
-            raise ConfigurationError(f"a second key_by: {_SHAPE}")
         if not callable(key_selector):
             raise ConfigurationError(f"key_by needs a function, got {key_selector!r}")
-        self._env._key_by = key_selector
-        return KeyedStream(self._env)
+        return KeyedStream(self._env, self._repartition(Partitioner.HASH, key_selector),
+                           self._parallelism, key_selector)
 
-    def sink_to(self, sink: Sink[Any], *, uid: str) -> None:
+    def rebalance(self) -> DataStream:
+        """The stream spread round robin over the next operator's subtasks."""
+        return DataStream(self._env, self._repartition(Partitioner.REBALANCE),
+                          self._parallelism)
+
+    def broadcast(self, *descriptors: MapStateDescriptor[Any, Any]) -> BroadcastStream:
+        """The stream sent to every subtask of a keyed broadcast process function,
+        which keeps ``descriptors``' broadcast state."""
+        for d in descriptors:
+            if not isinstance(d, MapStateDescriptor):
+                raise ConfigurationError(f"broadcast state is described by "
+                                         f"MapStateDescriptors, got {type(d).__name__}")
+        inputs = tuple(LogicalInput(i.node, Partitioner.BROADCAST, broadcast_side=True)
+                       for i in self._inputs)
+        return BroadcastStream(inputs, tuple(descriptors))
+
+    def union(self, *others: DataStream) -> DataStream:
+        """The records of this stream and of ``others`` (Flink's ``union``)."""
+        inputs = list(self._inputs)
+        for other in others:
+            if not isinstance(other, DataStream) or isinstance(other, KeyedStream):
+                raise ConfigurationError(f"union takes DataStreams, got "
+                                         f"{type(other).__name__}")
+            if other._env is not self._env:
+                raise ConfigurationError("union of streams of different environments")
+            inputs += other._inputs
+        return DataStream(self._env, tuple(inputs), self._parallelism)
+
+    def sink_to(self, sink: Sink[Any], *, uid: str, parallelism: int | None = None) -> None:
         """Write the stream to a two-phase-commit ``sink``; ``uid`` names its state."""
-        if not self._after_process:
-            raise ConfigurationError(f"sink_to before key_by(...).process(...): {_SHAPE}")
         if not isinstance(sink, Sink):
             raise ConfigurationError(f"sink_to needs a weir.api.connectors.Sink, got "
                                      f"{type(sink).__name__}")
-        if self._env._sink is not None:
-            raise ConfigurationError(f"a second sink {uid!r}: {_SHAPE}")
-        self._env._sink = (sink, uid)
+        self._then(OperatorSpec(OpKind.SINK, _uid(uid), sink), parallelism)
+
+    def _repartition(self, partitioner: Partitioner,
+                     key_selector: Callable[[Any], Any] | None = None
+                     ) -> tuple[LogicalInput, ...]:
+        return tuple(LogicalInput(i.node, partitioner, key_selector) for i in self._inputs)
 
 
-class KeyedStream:
+class KeyedStream(DataStream):
     """A stream partitioned by key (Flink's ``KeyedStream``)."""
 
-    def __init__(self, env: StreamEnvironment) -> None:
-        self._env = env
+    def __init__(self, env: StreamEnvironment, inputs: tuple[LogicalInput, ...],
+                 parallelism: int, key_selector: Callable[[Any], Any]) -> None:
+        super().__init__(env, inputs, parallelism)
+        self._key_selector = key_selector
 
-    def process(self, function: KeyedProcessFunction[Any, Any], *, uid: str,
+    def process(self, function: Any, *, uid: str,  # (a KeyedProcessFunction here)
                 parallelism: int | None = None) -> DataStream:
-        """Run ``function`` per key, with keyed state and timers; ``uid`` names its
-        state in checkpoints and savepoints."""
+        """Run ``function`` (a :class:`~weir.KeyedProcessFunction`) per key, with keyed
+        state and timers; ``uid`` names its state in checkpoints and savepoints."""
         if not isinstance(function, KeyedProcessFunction):
-            raise ConfigurationError(f"process needs a KeyedProcessFunction, got "
+            raise ConfigurationError(f"process on a keyed stream needs a "
+                                     f"KeyedProcessFunction, got {type(function).__name__}")
+        op = OperatorSpec(OpKind.KEYED, _uid(uid), function, key_selector=self._key_selector)
+        return self._then(op, parallelism or self._env.parallelism)
+
+    def connect(self, broadcast: BroadcastStream) -> KeyedBroadcastStream:
+        """This keyed stream with a broadcast stream, for a
+        :class:`~weir.KeyedBroadcastProcessFunction`."""
+        if not isinstance(broadcast, BroadcastStream):
+            raise ConfigurationError(f"connect takes a stream.broadcast(...), got "
+                                     f"{type(broadcast).__name__}")
+        return KeyedBroadcastStream(self, broadcast)
+
+
+class BroadcastStream:
+    """A stream broadcast to every subtask of the operator it is connected to, with
+    the descriptors of the broadcast state it feeds."""
+
+    def __init__(self, inputs: tuple[LogicalInput, ...],
+                 descriptors: tuple[MapStateDescriptor[Any, Any], ...]) -> None:
+        self._inputs, self.descriptors = inputs, descriptors
+
+
+class KeyedBroadcastStream:
+    """A keyed stream connected with a broadcast stream."""
+
+    def __init__(self, keyed: KeyedStream, broadcast: BroadcastStream) -> None:
+        self._keyed, self._broadcast = keyed, broadcast
+
+    def process(self, function: KeyedBroadcastProcessFunction[Any, Any, Any], *, uid: str,
+                parallelism: int | None = None) -> DataStream:
+        """Run ``function``: keyed records with keyed state and read-only broadcast state,
+        broadcast records with writable broadcast state (the same on every subtask)."""
+        if not isinstance(function, KeyedBroadcastProcessFunction):
+            raise ConfigurationError(f"process on a connected broadcast stream needs a "
+                                     f"KeyedBroadcastProcessFunction, got "
                                      f"{type(function).__name__}")
-        self._env._process = (function, uid, parallelism or self._env.parallelism)
-        return DataStream(self._env, keyed=True)
+        keyed = self._keyed
+        op = OperatorSpec(OpKind.KEYED, _uid(uid), function,
+                          key_selector=keyed._key_selector,
+                          broadcast_descriptors=self._broadcast.descriptors)
+        return keyed._then(op, parallelism or keyed._env.parallelism,
+                           keyed._inputs + self._broadcast._inputs)

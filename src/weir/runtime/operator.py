@@ -212,21 +212,26 @@ class KeyedOperator(OperatorBase, KeyedContext, TimerService):
         self.record_timestamp = timestamp
         return outputs(fn.process_broadcast_element(value, _BroadcastSide(self)))
 
-    def advance_watermark(self, watermark: int) -> list[Any]:
-        """Move event time to ``watermark`` and fire due event-time timers in order."""
+    def advance_watermark(self, watermark: int,
+                          emit: Callable[[Any, int], None] | None = None) -> list[Any]:
+        """Move event time to ``watermark`` and fire due event-time timers in order;
+        their outputs, or ``[]`` when ``emit(output, timer timestamp)`` takes each."""
         if watermark <= self.watermark:
             return []
         self.watermark = watermark
-        return self._fire(self.event_timers, watermark, TimeDomain.EVENT_TIME)
+        return self._fire(self.event_timers, watermark, TimeDomain.EVENT_TIME, emit)
 
-    def advance_processing_time(self, now: int | None = None) -> list[Any]:
-        """Fire processing-time timers due at ``now`` (default: the clock)."""
+    def advance_processing_time(self, now: int | None = None,
+                                emit: Callable[[Any, int], None] | None = None) -> list[Any]:
+        """Fire processing-time timers due at ``now`` (default: the clock); outputs as
+        :meth:`advance_watermark`."""
         return self._fire(
             self.processing_timers, self.clock() if now is None else now,
-            TimeDomain.PROCESSING_TIME,
+            TimeDomain.PROCESSING_TIME, emit,
         )
 
-    def _fire(self, queue: TimerQueue, time: int, domain: TimeDomain) -> list[Any]:
+    def _fire(self, queue: TimerQueue, time: int, domain: TimeDomain,
+              emit: Callable[[Any, int], None] | None) -> list[Any]:
         out: list[Any] = []
         on_timer = self.function.on_timer
         self._time_domain = domain
@@ -237,7 +242,11 @@ class KeyedOperator(OperatorBase, KeyedContext, TimerService):
                 fired += 1
                 self.key_context.set_current_prefixed_key(key)
                 self.record_timestamp = timestamp
-                out.extend(outputs(on_timer(timestamp, self)))
+                if emit is None:
+                    out.extend(outputs(on_timer(timestamp, self)))
+                else:
+                    for value in outputs(on_timer(timestamp, self)):
+                        emit(value, timestamp)
         finally:
             self._time_domain = None
             self.timers_fired += fired

@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -211,7 +212,7 @@ class ChannelServer:
         if not secret:
             raise ConfigurationError("a ChannelServer needs the job's shared secret")
         self.secret, self.job = secret, job
-        self._gates: dict[tuple[str, int], InputGate] = {}
+        self._gates: dict[tuple[str, int], tuple[InputGate, dict[int, int]]] = {}
         self._lock = threading.Lock()
         self.refused = 0
         self._listener = Listener(host, port, self._handshake, f"channel server {host}:{port}")
@@ -221,9 +222,23 @@ class ChannelServer:
              config: ChannelConfig = DEFAULT_CONFIG) -> InputGate:
         """Register (before handing out the address) and return the input gate of
         ``edge`` at subtask ``consumer``, fed by ``producers`` channels."""
-        gate = InputGate(edge, consumer, producers, config)
+        return self.input_gate(consumer, [(edge, range(producers))], config)
+
+    def input_gate(self, consumer: int, inputs: Sequence[tuple[str, Sequence[int]]],
+                   config: ChannelConfig = DEFAULT_CONFIG) -> InputGate:
+        """Register and return the one input gate of subtask ``consumer`` of a task with
+        several input edges: ``inputs`` lists each edge with the producer subtasks that
+        send on it; the gate's channels are numbered in that order (the first edge's
+        producers first)."""
+        routes: list[tuple[str, dict[int, int]]] = []
+        channel = 0
+        for edge, producers in inputs:
+            routes.append((edge, {p: channel + k for k, p in enumerate(producers)}))
+            channel += len(producers)
+        gate = InputGate("+".join(e for e, _ in inputs), consumer, channel, config)
         with self._lock:
-            self._gates[(edge, consumer)] = gate
+            for edge, channels in routes:
+                self._gates[(edge, consumer)] = (gate, channels)
         return gate
 
     def close(self) -> None:
@@ -235,15 +250,17 @@ class ChannelServer:
         try:
             hello = greet(sock, secret=self.secret, job=self.job, where=where)
             with self._lock:
-                gate = self._gates.get((str(hello.get("edge")), int(hello.get("consumer", -1))))
+                route = self._gates.get((str(hello.get("edge")),
+                                         int(hello.get("consumer", -1))))
             producer = hello.get("producer")
-            if gate is None or not isinstance(producer, int) or not (
-                    0 <= producer < gate.producers):
+            channel = None if route is None or not isinstance(producer, int) else (
+                route[1].get(producer))
+            if route is None or channel is None:
                 raise Refused(f"no input {hello.get('edge')!r} at subtask "
                               f"{hello.get('consumer')} for producer {producer}")
             write_frame(sock, Kind.WELCOME)
             sock.settimeout(None)
-            gate._attach(producer, sock)
+            route[0]._attach(channel, sock)
         except Refused as exc:
             self.refused += 1
             refuse(sock, str(exc))

@@ -1,90 +1,267 @@
-"""What a continuous job runs: its pipeline, shipped to every task process.
+"""What a continuous job runs: its job graph, shipped to every task process.
 
-This step runs one shape — a source, keyed by a key selector (a hash edge by key
-group) into a keyed process function chained with a sink — which is the shape of the
-issue's example job; the stream API builds it. Each vertex has ``parallelism``
-subtasks; a task is ``(vertex uid, subtask)``.
+The stream API (:mod:`weir.stream`) declares a logical graph of operators — sources,
+stateless ``map`` / ``filter`` / ``flat_map`` steps, non-keyed and keyed process
+functions, keyed broadcast process functions, sinks — joined by partitioned inputs
+(forward, hash by key group, rebalance, broadcast; a union is several inputs).
+:func:`compile_graph` turns it into a :class:`JobGraph` of **vertices**: chains of
+operators that run in one task per subtask, as Flink chains them — an operator joins
+its input's chain when it is that input's only consumer over a forward edge at the same
+parallelism and has no other input. Every other input is an :class:`Edge` carried by
+channels between task processes. A forward edge across different parallelisms becomes
+a rebalance (as in Flink's DataStream API).
+
+A task is ``(vertex id, subtask)``; a vertex is named by the uid of its first operator
+that has one, else by its first operator's name.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import enum
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from weir.api.connectors import Sink, Source
-from weir.api.functions import KeyedProcessFunction
 from weir.api.watermarks import WatermarkStrategy
 from weir.errors import ConfigurationError
 from weir.runtime.continuous.channels import DEFAULT_CONFIG, ChannelConfig
 from weir.state.keygroups import check_parallelism
 
-__all__ = ["PipelineSpec", "chain"]
+__all__ = ["Edge", "JobGraph", "LogicalInput", "LogicalNode", "OpKind", "OperatorSpec",
+           "Partitioner", "Vertex", "compile_graph"]
 
 
-def chain(steps: tuple[tuple[str, Callable[[Any], Any]], ...]
-          ) -> Callable[[Any], list[Any]]:
-    """One function applying stateless ``steps`` to a record: its outputs."""
-    if not steps:
-        return lambda record: [record]
+class Partitioner(enum.Enum):
+    """How an edge routes a producer subtask's records to consumer subtasks."""
 
-    def run(record: Any) -> list[Any]:
-        records = [record]
-        for kind, fn in steps:
-            if kind == "map":
-                records = [fn(r) for r in records]
-            elif kind == "filter":
-                records = [r for r in records if fn(r)]
-            else:
-                records = [o for r in records for o in fn(r)]
-        return records
+    #: producer subtask i to consumer subtask i (same parallelism)
+    FORWARD = "forward"
+    #: by the key's key group (Flink's key-group assignment, as on every runtime)
+    HASH = "hash"
+    #: round robin over every consumer subtask
+    REBALANCE = "rebalance"
+    #: every record to every consumer subtask
+    BROADCAST = "broadcast"
 
-    return run
+
+class OpKind(enum.Enum):
+    """What an operator of a chain is."""
+
+    SOURCE = "source"
+    MAP = "map"
+    FILTER = "filter"
+    FLAT_MAP = "flat_map"
+    #: a non-keyed ProcessFunction (operator state through CheckpointedFunction)
+    PROCESS = "process"
+    #: a KeyedProcessFunction or KeyedBroadcastProcessFunction after a hash edge
+    KEYED = "keyed"
+    SINK = "sink"
+
+
+#: operators with state in checkpoints (they need a uid)
+STATEFUL = frozenset({OpKind.SOURCE, OpKind.PROCESS, OpKind.KEYED, OpKind.SINK})
 
 
 @dataclasses.dataclass(frozen=True)
-class PipelineSpec:
-    """Source → key_by → keyed process function → sink (see the module doc)."""
+class OperatorSpec:
+    """One operator: its kind, name (its uid when stateful) and function (a Source,
+    a callable, a process function or a Sink)."""
+
+    kind: OpKind
+    name: str
+    fn: Any
+    #: keyed operators: the key selector of their (hash) input
+    key_selector: Callable[[Any], Any] | None = None
+    #: keyed broadcast operators: the broadcast state descriptors
+    broadcast_descriptors: tuple[Any, ...] = ()
+    #: sources: event time (records get timestamps, watermarks follow)
+    watermarks: WatermarkStrategy | None = None
+
+    @property
+    def uid(self) -> str | None:
+        """The operator's uid in checkpoints (None: it has no state)."""
+        return self.name if self.kind in STATEFUL else None
+
+
+@dataclasses.dataclass(frozen=True)
+class LogicalInput:
+    """An input of a logical node: the node it reads and how it is partitioned."""
+
+    node: int
+    partitioner: Partitioner = Partitioner.FORWARD
+    key_selector: Callable[[Any], Any] | None = None
+    #: the broadcast input of a keyed broadcast process function
+    broadcast_side: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class LogicalNode:
+    """An operator of the logical graph with its parallelism and inputs."""
+
+    op: OperatorSpec
+    parallelism: int
+    inputs: tuple[LogicalInput, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Edge:
+    """A network edge between two vertices."""
+
+    name: str
+    producer: str
+    consumer: str
+    partitioner: Partitioner
+    key_selector: Callable[[Any], Any] | None = None
+    broadcast_side: bool = False
+
+    def producers_of(self, consumer: int, producer_parallelism: int) -> list[int]:
+        """The producer subtasks that send to consumer subtask ``consumer``."""
+        if self.partitioner is Partitioner.FORWARD:
+            return [consumer]
+        return list(range(producer_parallelism))
+
+
+@dataclasses.dataclass(frozen=True)
+class Vertex:
+    """A chain of operators run by one task per subtask."""
+
+    id: str
+    parallelism: int
+    chain: tuple[OperatorSpec, ...]
+
+    @property
+    def is_source(self) -> bool:
+        """Whether the chain starts with a source (the task reads, it has no input)."""
+        return self.chain[0].kind is OpKind.SOURCE
+
+
+@dataclasses.dataclass(frozen=True)
+class JobGraph:
+    """The job's vertices and edges and how its tasks run (see the module doc)."""
 
     job: str
-    source: Source[Any]
-    source_uid: str
-    source_parallelism: int
-    key_selector: Callable[[Any], Any]
-    function: KeyedProcessFunction[Any, Any]
-    function_uid: str
-    parallelism: int
-    sink: Sink[Any]
-    sink_uid: str
+    vertices: tuple[Vertex, ...]
+    edges: tuple[Edge, ...]
     checkpoint_storage: str
     max_parallelism: int = 128
     state_backend: str = "hashmap"
     channel: ChannelConfig = DEFAULT_CONFIG
     #: records a source reads per poll between control checks
     source_batch: int = 256
-    #: stateless steps chained after the source, before key_by: ("map"|"filter"|
-    #: "flat_map", function)
-    before_key_by: tuple[tuple[str, Callable[[Any], Any]], ...] = ()
-    #: stateless steps chained after the keyed function, before the sink
-    after_process: tuple[tuple[str, Callable[[Any], Any]], ...] = ()
     #: barrier tracking instead of alignment (set from the job's CheckpointConfig)
     at_least_once: bool = False
     #: a task whose main loop is silent this long is taken as hung (Flink's
     #: heartbeat.timeout: 50 s)
     heartbeat_timeout_s: float = 50.0
-    #: event time: records travel as (timestamp, record) and sources send watermarks
-    watermarks: WatermarkStrategy | None = None
 
     def __post_init__(self) -> None:
-        uids = [self.source_uid, self.function_uid, self.sink_uid]
-        if len(set(uids)) != 3:
-            raise ConfigurationError(f"operator uids must differ, got {uids}")
-        check_parallelism(self.parallelism, self.max_parallelism)
-        if self.source_parallelism < 1:
-            raise ConfigurationError(f"source parallelism must be >= 1, got "
-                                     f"{self.source_parallelism}")
+        uids = self.uids()
+        duplicates = sorted({u for u in uids if uids.count(u) > 1})
+        if duplicates:
+            raise ConfigurationError(f"job {self.job!r}: operator uids must be unique; "
+                                     f"{duplicates} are used twice")
+        for vertex in self.vertices:
+            check_parallelism(vertex.parallelism, self.max_parallelism)
+
+    @property
+    def event_time(self) -> bool:
+        """Whether records travel with timestamps (some source has watermarks)."""
+        return any(op.watermarks is not None for v in self.vertices for op in v.chain)
+
+    def uids(self) -> list[str]:
+        """The uid of every stateful operator."""
+        return [op.uid for v in self.vertices for op in v.chain if op.uid is not None]
+
+    def vertex(self, vertex_id: str) -> Vertex:
+        """The vertex named ``vertex_id``."""
+        for v in self.vertices:
+            if v.id == vertex_id:
+                return v
+        raise KeyError(vertex_id)
+
+    def inputs(self, vertex_id: str) -> list[Edge]:
+        """The edges into ``vertex_id`` (in a fixed order: its gate's channels)."""
+        return [e for e in self.edges if e.consumer == vertex_id]
+
+    def outputs(self, vertex_id: str) -> list[Edge]:
+        """The edges out of ``vertex_id``."""
+        return [e for e in self.edges if e.producer == vertex_id]
 
     def tasks(self) -> list[tuple[str, int]]:
         """Every task of the job."""
-        return ([(self.source_uid, i) for i in range(self.source_parallelism)]
-                + [(self.function_uid, i) for i in range(self.parallelism)])
+        return [(v.id, i) for v in self.vertices for i in range(v.parallelism)]
+
+    def sources(self) -> list[tuple[str, int]]:
+        """The tasks that read sources."""
+        return [(v.id, i) for v in self.vertices if v.is_source
+                for i in range(v.parallelism)]
+
+
+def compile_graph(job: str, nodes: Sequence[LogicalNode], **settings: Any) -> JobGraph:
+    """The :class:`JobGraph` of a logical graph (``nodes`` refer to each other by index;
+    ``settings`` are the other :class:`JobGraph` fields)."""
+    consumers: dict[int, list[tuple[int, LogicalInput]]] = {i: [] for i in range(len(nodes))}
+    for i, node in enumerate(nodes):
+        _check_node(i, node, nodes)
+        for inp in node.inputs:
+            consumers[inp.node].append((i, inp))
+
+    def chained(i: int) -> bool:  # node i joins its input's chain
+        node = nodes[i]
+        if len(node.inputs) != 1:
+            return False
+        inp = node.inputs[0]
+        upstream = nodes[inp.node]
+        return (inp.partitioner is Partitioner.FORWARD and len(consumers[inp.node]) == 1
+                and upstream.parallelism == node.parallelism)
+
+    chains: list[list[int]] = []
+    chain_of: dict[int, int] = {}
+    for i in range(len(nodes)):
+        if chained(i):
+            c = chain_of[nodes[i].inputs[0].node]
+            chains[c].append(i)
+        else:
+            c = len(chains)
+            chains.append([i])
+        chain_of[i] = c
+    vertices = []
+    for members in chains:
+        ops = tuple(nodes[i].op for i in members)
+        named = next((op.uid for op in ops if op.uid is not None), ops[0].name)
+        vertices.append(Vertex(named, nodes[members[0]].parallelism, ops))
+    edges: list[Edge] = []
+    for members, vertex in zip(chains, vertices, strict=True):
+        head = nodes[members[0]]
+        for k, inp in enumerate(head.inputs):  # (a chain's other members are chained)
+            producer = vertices[chain_of[inp.node]]
+            partitioner = inp.partitioner
+            if partitioner is Partitioner.FORWARD and (
+                    producer.parallelism != vertex.parallelism):
+                partitioner = Partitioner.REBALANCE
+            edges.append(Edge(f"{producer.id}->{vertex.id}#{k}", producer.id, vertex.id,
+                              partitioner, inp.key_selector, inp.broadcast_side))
+    return JobGraph(job, tuple(vertices), tuple(edges), **settings)
+
+
+def _check_node(index: int, node: LogicalNode, nodes: Sequence[LogicalNode]) -> None:
+    op = node.op
+    if any(not 0 <= inp.node < index for inp in node.inputs):
+        raise ConfigurationError(f"operator {op.name!r}: inputs must come before it")
+    if op.kind is OpKind.SOURCE:
+        if node.inputs:
+            raise ConfigurationError(f"source {op.name!r} cannot have inputs")
+        return
+    if not node.inputs:
+        raise ConfigurationError(f"operator {op.name!r} has no input")
+    for inp in node.inputs:
+        if nodes[inp.node].op.kind is OpKind.SINK:
+            raise ConfigurationError(f"operator {op.name!r} reads the sink "
+                                     f"{nodes[inp.node].op.name!r}, which has no output")
+    if op.kind is OpKind.KEYED:
+        if any(i.partitioner is not Partitioner.HASH for i in node.inputs
+               if not i.broadcast_side):
+            raise ConfigurationError(f"keyed operator {op.name!r} needs key_by on its input")
+    elif any(i.broadcast_side for i in node.inputs):
+        raise ConfigurationError(f"a broadcast stream feeds {op.name!r}, which is not a "
+                                 f"keyed broadcast process function")

@@ -4,7 +4,7 @@ hosts the coordinator, and runs the checkpoints.
 1. **Launch.** The pipeline is pickled by value into the job's work directory; every
    task is started as ``python -m weir.runtime.continuous.worker`` with the
    coordinator's address and the job's secret in its environment.
-2. **Address exchange.** Each task registers on the control connection (a keyed task
+2. **Address exchange.** Each task registers on the control connection (a task with inputs
    with the address of its input gate); once all have, every task gets ``start``: the
    data addresses and the checkpoint to restore (the latest completed one in the
    checkpoint storage, or none). Tasks find each other by host:port only, never by
@@ -55,7 +55,7 @@ from weir.checkpoint.coordinator import (
 from weir.checkpoint.format import decode_part
 from weir.errors import ConfigurationError, JobFailedError, WeirError
 from weir.runtime.continuous.control import ControlServer, TaskId
-from weir.runtime.continuous.graph import PipelineSpec
+from weir.runtime.continuous.graph import JobGraph
 from weir.runtime.continuous.scheduling import (
     AbortedCheckpoint,
     CheckpointFailureReason,
@@ -65,6 +65,7 @@ from weir.runtime.continuous.scheduling import (
     RequestKind,
     StartCheckpoint,
 )
+from weir.runtime.continuous.task import task_address
 
 __all__ = ["JobResult", "LocalJob"]
 
@@ -84,21 +85,21 @@ class JobResult:
 
 
 class LocalJob:
-    """Runs a :class:`PipelineSpec` with a process per task (see the module doc)."""
+    """Runs a :class:`JobGraph` with a process per task (see the module doc)."""
 
-    def __init__(self, spec: PipelineSpec, checkpointing: CheckpointConfig, *,
+    def __init__(self, graph: JobGraph, checkpointing: CheckpointConfig, *,
                  restart: RestartStrategy | None = None, workdir: str | Path | None = None,
                  retained: int = 3, sleep: Callable[[float], None] = time.sleep,
                  restore_from: str | Path | None = None,
                  allow_non_restored_state: bool = False) -> None:
-        self.spec, self.checkpointing = spec, checkpointing
+        self.graph, self.checkpointing = graph, checkpointing
         self.restore_from = None if restore_from is None else str(restore_from)
         self.allow_non_restored_state = allow_non_restored_state
         #: Flink's default with checkpointing on: exponential delay
         self.restart = restart if restart is not None else RestartStrategy.exponential_delay()
         self.sleep = sleep
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"weir-{spec.job}-"))
-        self.coordinator = CheckpointCoordinator(spec.checkpoint_storage, retained=retained)
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"weir-{graph.job}-"))
+        self.coordinator = CheckpointCoordinator(graph.checkpoint_storage, retained=retained)
         self.attempt = 0
         self._inbox: queue.Queue[tuple[TaskId, dict[str, Any]]] = queue.Queue()
         self._procs: dict[TaskId, subprocess.Popen[bytes]] = {}
@@ -124,9 +125,9 @@ class LocalJob:
                     raise JobFailedError(
                         f"{exc} — and its restart strategy {self.restart} allows no more "
                         f"restarts after {tracker.restarts}; the latest completed "
-                        f"checkpoint is in {self.spec.checkpoint_storage}") from exc
+                        f"checkpoint is in {self.graph.checkpoint_storage}") from exc
                 log.warning("weir: job %s: %s; restart %d in %.3g s from the latest completed "
-                            "checkpoint", self.spec.job, str(exc).splitlines()[0],
+                            "checkpoint", self.graph.job, str(exc).splitlines()[0],
                             tracker.restarts, delay)
                 self.sleep(delay)
                 self.attempt += 1
@@ -142,7 +143,7 @@ class LocalJob:
         secret = os.urandom(32)
         inbox = self._inbox
         server = ControlServer(lambda t, m: inbox.put((t, m)), secret=secret,
-                               job=self.spec.job)
+                               job=self.graph.job)
         finished = False
         try:
             self._launch(server, secret)
@@ -158,22 +159,22 @@ class LocalJob:
     # -- phases
 
     def _launch(self, server: ControlServer, secret: bytes) -> None:
-        spec_file = self.workdir / "pipeline.pickle"
-        spec = dataclasses.replace(
-            self.spec, at_least_once=self.checkpointing.mode is CheckpointingMode.AT_LEAST_ONCE)
-        spec_file.write_bytes(cloudpickle.dumps(spec))  # type: ignore[no-untyped-call]
+        graph_file = self.workdir / "graph.pickle"
+        graph = dataclasses.replace(
+            self.graph, at_least_once=self.checkpointing.mode is CheckpointingMode.AT_LEAST_ONCE)
+        graph_file.write_bytes(cloudpickle.dumps(graph))  # type: ignore[no-untyped-call]
         env = {**os.environ, "WEIR_JOB_SECRET": secret.hex(),
                "WEIR_COORDINATOR": f"{server.address[0]}:{server.address[1]}"}
-        for vertex, subtask in self.spec.tasks():
+        for vertex, subtask in self.graph.tasks():
             self._procs[(vertex, subtask)] = subprocess.Popen(
-                [sys.executable, "-m", "weir.runtime.continuous.worker", str(spec_file),
+                [sys.executable, "-m", "weir.runtime.continuous.worker", str(graph_file),
                  vertex, str(subtask), str(self.attempt)], env=env)
 
     def _next(self, deadline: float, wait_s: float | None = None
               ) -> tuple[TaskId, dict[str, Any]] | None:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise JobFailedError(f"job {self.spec.job!r} did not finish in time")
+            raise JobFailedError(f"job {self.graph.job!r} did not finish in time")
         self._check_heartbeats()
         try:
             item = self._inbox.get(timeout=min(left, wait_s if wait_s is not None else left))
@@ -181,7 +182,7 @@ class LocalJob:
             return None
         task, message = item
         self._heard[task] = time.monotonic()
-        log.debug("job %s: %s[%d]: %s", self.spec.job, task[0], task[1],
+        log.debug("job %s: %s[%d]: %s", self.graph.job, task[0], task[1],
                   {k: v for k, v in message.items() if k != "parts"})
         if message["kind"] == "disconnected" and task in self._finished:
             return None  # it finished and closed its connection
@@ -202,21 +203,20 @@ class LocalJob:
             found = load_checkpoint(self.restore_from)
         except (OSError, WeirError) as exc:
             raise ConfigurationError(
-                f"job {self.spec.job!r}: cannot restore from {self.restore_from}: {exc}"
+                f"job {self.graph.job!r}: cannot restore from {self.restore_from}: {exc}"
             ) from exc
-        found.check_operators([self.spec.source_uid, self.spec.function_uid,
-                               self.spec.sink_uid], self.allow_non_restored_state)
+        found.check_operators(self.graph.uids(), self.allow_non_restored_state)
         return found.url
 
     def _check_heartbeats(self) -> None:
         """A running task not heard from within the heartbeat timeout is hung."""
         now = time.monotonic()
         for task, heard in self._heard.items():
-            if task not in self._finished and now - heard > self.spec.heartbeat_timeout_s:
+            if task not in self._finished and now - heard > self.graph.heartbeat_timeout_s:
                 raise JobFailedError(
-                    f"job {self.spec.job!r}: task {task[0]}[{task[1]}] is hung: nothing "
+                    f"job {self.graph.job!r}: task {task[0]}[{task[1]}] is hung: nothing "
                     f"from its main loop for {now - heard:.1f} s (heartbeat timeout "
-                    f"{self.spec.heartbeat_timeout_s} s)")
+                    f"{self.graph.heartbeat_timeout_s} s)")
 
     def _failure(self, first: tuple[TaskId, dict[str, Any]]) -> JobFailedError:
         """The job's error, naming its root cause: one failure drags others along (the
@@ -246,23 +246,23 @@ class LocalJob:
         task, message = min(reports, key=rank)
         others = sorted({f"{t[0]}[{t[1]}]" for t, _ in reports} - {f"{task[0]}[{task[1]}]"})
         return JobFailedError(
-            f"job {self.spec.job!r}: task {task[0]}[{task[1]}] "
+            f"job {self.graph.job!r}: task {task[0]}[{task[1]}] "
             f"{'failed' if message['kind'] == 'failed' else 'disappeared'}: "
             f"{message.get('error')}"
             + (f" (then {', '.join(others)} failed too)" if others else "")
             + (f"\n{message['trace']}" if message.get("trace") else ""))
 
     def _run(self, server: ControlServer, deadline: float) -> None:
-        spec = self.spec
-        tasks = set(spec.tasks())
+        graph = self.graph
+        tasks = set(graph.tasks())
         addresses: dict[str, list[Any]] = {}
         registered: set[TaskId] = set()
         while registered != tasks:
             got = self._next(deadline)
             if got is not None and got[1]["kind"] == "registered":
                 registered.add(got[0])
-                if got[0][0] == spec.function_uid:
-                    addresses[str(got[0][1])] = got[1]["address"]
+                if got[1]["address"] is not None:
+                    addresses[task_address(*got[0])] = got[1]["address"]
         start = {"kind": "start", "addresses": addresses, "restore": self._restore_url()}
         for task in tasks:
             server.send(task, start)
@@ -272,7 +272,7 @@ class LocalJob:
         scheduler = CheckpointScheduler(self.checkpointing, clock,
                                         first_id=self.coordinator.next_id)
         scheduler.start()
-        sources = {t for t in tasks if t[0] == spec.source_uid}
+        sources = set(graph.sources())
         ended: set[TaskId] = set()
         final_id: int | None = None
         finished = self._finished
@@ -328,7 +328,7 @@ class LocalJob:
                 for task in tasks:
                     server.send(task, {"kind": "abort", "id": decision.checkpoint_id})
         elif isinstance(decision, JobFailure):
-            raise JobFailedError(f"job {self.spec.job!r}: {decision.error()}")
+            raise JobFailedError(f"job {self.graph.job!r}: {decision.error()}")
         return None
 
     def _ack(self, task: TaskId, message: dict[str, Any], scheduler: CheckpointScheduler,

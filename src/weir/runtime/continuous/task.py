@@ -1,36 +1,43 @@
-"""The tasks of a continuous job, one per OS process (:mod:`.worker` starts it).
+"""A task of a continuous job: one subtask of a vertex, in its own OS process
+(:mod:`.worker` starts it).
 
-A **source task** reads its positions of the source and routes each record by key
-group to a keyed task over credit-based channels. Between polls it serves the
-coordinator: ``trigger`` — record the reader's positions in the source's operator
-state, snapshot it, send the barrier on every channel, acknowledge once the upload is
-done; ``finish`` (after the final checkpoint of a bounded job) — end its partitions
-and stop.
+A task runs its vertex's operator chain (:mod:`.chain`). Its outputs are the channels
+of the vertex's output edges, routed by each edge's partitioner (forward, by key group,
+round robin, broadcast). A **source task** reads its source between checks of the
+control connection; a **task with inputs** takes buffers and events from its one input
+gate, whose channels are every producer subtask of every input edge.
 
-A **keyed task** takes buffers and events from its input gate: records go through the
-keyed operator (weir's operator core, the same as in the harness and on Spark) into the
-sink's writer; events go to the barrier handler (aligned for exactly-once, tracking for
-at-least-once), which triggers the snapshot once the barrier arrived on every channel:
-the sink prepares its commit (the committable joins the sink's operator state), both
-operators snapshot (synchronous part now, upload in the background), and the task
-acknowledges both handles. A completed checkpoint commits every committable up to it;
-a restore commits the recovered ones and drops what earlier attempts left open.
+Checkpoints (Flink's task side): a source task starts one on the coordinator's
+``trigger`` (the reader's positions become its state); a task with inputs when its
+barrier handler has the barrier from every channel (aligned for exactly-once, tracking
+for at-least-once). Then it (1) prepares its sinks' commits (the committables join the
+sinks' state), (2) forwards the barrier on every output channel, after every record
+emitted before it, (3) snapshots every stateful operator of the chain (synchronous part
+now, upload in the background) and (4) acknowledges with their parts once the uploads
+are done. A checkpoint it cannot take is declined, and a cancellation marker goes
+downstream so nobody waits for its barrier. A completed checkpoint commits every
+committable up to it; a restore commits the recovered ones and drops what earlier
+attempts left open.
 
-Every task acknowledges each checkpoint with a part per operator
-(``weir.checkpoint.format.encode_part``), and reports a failure, its sources' end
-and its own finish on the control connection.
+Event time: records travel as ``(timestamp, record)`` when a source has a watermark
+strategy; a task's watermark is the minimum over its input channels that are not idle;
+when it advances, the keyed operators' event-time timers fire in chain order and the
+watermark is forwarded. A task whose every input is idle forwards idleness.
+
+End: after the job's final checkpoint the coordinator tells the sources to finish; each
+task whose inputs all ended waits until its sinks' transactions are committed, closes
+its operators, ends its output channels and reports ``finished``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 import traceback
 from typing import Any
 
-from weir.api.descriptors import ListStateDescriptor
-from weir.api.functions import CheckpointedFunction, ProcessFunction
 from weir.checkpoint.coordinator import load_checkpoint
 from weir.checkpoint.format import encode_part
 from weir.checkpoint.storage import CheckpointStorage
@@ -42,88 +49,163 @@ from weir.runtime.continuous.barriers import (
     Barrier,
     BarrierTracker,
     barrier_event,
+    cancel_event,
 )
+from weir.runtime.continuous.chain import OperatorChain, Push
 from weir.runtime.continuous.channels import OutputChannel
 from weir.runtime.continuous.control import ControlClient
 from weir.runtime.continuous.gates import ChannelServer, InputGate
-from weir.runtime.continuous.graph import PipelineSpec, chain
+from weir.runtime.continuous.graph import Edge, JobGraph, OpKind, Partitioner
 from weir.runtime.continuous.wire import Kind
-from weir.runtime.nonkeyed import NonKeyedOperator
-from weir.runtime.operator import KeyedOperator
-from weir.runtime.operator_base import MAX_WATERMARK, MIN_WATERMARK, OperatorConfig
+from weir.runtime.operator_base import MAX_WATERMARK, MIN_WATERMARK
 from weir.state.keygroups import assign_key_to_parallel_operator
 
-__all__ = ["KeyedTask", "SourceTask"]
-
-EDGE = "keyed"  # the one hash edge of a pipeline
+__all__ = ["Task", "task_address"]
 
 
-class _Stateful(ProcessFunction[Any, Any], CheckpointedFunction):
-    """Holds a runtime component's operator state (source positions, sink
-    committables) in a list state; ``union``: every subtask gets all of it back."""
-
-    def __init__(self, union: bool) -> None:
-        self.union = union
-        self.values: list[Any] = []
-        self.restored: list[Any] | None = None
-
-    def initialize_state(self, ctx: Any) -> None:
-        store = ctx.operator_state_store
-        descriptor = ListStateDescriptor[Any]("values")
-        self.state = (store.get_union_list_state(descriptor) if self.union
-                      else store.get_list_state(descriptor))
-        self.restored = list(self.state.get()) if ctx.is_restored else None
-
-    def snapshot_state(self, ctx: Any) -> None:
-        self.state.update(self.values)
-
-    def process_element(self, value: Any, ctx: Any) -> None:
-        raise AssertionError("a runtime component's state takes no records")
+def task_address(vertex: str, subtask: int) -> str:
+    """How the coordinator's ``start`` names a task's data address."""
+    return f"{vertex}/{subtask}"
 
 
-class _Task:
-    """What both tasks share: control connection, checkpointers, acknowledgements."""
+class Task:
+    """Subtask ``subtask`` of vertex ``vertex_id`` (see the module doc)."""
 
-    def __init__(self, spec: PipelineSpec, uid: str, subtask: int, parallelism: int,
-                 attempt: int, control: ControlClient) -> None:
-        self.spec, self.uid, self.subtask, self.attempt = spec, uid, subtask, attempt
-        self.parallelism = parallelism
+    def __init__(self, graph: JobGraph, vertex_id: str, subtask: int, attempt: int,
+                 control: ControlClient) -> None:
+        self.graph, self.subtask, self.attempt = graph, subtask, attempt
+        self.vertex = graph.vertex(vertex_id)
+        self.name = f"{vertex_id}[{subtask}]"
         self.control = control
-        self.storage = CheckpointStorage(spec.checkpoint_storage)
+        self.storage = CheckpointStorage(graph.checkpoint_storage)
+        self.chain = OperatorChain(graph, self.vertex, subtask)
+        self.inputs = graph.inputs(vertex_id)
         self.checkpointers: list[SubtaskCheckpointer] = []
+        self.outs: list[OutputChannel] = []
         self._next_heartbeat = 0.0
+        #: per gate channel: whether it is a broadcast-side input
+        self._broadcast_side: list[bool] = []
 
-    def config(self, uid: str, parallelism: int, backend: str = "hashmap") -> OperatorConfig:
-        return OperatorConfig(uid=uid, state_backend=backend,
-                              max_parallelism=self.spec.max_parallelism,
-                              parallelism=parallelism, subtask_index=self.subtask)
+    # -- set-up
 
-    def restore(self, op: Any, url: str | None, parallelism: int) -> None:
-        if url is not None:
-            completed = load_checkpoint(CheckpointStorage(url))
-            op.restore(completed.load(op.config.uid, parallelism, self.subtask))
-        op.open()
+    def listen(self, secret: bytes) -> tuple[ChannelServer, InputGate] | None:
+        """The input gate (on a new channel server) of a task with inputs."""
+        if not self.inputs:
+            return None
+        server = ChannelServer(secret=secret, job=self.graph.job)
+        inputs = []
+        for edge in self.inputs:
+            producers = edge.producers_of(self.subtask,
+                                          self.graph.vertex(edge.producer).parallelism)
+            inputs.append((edge.name, producers))
+            self._broadcast_side += [edge.broadcast_side] * len(producers)
+        return server, server.input_gate(self.subtask, inputs, self.graph.channel)
 
-    def snapshot_and_ack(self, barrier: Barrier) -> None:
-        """Snapshot every operator (synchronous parts now) and acknowledge once every
-        upload is done, from a helper thread."""
+    def _open(self, start: dict[str, Any], secret: bytes) -> None:
+        """Restore and open the chain, open the sinks' writers and the outputs."""
+        url = start.get("restore")
+        completed = load_checkpoint(CheckpointStorage(url)) if url is not None else None
+        for op in self.chain.stateful:
+            assert op.core is not None
+            if completed is not None:
+                op.core.restore(completed.load(op.spec.name, self.vertex.parallelism,
+                                               self.subtask))
+            op.core.open()
+            mode = ("incremental" if op.kind is OpKind.KEYED
+                    and self.graph.state_backend == "rocksdb" else "full")
+            self.checkpointers.append(SubtaskCheckpointer(op.core, self.storage, mode=mode))
+        p = self.vertex.parallelism
+        for op in self.chain.ops:
+            assert op.spec.uid is None or op.state is not None or op.core is not None
+            if op.kind is OpKind.SOURCE:
+                assert op.state is not None
+                op.reader = op.spec.fn.reader(self.subtask, p, op.state.restored)
+            elif op.kind is OpKind.SINK:
+                assert op.state is not None
+                recovered = [list(c) for c in op.state.restored or []]
+                op.spec.fn.commit([c for _, c in recovered])  # their checkpoint completed
+                op.spec.fn.abort_attempts(self.attempt, [c for _, c in recovered])
+                op.writer = op.spec.fn.writer(self.subtask, p, self.attempt)
+        self.chain.wire(self._router(start["addresses"], secret))
+
+    def _router(self, addresses: dict[str, list[Any]], secret: bytes) -> Push:
+        """Open the output channels; the function that routes a record to them."""
+        routes: list[Push] = []
+        event_time = self.graph.event_time
+        for edge in self.graph.outputs(self.vertex.id):
+            consumer = self.graph.vertex(edge.consumer)
+            targets = ([self.subtask] if edge.partitioner is Partitioner.FORWARD
+                       else list(range(consumer.parallelism)))
+            channels = [OutputChannel(tuple(addresses[task_address(consumer.id, i)]),
+                                      secret=secret, job=self.graph.job, edge=edge.name,
+                                      producer=self.subtask, consumer=i,
+                                      config=self.graph.channel) for i in targets]
+            for channel in channels:
+                channel.on_blocked = self.heartbeat
+            self.outs += channels
+            routes.append(_route(edge, channels, self.graph.max_parallelism, self.subtask,
+                                 event_time))
+        if not routes:
+            return _discard
+        if len(routes) == 1:
+            return routes[0]
+
+        def route(value: Any, ts: int | None) -> None:
+            for r in routes:
+                r(value, ts)
+        return route
+
+    # -- checkpoints
+
+    def checkpoint(self, barrier: Barrier) -> None:
+        """Take checkpoint ``barrier`` (see the module doc)."""
+        cid = barrier.checkpoint_id
+        for sink in self.chain.sinks:
+            committable = sink.writer.prepare_commit(cid)
+            if committable is not None:
+                sink.committables.append([cid, committable])
+            assert sink.state is not None
+            sink.state.values = list(sink.committables)
+        event = barrier_event(barrier)
+        for out in self.outs:  # records before the barrier go first
+            out.emit_event(event)
         pending: list[tuple[SubtaskCheckpointer, PendingSnapshot]] = [
-            (c, c.snapshot(barrier.checkpoint_id, barrier.timestamp_ms))
-            for c in self.checkpointers]
+            (c, c.snapshot(cid, barrier.timestamp_ms)) for c in self.checkpointers]
 
         def ack() -> None:
             try:
-                parts = [encode_part(c.uid, c.operator.config.parallelism,
-                                     self.spec.max_parallelism, p.result(), {})
+                parts = [encode_part(c.uid, self.vertex.parallelism,
+                                     self.graph.max_parallelism, p.result(), {})
                          for c, p in pending]
-                self.control.send({"kind": "ack", "id": barrier.checkpoint_id,
-                                   "parts": parts})
+                self.control.send({"kind": "ack", "id": cid, "parts": parts})
             except Exception as exc:  # the upload failed: decline, the job goes on
-                self.control.send({"kind": "decline", "id": barrier.checkpoint_id,
+                self.control.send({"kind": "decline", "id": cid,
                                    "reason": "CHECKPOINT_ASYNC_EXCEPTION",
                                    "error": f"{type(exc).__name__}: {exc}"})
 
-        threading.Thread(target=ack, name=f"ack {barrier.checkpoint_id}", daemon=True).start()
+        threading.Thread(target=ack, name=f"ack {cid}", daemon=True).start()
+
+    def decline(self, checkpoint_id: int, reason: AbortReason) -> None:
+        """Decline a checkpoint at its barriers; downstream learns by a cancellation
+        marker (Flink's abortCheckpointOnBarrier)."""
+        self.control.send({"kind": "decline", "id": checkpoint_id,
+                           "reason": "CHECKPOINT_DECLINED", "error": reason.value})
+        event = cancel_event(checkpoint_id)
+        for out in self.outs:
+            out.emit_event(event)
+
+    def notified(self, message: dict[str, Any]) -> None:
+        """A message from the coordinator other than trigger / finish."""
+        kind, cid = message["kind"], int(message.get("id", 0))
+        if kind == "complete":
+            for sink in self.chain.sinks:
+                sink.spec.fn.commit([c for i, c in sink.committables if i <= cid])
+                sink.committables = [e for e in sink.committables if e[0] > cid]
+        for c in self.checkpointers:
+            if kind == "complete":
+                c.notify_checkpoint_complete(cid)
+            elif kind == "abort":
+                c.notify_checkpoint_aborted(cid)
 
     def heartbeat(self) -> None:
         """Tell the coordinator the main loop is alive (at most once a second): a task
@@ -133,75 +215,80 @@ class _Task:
             self._next_heartbeat = now + 1.0
             self.control.send({"kind": "heartbeat"})
 
-    def notified(self, message: dict[str, Any]) -> None:
-        kind, cid = message["kind"], int(message.get("id", 0))
-        for c in self.checkpointers:
-            if kind == "complete":
-                c.notify_checkpoint_complete(cid)
-            elif kind == "abort":
-                c.notify_checkpoint_aborted(cid)
-
     def fail(self, exc: BaseException) -> None:
-        with contextlib.suppress(ChannelError):  # else the coordinator sees it drop
+        """Report a failure (else the coordinator sees the connection drop)."""
+        with contextlib.suppress(ChannelError):
             self.control.send({"kind": "failed", "error": f"{type(exc).__name__}: {exc}",
                                "trace": traceback.format_exc()})
 
+    def forward_event(self, event: dict[str, Any]) -> None:
+        """Send a watermark or idleness event on every output channel."""
+        for out in self.outs:
+            out.emit_event(event)
 
-class SourceTask(_Task):
-    """A subtask of the source (see the module doc)."""
+    # -- the end
 
-    def __init__(self, spec: PipelineSpec, subtask: int, attempt: int,
-                 control: ControlClient) -> None:
-        super().__init__(spec, spec.source_uid, subtask, spec.source_parallelism, attempt,
-                         control)
-        self.state = _Stateful(union=False)
-        self.op = NonKeyedOperator(self.state, self.config(spec.source_uid,
-                                                           spec.source_parallelism))
+    def finish(self) -> None:
+        """Wait for the sinks' last commits, close the chain and the outputs."""
+        while any(s.committables for s in self.chain.sinks):
+            message = self.control.receive(30.0)
+            if message is None:  # never finish with prepared transactions uncommitted
+                raise ChannelError(
+                    f"task {self.name}: its input ended but no checkpoint completed the "
+                    f"transactions {[s.committables for s in self.chain.sinks]} for 30 s; "
+                    f"the job restarts from its latest checkpoint")
+            if message["kind"] not in ("trigger", "finish"):
+                self.notified(message)
+        for op in self.chain.ops:
+            if op.writer is not None:
+                op.writer.close()
+            if op.reader is not None:
+                op.reader.close()
+        for op in self.chain.stateful:
+            assert op.core is not None
+            op.core.close()  # the function's close(); an error fails the task
+        for out in self.outs:
+            out.close()
+        self.control.send({"kind": "finished"})
 
-    def run(self, start: dict[str, Any], secret: bytes) -> None:
-        spec = self.spec
-        self.restore(self.op, start.get("restore"), spec.source_parallelism)
-        self.checkpointers = [SubtaskCheckpointer(self.op, self.storage)]
-        reader = spec.source.reader(self.subtask, spec.source_parallelism, self.state.restored)
-        addresses = start["addresses"]
-        outs = [OutputChannel(tuple(addresses[str(i)]), secret=secret, job=spec.job,
-                              edge=EDGE, producer=self.subtask, consumer=i,
-                              config=spec.channel) for i in range(spec.parallelism)]
-        for out in outs:
-            out.on_blocked = self.heartbeat
-        route, key_of = spec.parallelism, spec.key_selector
-        steps = chain(spec.before_key_by)
-        m = spec.max_parallelism
-        exhausted = False
-        strategy = spec.watermarks
+    # -- main loops
+
+    def run(self, start: dict[str, Any], secret: bytes, gate: InputGate | None) -> None:
+        """Run until the task finishes (raises when it fails)."""
+        self._open(start, secret)
+        if gate is None:
+            self._read_source()
+        else:
+            self._take_inputs(gate)
+        self.finish()
+
+    def _read_source(self) -> None:
+        source = self.chain.ops[0]
+        reader, feed = source.reader, self.chain.after[0]
+        strategy = self.chain.watermarks
         stamp = strategy.timestamp_assigner if strategy is not None else None
+        batch = self.graph.source_batch
+        exhausted = False
         largest, sent = MIN_WATERMARK, MIN_WATERMARK
-        next_watermark = time.monotonic()
-        last_record, idle = time.monotonic(), False
+        next_watermark = last_record = time.monotonic()
+        idle = False
 
         def send_watermark(watermark: int) -> None:
             nonlocal sent, idle
             if watermark > sent or (idle and watermark >= sent):
                 sent, idle = watermark, False
-                for out in outs:
-                    out.emit_event({"kind": "watermark", "ts": watermark})
+                self.forward_event({"kind": "watermark", "ts": watermark})
 
         while True:
             message = self.control.receive(0.05 if exhausted else 0)
             while message is not None:
                 kind = message["kind"]
                 if kind == "trigger":
-                    barrier = Barrier(int(message["id"]), int(message["ts"]),
-                                      bool(message.get("savepoint", False)))
-                    self.state.values = reader.positions()
-                    for out in outs:  # records before the barrier go first
-                        out.emit_event(barrier_event(barrier))
-                    self.snapshot_and_ack(barrier)
+                    assert source.state is not None
+                    source.state.values = reader.positions()
+                    self.checkpoint(Barrier(int(message["id"]), int(message["ts"]),
+                                            bool(message.get("savepoint", False))))
                 elif kind == "finish":
-                    for out in outs:
-                        out.close()
-                    self.op.close()
-                    self.control.send({"kind": "finished"})
                     return
                 else:
                     self.notified(message)
@@ -209,114 +296,80 @@ class SourceTask(_Task):
             self.heartbeat()
             if exhausted:
                 continue
-            records = reader.poll(spec.source_batch)
+            records = reader.poll(batch)
             if records is None:
                 exhausted = True
                 if stamp is not None:  # every event-time timer fires before the end
                     send_watermark(MAX_WATERMARK)
-                for out in outs:
+                for out in self.outs:
                     out.flush(wait=False)
                 self.control.send({"kind": "source_end"})
                 continue
             if records:
                 last_record = time.monotonic()
-            for raw in records:
-                for record in steps(raw):
-                    out = outs[assign_key_to_parallel_operator(key_of(record), m, route)]
-                    if stamp is None:
-                        out.emit(record)
-                    else:
-                        ts = int(stamp(record))
-                        largest = max(largest, ts)
-                        out.emit((ts, record))
-            if strategy is not None and time.monotonic() >= next_watermark:
-                next_watermark = time.monotonic() + strategy.interval_ms / 1000
-                quiet = strategy.idleness_ms is not None and (
-                    time.monotonic() - last_record) * 1000 >= strategy.idleness_ms
-                if quiet:
-                    if not idle:
-                        idle = True  # no longer holds event time back downstream
-                        for out in outs:
-                            out.emit_event({"kind": "idle"})
-                elif largest > MIN_WATERMARK:  # (a watermark ends idleness downstream)
-                    send_watermark(largest - strategy.max_out_of_orderness_ms - 1)
+            if stamp is None:
+                for record in records:
+                    feed(record, None)
+            else:
+                for record in records:
+                    ts = int(stamp(record))
+                    largest = max(largest, ts)
+                    feed(record, ts)
+                now = time.monotonic()
+                if strategy is not None and now >= next_watermark:
+                    next_watermark = now + strategy.interval_ms / 1000
+                    quiet = strategy.idleness_ms is not None and (
+                        now - last_record) * 1000 >= strategy.idleness_ms
+                    if quiet:
+                        if not idle:
+                            idle = True  # no longer holds event time back downstream
+                            self.forward_event({"kind": "idle"})
+                    elif largest > MIN_WATERMARK:  # (a watermark ends idleness downstream)
+                        send_watermark(largest - strategy.max_out_of_orderness_ms - 1)
 
-
-class KeyedTask(_Task):
-    """A subtask of the keyed function, chained with the sink (see the module doc)."""
-
-    def __init__(self, spec: PipelineSpec, subtask: int, attempt: int,
-                 control: ControlClient) -> None:
-        super().__init__(spec, spec.function_uid, subtask, spec.parallelism, attempt, control)
-        self.op = KeyedOperator(spec.function, spec.key_selector,
-                                self.config(spec.function_uid, spec.parallelism,
-                                            spec.state_backend))
-        self.sink_state = _Stateful(union=True)
-        self.sink_op = NonKeyedOperator(self.sink_state,
-                                        self.config(spec.sink_uid, spec.parallelism))
-        #: (checkpoint id, committable) prepared and not yet committed
-        self.committables: list[list[Any]] = []
-
-    def notified(self, message: dict[str, Any]) -> None:
-        """Also commit the sink's transactions up to a completed checkpoint."""
-        if message["kind"] == "complete":
-            done = int(message["id"])
-            self.spec.sink.commit([c for cid, c in self.committables if cid <= done])
-            self.committables = [e for e in self.committables if e[0] > done]
-        super().notified(message)
-
-    def listen(self, secret: bytes) -> tuple[ChannelServer, InputGate]:
-        server = ChannelServer(secret=secret, job=self.spec.job)
-        gate = server.gate(EDGE, self.subtask, self.spec.source_parallelism, self.spec.channel)
-        return server, gate
-
-    def run(self, start: dict[str, Any], gate: InputGate) -> None:
-        spec = self.spec
-        url = start.get("restore")
-        self.restore(self.op, url, spec.parallelism)
-        self.restore(self.sink_op, url, spec.parallelism)
-        mode = "incremental" if spec.state_backend == "rocksdb" else "full"
-        self.checkpointers = [SubtaskCheckpointer(self.op, self.storage, mode=mode),
-                              SubtaskCheckpointer(self.sink_op, self.storage)]
-        recovered = [list(c) for c in self.sink_state.restored or []]
-        spec.sink.commit([c for _, c in recovered])  # their checkpoint completed
-        spec.sink.abort_attempts(self.attempt, [c for _, c in recovered])
-        writer = spec.sink.writer(self.subtask, spec.parallelism, self.attempt)
+    def _take_inputs(self, gate: InputGate) -> None:
         task = self
 
         class Actions:
             def trigger_checkpoint(self, barrier: Barrier) -> None:
-                committable = writer.prepare_commit(barrier.checkpoint_id)
-                if committable is not None:
-                    task.committables.append([barrier.checkpoint_id, committable])
-                task.sink_state.values = list(task.committables)
-                task.snapshot_and_ack(barrier)
+                task.checkpoint(barrier)
 
             def abort_checkpoint(self, checkpoint_id: int, reason: AbortReason) -> None:
-                task.control.send({"kind": "decline", "id": checkpoint_id,
-                                   "reason": "CHECKPOINT_DECLINED", "error": reason.value})
+                task.decline(checkpoint_id, reason)
 
+        channels = gate.producers
         handler: AlignedBarrierHandler | BarrierTracker = (
-            BarrierTracker(spec.source_parallelism, Actions()) if spec.at_least_once
-            else AlignedBarrierHandler(spec.source_parallelism, gate, Actions()))
-        process, after = self.op.process_element, chain(spec.after_process)
-
-        def write(out: Any) -> None:
-            for record in after(out):
-                writer.write(record)
-
-        next_tick = time.monotonic()
-        event_time = spec.watermarks is not None
-        watermarks = [MIN_WATERMARK] * spec.source_parallelism
-
+            BarrierTracker(channels, Actions()) if self.graph.at_least_once
+            else AlignedBarrierHandler(channels, gate, Actions()))
+        head = self.chain.ops[0]
+        push = self.chain.push[0]
+        broadcast_side = self._broadcast_side
+        two_inputs = any(broadcast_side)
+        keyed_head = head.keyed
+        if two_inputs:
+            assert keyed_head is not None
+            process_broadcast = keyed_head.process_broadcast_element
+            after = self.chain.after[0]
+        event_time = self.graph.event_time
+        watermarks = [MIN_WATERMARK] * channels
         idle: set[int] = set()
+        current, idle_sent = MIN_WATERMARK, False
 
         def advance() -> None:
+            nonlocal current, idle_sent
             active = [w for c, w in enumerate(watermarks) if c not in idle]
-            if active:  # all idle: event time stands still
-                for out in self.op.advance_watermark(min(active)):
-                    write(out)
+            if not active:  # every input idle: event time stands still
+                if not idle_sent:
+                    idle_sent = True
+                    self.forward_event({"kind": "idle"})
+                return
+            watermark = min(active)
+            if watermark > current or (idle_sent and watermark >= current):
+                current, idle_sent = max(current, watermark), False
+                self.chain.fire_watermark(current)
+                self.forward_event({"kind": "watermark", "ts": current})
 
+        next_tick = time.monotonic()
         while not gate.finished:
             message = self.control.receive(0)
             while message is not None:
@@ -326,14 +379,17 @@ class KeyedTask(_Task):
             if got is not None:
                 channel, kind, item = got
                 if kind is Kind.DATA:
-                    if event_time:
+                    if two_inputs and broadcast_side[channel]:
+                        for ts, record in (item if event_time else zip(
+                                itertools.repeat(None), item)):
+                            for out in process_broadcast(record, ts):
+                                after(out, ts)
+                    elif event_time:
                         for ts, record in item:
-                            for out in process(record, ts):
-                                write(out)
+                            push(record, ts)
                     else:
                         for record in item:
-                            for out in process(record):
-                                write(out)
+                            push(record, None)
                 elif item.get("kind") == "watermark":
                     watermarks[channel] = max(watermarks[channel], int(item["ts"]))
                     idle.discard(channel)
@@ -343,25 +399,48 @@ class KeyedTask(_Task):
                     advance()
                 else:
                     handler.on_event(channel, item)
-                    if item.get("kind") == "end":
+                    if item.get("kind") == "end" and event_time:
                         watermarks[channel] = MAX_WATERMARK  # no longer holds time back
+                        idle.discard(channel)
                         advance()
             if time.monotonic() >= next_tick:  # processing-time timers, heartbeat
-                for out in self.op.advance_processing_time():
-                    write(out)
+                self.chain.fire_processing_time()
                 next_tick = time.monotonic() + 0.1
                 self.heartbeat()
-        # every input ended (after the final checkpoint): wait for its notification
-        while self.committables:
-            message = self.control.receive(30.0)
-            if message is None:  # never finish with prepared transactions uncommitted
-                raise ChannelError(
-                    f"task {spec.function_uid}[{self.subtask}]: its inputs ended but no "
-                    f"checkpoint completed the transactions {self.committables} for 30 s; "
-                    f"the job restarts from its latest checkpoint")
-            self.notified(message)
-        writer.close()
-        self.op.close()  # the function's close(); an error fails the task
-        self.sink_op.close()
-        self.control.send({"kind": "finished"})
 
+
+def _discard(value: Any, ts: int | None) -> None:
+    """Where the records of a chain without outputs go (it ends in sinks)."""
+
+
+def _route(edge: Edge, channels: list[OutputChannel], max_parallelism: int,
+           subtask: int, event_time: bool) -> Push:
+    """Send a record by ``edge``'s partitioner (as ``(timestamp, record)`` with event
+    time)."""
+    emits = [c.emit for c in channels]
+    if edge.partitioner is Partitioner.HASH:
+        key_of, n = edge.key_selector, len(channels)
+        assert key_of is not None
+
+        def by_key(record: Any, ts: int | None) -> None:
+            emits[assign_key_to_parallel_operator(key_of(record), max_parallelism, n)](
+                (ts, record) if event_time else record)
+        return by_key
+    if edge.partitioner is Partitioner.BROADCAST:
+        def to_all(record: Any, ts: int | None) -> None:
+            item = (ts, record) if event_time else record
+            for emit in emits:
+                emit(item)
+        return to_all
+    if edge.partitioner is Partitioner.REBALANCE:  # (each producer starts elsewhere)
+        k = subtask % len(emits)
+        turn = itertools.cycle(emits[k:] + emits[:k])
+
+        def round_robin(record: Any, ts: int | None) -> None:
+            next(turn)((ts, record) if event_time else record)
+        return round_robin
+    emit = emits[0]
+
+    def forward(record: Any, ts: int | None) -> None:
+        emit((ts, record) if event_time else record)
+    return forward
