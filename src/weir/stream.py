@@ -16,6 +16,9 @@ failure restarts every task from the latest completed checkpoint.
         .process(RunningCount(), uid="count")
         .sink_to(FileSink("/data/out"), uid="sink"))
     result = env.execute("count")        # bounded sources: returns at their end
+    job = env.execute_async("count")     # job.trigger_savepoint(path), job.checkpoints(),
+                                         # job.stop_with_savepoint(path, drain=True),
+                                         # job.cancel(), job.wait()
 
 Operators: sources (several; a :class:`WatermarkStrategy` gives a source's records
 event time), ``map`` / ``filter`` / ``flat_map``, ``process`` with a
@@ -46,6 +49,7 @@ from weir.api.restart import RestartStrategy
 from weir.api.watermarks import WatermarkStrategy
 from weir.errors import ConfigurationError
 from weir.runtime.continuous.channels import ChannelConfig
+from weir.runtime.continuous.client import CheckpointStats, CheckpointStatus, JobClient
 from weir.runtime.continuous.graph import (
     JobGraph,
     LogicalInput,
@@ -58,9 +62,10 @@ from weir.runtime.continuous.graph import (
 from weir.runtime.continuous.master import JobResult, LocalJob
 
 __all__ = [
-    "BroadcastStream", "ChannelConfig", "CheckpointConfig", "CheckpointingMode",
-    "DataStream", "JobResult", "KeyedBroadcastStream", "KeyedStream", "RestartStrategy",
-    "StreamEnvironment", "WatermarkStrategy",
+    "BroadcastStream", "ChannelConfig", "CheckpointConfig", "CheckpointStats",
+    "CheckpointStatus", "CheckpointingMode", "DataStream", "JobClient", "JobResult",
+    "KeyedBroadcastStream", "KeyedStream", "RestartStrategy", "StreamEnvironment",
+    "WatermarkStrategy",
 ]
 
 
@@ -122,11 +127,24 @@ class StreamEnvironment:
         written by any runtime (the harness, Spark, this one, ``weir.write_savepoint``)
         at any parallelism, matched to the operators by uid; state of an operator the
         job does not have is an error unless ``allow_non_restored_state``."""
-        seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
+        return self._job(job_name, restore_from, allow_non_restored_state).run(
+            timeout_s=_seconds(timeout))
+
+    def execute_async(self, job_name: str = "job", *,
+                      timeout: float | datetime.timedelta = 365 * 86400.0,
+                      restore_from: str | Path | None = None,
+                      allow_non_restored_state: bool = False) -> JobClient:
+        """Start the job in the background (as :meth:`execute`); a
+        :class:`JobClient` to take savepoints, stop it with a savepoint, cancel it,
+        watch its checkpoints and wait for it."""
+        job = self._job(job_name, restore_from, allow_non_restored_state)
+        return JobClient(job, _seconds(timeout))
+
+    def _job(self, job_name: str, restore_from: str | Path | None,
+             allow_non_restored_state: bool) -> LocalJob:
         return LocalJob(self.job_graph(job_name), self.checkpointing,
                         restart=self.restart_strategy, restore_from=restore_from,
-                        allow_non_restored_state=allow_non_restored_state).run(
-            timeout_s=seconds)
+                        allow_non_restored_state=allow_non_restored_state)
 
     def job_graph(self, job_name: str = "job") -> JobGraph:
         """What :meth:`execute` would run: the operators chained into vertices (one task
@@ -144,6 +162,10 @@ class StreamEnvironment:
             f"{job_name}-{uuid.uuid4().hex[:8]}", nodes,
             checkpoint_storage=self.checkpoint_storage, max_parallelism=self.max_parallelism,
             state_backend=self.state_backend, channel=self.channels)
+
+
+def _seconds(timeout: float | datetime.timedelta) -> float:
+    return timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
 
 
 def _uid(uid: object) -> str:

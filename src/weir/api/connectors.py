@@ -13,16 +13,20 @@ transaction and returns a *committable* (msgpack-able), which goes into the chec
 once the checkpoint completes, :meth:`Sink.commit` makes the committables of it and of
 every earlier checkpoint visible. A restore commits the committables it recovers
 (their checkpoint completed; the notification may have been lost) and
-:meth:`Sink.abort_attempts` drops what earlier attempts left open. ``commit`` must be
-idempotent: a committable may be committed again after a failure.
+:meth:`Sink.abort_attempts` drops what earlier attempts — of this run of the job, or of
+an earlier run (a job resumed from a savepoint) — left open. ``commit`` must be
+idempotent: a committable may be committed again after a failure, or by a later run
+restored from a savepoint (so a committable names where it was written). Transaction
+names must be unique across runs: :class:`SinkContext` gives the run's id.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Sink", "SinkWriter", "Source", "SourceReader"]
+__all__ = ["Sink", "SinkContext", "SinkWriter", "Source", "SourceReader"]
 
 T = TypeVar("T")
 
@@ -71,18 +75,31 @@ class SinkWriter(ABC, Generic[T]):
         :meth:`Sink.abort_attempts` of the next attempt)."""
 
 
+@dataclass(frozen=True)
+class SinkContext:
+    """Where a sink writer runs (Flink's sink ``InitContext``)."""
+
+    #: this run of the job (a new one for every execute; sortable by start time, no "-")
+    run_id: str
+    subtask: int
+    parallelism: int
+    #: the attempt within the run: 0, then one more after each restart
+    attempt: int
+
+
 class Sink(ABC, Generic[T]):
     """A two-phase-commit sink."""
 
     @abstractmethod
-    def writer(self, subtask: int, parallelism: int, attempt: int) -> SinkWriter[T]:
-        """The writer of subtask ``subtask`` in the job's ``attempt`` (0, then one more
-        after each restart)."""
+    def writer(self, context: SinkContext) -> SinkWriter[T]:
+        """The writer of a subtask in an attempt of a run."""
 
     @abstractmethod
     def commit(self, committables: list[Any]) -> None:
         """Make the committables' records visible; idempotent."""
 
     @abstractmethod
-    def abort_attempts(self, before: int, keep: list[Any]) -> None:
-        """Drop what attempts before ``before`` left uncommitted, except ``keep``."""
+    def abort_attempts(self, context: SinkContext, keep: list[Any]) -> None:
+        """Drop what earlier attempts of ``context``'s run, and every other run, left
+        uncommitted, except ``keep`` (called as a subtask of ``context.attempt`` starts,
+        before it writes; other subtasks of that attempt may be writing already)."""

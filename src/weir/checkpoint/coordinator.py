@@ -536,6 +536,13 @@ class CheckpointCoordinator:
             self._completed.remove(free[0])
             self._discard(free[0])
 
+    def discard_all(self) -> None:
+        """Delete every retained checkpoint and what only they referenced (a job
+        cancelled without retention). Run only when no checkpoint is in flight."""
+        while self._completed:
+            self._discard(self._completed.pop(0))
+        self.clean_up_orphans()
+
     def abort(self, pending: PendingCheckpoint) -> None:
         """Give up ``pending``: delete what it wrote — its directory and the shared files
         it uploaded (named ``shared/<operator>/<id>-…``) that no completed checkpoint

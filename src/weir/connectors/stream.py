@@ -9,14 +9,16 @@
 * :class:`FileSink` — JSON lines, exactly-once by two-phase commit. Layout under its
   directory::
 
-      .pending/<attempt>-<subtask>-<n>.jsonl    an open or prepared transaction
-      part-<attempt>-<subtask>-<n>.jsonl         a committed one (renamed from .pending)
+      .pending/<run>-<attempt>-<subtask>-<n>.jsonl    an open or prepared transaction
+      part-<run>-<attempt>-<subtask>-<n>.jsonl         a committed one (renamed)
 
-  (numbers zero-padded, so the names sort in the order a subtask wrote them).
+  (``run``: the run's id, which sorts by start time; numbers zero-padded, so the names
+  sort in the order a subtask wrote them).
 
-  A committable is the pending file's name; committing renames it (a second commit
-  finds the part file and does nothing). Files of earlier attempts left in
-  ``.pending`` that no checkpoint holds are deleted on restore.
+  A committable is ``[directory, pending file name]``; committing renames it (a second
+  commit finds the part file and does nothing; a run restored from a savepoint commits
+  the savepoint's transactions where they were written). Files of earlier attempts and
+  other runs left in ``.pending`` that no checkpoint holds are deleted on restore.
 * :class:`SqliteSink` — JSON records in a SQLite table, exactly-once by two-phase
   commit through a staging table (see the class).
 """
@@ -31,7 +33,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from weir.api.connectors import Sink, SinkWriter, Source, SourceReader
+from weir.api.connectors import Sink, SinkContext, SinkWriter, Source, SourceReader
+from weir.errors import SinkError
 
 __all__ = ["FileSink", "SequenceSource", "SqliteSink", "read_sqlite_stream_sink",
            "read_stream_sink"]
@@ -82,16 +85,29 @@ class SequenceSource(Source[int]):
         return _SequenceReader(start, self.n, self.records_per_second)
 
 
+def _transaction(context: SinkContext, n: int) -> str:
+    """A transaction's name: unique across runs, attempts, subtasks; in a run, sorting
+    by name is sorting by attempt, subtask, and order of writing."""
+    return f"{context.run_id}-{context.attempt:05d}-{context.subtask:05d}-{n:09d}"
+
+
+def _left_over(name: str, context: SinkContext) -> bool:
+    """Whether transaction ``name`` is of an earlier attempt or another run."""
+    run, _, rest = name.partition("-")
+    attempt = rest.split("-", 1)[0]
+    return run != context.run_id or (attempt.isdigit() and int(attempt) < context.attempt)
+
+
 class _FileWriter(SinkWriter[Any]):
-    def __init__(self, sink: FileSink, subtask: int, attempt: int) -> None:
-        self.sink, self.subtask, self.attempt = sink, subtask, attempt
+    def __init__(self, sink: FileSink, context: SinkContext) -> None:
+        self.sink, self.context = sink, context
         self._n = 0
         self._file: Any = None
         self._name = ""
 
     def write(self, record: Any) -> None:
         if self._file is None:
-            self._name = f"{self.attempt:05d}-{self.subtask:05d}-{self._n:09d}.jsonl"
+            self._name = f"{_transaction(self.context, self._n)}.jsonl"
             self._n += 1
             self._file = open(self.sink.pending / self._name, "w", encoding="utf-8")  # noqa: SIM115
         self._file.write(json.dumps(record) + "\n")
@@ -103,7 +119,7 @@ class _FileWriter(SinkWriter[Any]):
         os.fsync(self._file.fileno())
         self._file.close()
         self._file = None
-        return self._name
+        return [str(self.sink.path.resolve()), self._name]
 
     def close(self) -> None:
         if self._file is not None:
@@ -118,32 +134,37 @@ class FileSink(Sink[Any]):
         self.path = Path(path)
         self.pending = self.path / ".pending"
 
-    def writer(self, subtask: int, parallelism: int, attempt: int) -> SinkWriter[Any]:
+    def writer(self, context: SinkContext) -> SinkWriter[Any]:
         self.pending.mkdir(parents=True, exist_ok=True)
-        return _FileWriter(self, subtask, attempt)
+        return _FileWriter(self, context)
 
     def commit(self, committables: list[Any]) -> None:
-        for name in committables:
-            target = self.path / f"part-{name}"
+        directories = set()
+        for directory, name in committables:  # (where it was written: a run restored
+            path = Path(directory)             # from a savepoint may write elsewhere)
+            target = path / f"part-{name}"
             try:
-                os.rename(self.pending / name, target)
+                os.rename(path / ".pending" / name, target)
             except FileNotFoundError:
                 if not target.exists():
-                    raise
-        with contextlib.suppress(OSError):
-            fd = os.open(self.path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+                    raise SinkError(f"FileSink: transaction {name} of {directory} is "
+                                    f"neither pending nor committed: its file was removed"
+                                    ) from None
+            directories.add(path)
+        for path in directories:
+            with contextlib.suppress(OSError):
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
 
-    def abort_attempts(self, before: int, keep: list[Any]) -> None:
-        kept = set(keep)
+    def abort_attempts(self, context: SinkContext, keep: list[Any]) -> None:
+        kept = {name for _, name in keep}
         if not self.pending.exists():
             return
         for entry in self.pending.iterdir():
-            attempt = entry.name.split("-", 1)[0]
-            if attempt.isdigit() and int(attempt) < before and entry.name not in kept:
+            if _left_over(entry.name, context) and entry.name not in kept:
                 with contextlib.suppress(FileNotFoundError):
                     entry.unlink()
 
@@ -158,14 +179,14 @@ def read_stream_sink(path: str | Path) -> list[Any]:
 
 
 class _SqliteWriter(SinkWriter[Any]):
-    def __init__(self, sink: SqliteSink, subtask: int, attempt: int) -> None:
-        self.sink, self.subtask, self.attempt = sink, subtask, attempt
+    def __init__(self, sink: SqliteSink, context: SinkContext) -> None:
+        self.sink, self.context = sink, context
         self._n = 0
         self._rows: list[tuple[str, str]] = []
         self._conn = sink._connect()
 
     def _txn(self) -> str:
-        return f"{self.attempt:05d}-{self.subtask:05d}-{self._n:09d}"
+        return _transaction(self.context, self._n)
 
     def write(self, record: Any) -> None:
         self._rows.append((self._txn(), json.dumps(record)))
@@ -237,8 +258,8 @@ class SqliteSink(Sink[Any]):
         finally:
             conn.close()
 
-    def writer(self, subtask: int, parallelism: int, attempt: int) -> SinkWriter[Any]:
-        return _SqliteWriter(self, subtask, attempt)
+    def writer(self, context: SinkContext) -> SinkWriter[Any]:
+        return _SqliteWriter(self, context)
 
     def commit(self, committables: list[Any]) -> None:
         # every subtask commits the recovered committables at once after a restore: the
@@ -253,12 +274,12 @@ class SqliteSink(Sink[Any]):
                              f"FROM {self.staging} WHERE txn = ? ORDER BY rowid", (txn,))
                 conn.execute(f"DELETE FROM {self.staging} WHERE txn = ?", (txn,))
 
-    def abort_attempts(self, before: int, keep: list[Any]) -> None:
+    def abort_attempts(self, context: SinkContext, keep: list[Any]) -> None:
         kept = set(keep)
         with self._locked() as conn:  # (read, then write: the lock first)
             rows = conn.execute(f"SELECT DISTINCT txn FROM {self.staging}").fetchall()
             for (txn,) in rows:
-                if int(txn.split("-", 1)[0]) < before and txn not in kept:
+                if _left_over(txn, context) and txn not in kept:
                     conn.execute(f"DELETE FROM {self.staging} WHERE txn = ?", (txn,))
 
 

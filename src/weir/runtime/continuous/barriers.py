@@ -2,7 +2,7 @@
 barrier handlers, as state machines over the events of an input gate.
 
 Events (on the wire, in order with the records of their channel): a barrier
-``{"kind": "barrier", "id": n, "ts": ms, "savepoint": bool}``, a cancellation marker
+``{"kind": "barrier", "id": n, "ts": ms, "savepoint": url or None}``, a cancellation marker
 ``{"kind": "cancel", "id": n}``, the end of a channel's partition ``{"kind": "end"}``.
 
 **Exactly-once: aligned** (:class:`AlignedBarrierHandler`, Flink's
@@ -41,16 +41,19 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Barrier:
-    """Checkpoint barrier ``checkpoint_id``, triggered at ``timestamp_ms``."""
+    """Checkpoint barrier ``checkpoint_id``, triggered at ``timestamp_ms``; of a savepoint
+    into the storage at URL ``savepoint`` when that is given."""
 
     checkpoint_id: int
     timestamp_ms: int
-    savepoint: bool = False
+    savepoint: str | None = None
 
     @staticmethod
     def of(event: Mapping[str, Any]) -> Barrier:
         """The barrier of a ``{"kind": "barrier", ...}`` event."""
-        return Barrier(int(event["id"]), int(event["ts"]), bool(event.get("savepoint", False)))
+        target = event.get("savepoint")
+        return Barrier(int(event["id"]), int(event["ts"]),
+                       str(target) if target is not None else None)
 
 
 def barrier_event(barrier: Barrier) -> dict[str, Any]:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -153,6 +155,10 @@ class JobGraph:
     #: a task whose main loop is silent this long is taken as hung (Flink's
     #: heartbeat.timeout: 50 s)
     heartbeat_timeout_s: float = 50.0
+    #: this run of the job (sinks name their transactions by it): start time and a
+    #: random part, so runs sort by when they started
+    run_id: str = dataclasses.field(default_factory=lambda: (
+        f"{int(time.time() * 1000):013d}{uuid.uuid4().hex[:6]}"))
 
     def __post_init__(self) -> None:
         uids = self.uids()

@@ -19,6 +19,14 @@ hosts the coordinator, and runs the checkpoints.
    forced (so every sink commits what it wrote), the sources are told to finish, and
    the job ends when every task has.
 
+5. **Requests** from the job's client (:mod:`.client`, in another thread): a savepoint
+   is a savepoint request to the scheduler; its checkpoint writes every snapshot in
+   full into the savepoint's directory. Stop-with-savepoint tells the sources to stop
+   (draining or not); once every source reported its end, a synchronous savepoint
+   takes the final checkpoint's place (its failure fails the job, as in Flink). Cancel
+   kills every task at once and deletes the retained checkpoints unless
+   ``retain_on_cancel``.
+
 Any task failing or disappearing (a killed process is noticed at once through its
 control connection) fails the attempt: every task process is killed, the attempt's
 pending checkpoints are aborted, and — as the restart strategy allows (Flink's
@@ -37,6 +45,7 @@ import queue
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,14 +62,17 @@ from weir.checkpoint.coordinator import (
     load_checkpoint,
 )
 from weir.checkpoint.format import decode_part
-from weir.errors import ConfigurationError, JobFailedError, WeirError
+from weir.errors import CheckpointError, ConfigurationError, JobFailedError, WeirError
+from weir.runtime.continuous.client import CheckpointStats, CheckpointStatus, Command
 from weir.runtime.continuous.control import ControlServer, TaskId
 from weir.runtime.continuous.graph import JobGraph
+from weir.runtime.continuous.processes import root_cause, stop_processes
 from weir.runtime.continuous.scheduling import (
     AbortedCheckpoint,
     CheckpointFailureReason,
     CheckpointScheduler,
     Decision,
+    DroppedRequest,
     JobFailure,
     RequestKind,
     StartCheckpoint,
@@ -82,6 +94,10 @@ class JobResult:
     failures: list[str] = field(default_factory=list)
     restarts: int = 0
     duration_s: float = 0.0
+    #: the job was cancelled (JobClient.cancel)
+    cancelled: bool = False
+    #: the savepoint stop-with-savepoint ended it with
+    savepoint: str | None = None
 
 
 class LocalJob:
@@ -89,7 +105,7 @@ class LocalJob:
 
     def __init__(self, graph: JobGraph, checkpointing: CheckpointConfig, *,
                  restart: RestartStrategy | None = None, workdir: str | Path | None = None,
-                 retained: int = 3, sleep: Callable[[float], None] = time.sleep,
+                 retained: int = 3, sleep: Callable[[float], None] | None = None,
                  restore_from: str | Path | None = None,
                  allow_non_restored_state: bool = False) -> None:
         self.graph, self.checkpointing = graph, checkpointing
@@ -97,7 +113,9 @@ class LocalJob:
         self.allow_non_restored_state = allow_non_restored_state
         #: Flink's default with checkpointing on: exponential delay
         self.restart = restart if restart is not None else RestartStrategy.exponential_delay()
-        self.sleep = sleep
+        self._cancel = threading.Event()
+        #: waits between attempts (default: until the delay passed or a cancel)
+        self.sleep: Callable[[float], Any] = sleep or self._cancel.wait
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"weir-{graph.job}-"))
         self.coordinator = CheckpointCoordinator(graph.checkpoint_storage, retained=retained)
         self.attempt = 0
@@ -107,6 +125,34 @@ class LocalJob:
         self._finished: set[TaskId] = set()
         self._heard: dict[TaskId, float] = {}  # when each task was last heard from
         self.result = JobResult()
+        self._lock = threading.Lock()
+        self._commands: list[Command] = []  # from the client, not yet taken up
+        self._requested: dict[int, Command] = {}  # savepoint requests by request id
+        self._savepoints: dict[int, Command] = {}  # started ones by checkpoint id
+        self._stopping: Command | None = None
+        self._stats: dict[int, CheckpointStats] = {}
+
+    # -- what the client asks (from its thread)
+
+    def submit(self, command: Command) -> None:
+        """Take up ``command`` (a savepoint, or stop-with-savepoint) in the driver loop."""
+        with self._lock:
+            self._commands.append(command)
+        self._inbox.put((CLIENT, {"kind": "command"}))  # wakes the loop
+
+    def cancel(self) -> None:
+        """Stop every task now (the job ends cancelled)."""
+        self._cancel.set()
+        self._inbox.put((CLIENT, {"kind": "cancel"}))
+
+    def checkpoint_stats(self) -> list[CheckpointStats]:
+        """Every checkpoint and savepoint triggered so far, oldest first."""
+        with self._lock:
+            return [self._stats[k] for k in sorted(self._stats)]
+
+    def _stat(self, cid: int, **changes: Any) -> None:
+        with self._lock:
+            self._stats[cid] = dataclasses.replace(self._stats[cid], **changes)
 
     def run(self, timeout_s: float = 600.0) -> JobResult:
         """Run the job to its end (bounded sources), restarting every task from the
@@ -114,31 +160,60 @@ class LocalJob:
         raises :class:`~weir.errors.JobFailedError` once it gives up."""
         started = time.monotonic()
         tracker = self.restart.tracker()
-        while True:
-            try:
-                self._run_attempt(started + timeout_s)
-                break
-            except JobFailedError as exc:
-                self.result.failures.append(str(exc).splitlines()[0])
-                delay = tracker.on_failure(time.monotonic())
-                if delay is None or time.monotonic() >= started + timeout_s:
-                    raise JobFailedError(
-                        f"{exc} — and its restart strategy {self.restart} allows no more "
-                        f"restarts after {tracker.restarts}; the latest completed "
-                        f"checkpoint is in {self.graph.checkpoint_storage}") from exc
-                log.warning("weir: job %s: %s; restart %d in %.3g s from the latest completed "
-                            "checkpoint", self.graph.job, str(exc).splitlines()[0],
-                            tracker.restarts, delay)
-                self.sleep(delay)
-                self.attempt += 1
+        try:
+            while True:
+                try:
+                    self._run_attempt(started + timeout_s)
+                    break
+                except _Cancelled:
+                    self.result.cancelled = True
+                    if not self.checkpointing.retain_on_cancel:
+                        self.coordinator.discard_all()
+                    break
+                except JobFailedError as exc:
+                    self._on_failure(exc, tracker, started + timeout_s)
+        finally:
+            self._fail_commands(f"job {self.graph.job!r} ended")
         self.result.restarts = tracker.restarts
         self.result.duration_s = time.monotonic() - started
         return self.result
+
+    def _on_failure(self, exc: JobFailedError, tracker: Any, deadline: float) -> None:
+        self.result.failures.append(str(exc).splitlines()[0])
+        delay = tracker.on_failure(time.monotonic())
+        if delay is None or time.monotonic() >= deadline:
+            raise JobFailedError(
+                f"{exc} — and its restart strategy {self.restart} allows no more "
+                f"restarts after {tracker.restarts}; the latest completed "
+                f"checkpoint is in {self.graph.checkpoint_storage}") from exc
+        log.warning("weir: job %s: %s; restart %d in %.3g s from the latest completed "
+                    "checkpoint", self.graph.job, str(exc).splitlines()[0],
+                    tracker.restarts, delay)
+        self.sleep(delay)
+        if self._cancel.is_set():
+            raise _Cancelled
+        self.attempt += 1
+
+    def _fail_commands(self, why: str) -> None:
+        """Fail every savepoint request not answered yet (the attempt or job ended)."""
+        with self._lock:
+            waiting = [*self._commands, *self._requested.values(), *self._savepoints.values()]
+            if self._stopping is not None:
+                waiting.append(self._stopping)
+            self._commands, self._requested, self._savepoints = [], {}, {}
+            self._stopping = None
+        for command in waiting:
+            if not command.future.done():
+                command.future.set_exception(CheckpointError(
+                    f"{'stop-with-savepoint' if command.kind == 'stop' else 'savepoint'} "
+                    f"into {command.target} did not complete: {why}"))
 
     def _run_attempt(self, deadline: float) -> None:
         """One attempt: launch every task, run to the end; JobFailedError on failure
         (every process killed, the attempt's pending checkpoints aborted)."""
         self._inbox = queue.Queue()
+        if self._commands or self._cancel.is_set():
+            self._inbox.put((CLIENT, {"kind": "command"}))
         self._procs, self._finished, self._heard = {}, set(), {}
         secret = os.urandom(32)
         inbox = self._inbox
@@ -149,11 +224,15 @@ class LocalJob:
             self._launch(server, secret)
             self._run(server, deadline)
             finished = True
+        except JobFailedError as exc:
+            self._fail_commands(str(exc).splitlines()[0])
+            raise
         finally:
             server.close()
-            self._stop_processes(grace_s=5.0 if finished else 0.0)
-            for pending, _ in self._pending.values():
+            stop_processes(self._procs.values(), grace_s=5.0 if finished else 0.0)
+            for cid, (pending, _) in self._pending.items():
                 self.coordinator.abort(pending)
+                self._stat(cid, status=CheckpointStatus.FAILED, failure="the attempt ended")
             self._pending.clear()
 
     # -- phases
@@ -181,13 +260,17 @@ class LocalJob:
         except queue.Empty:
             return None
         task, message = item
+        if task == CLIENT:
+            if self._cancel.is_set():
+                raise _Cancelled
+            return item
         self._heard[task] = time.monotonic()
         log.debug("job %s: %s[%d]: %s", self.graph.job, task[0], task[1],
                   {k: v for k, v in message.items() if k != "parts"})
         if message["kind"] == "disconnected" and task in self._finished:
             return None  # it finished and closed its connection
         if message["kind"] in ("failed", "disconnected"):
-            raise self._failure(item)
+            raise root_cause(item, self._inbox, self._finished, self.graph.job)
         return item
 
     def _restore_url(self) -> str | None:
@@ -218,40 +301,6 @@ class LocalJob:
                     f"from its main loop for {now - heard:.1f} s (heartbeat timeout "
                     f"{self.graph.heartbeat_timeout_s} s)")
 
-    def _failure(self, first: tuple[TaskId, dict[str, Any]]) -> JobFailedError:
-        """The job's error, naming its root cause: one failure drags others along (the
-        neighbours of a killed task lose their channels), so the reports of the next
-        half second are gathered and a task that died, or failed on its own, is named
-        before one that lost a channel."""
-        reports = [first]
-        until = time.monotonic() + 0.5
-        while (left := until - time.monotonic()) > 0:
-            try:
-                task, message = self._inbox.get(timeout=left)
-            except queue.Empty:
-                break
-            if message["kind"] == "finished":
-                self._finished.add(task)
-            elif message["kind"] == "failed" or (
-                    message["kind"] == "disconnected" and task not in self._finished):
-                reports.append((task, message))  # (a finished task's close is no failure)
-        failed = {t for t, m in reports if m["kind"] == "failed"}
-
-        def rank(report: tuple[TaskId, dict[str, Any]]) -> int:
-            task, message = report
-            if message["kind"] == "disconnected" and task not in failed:
-                return 0  # died without a word: killed, or lost
-            return 2 if "ChannelError" in str(message.get("error")) else 1
-
-        task, message = min(reports, key=rank)
-        others = sorted({f"{t[0]}[{t[1]}]" for t, _ in reports} - {f"{task[0]}[{task[1]}]"})
-        return JobFailedError(
-            f"job {self.graph.job!r}: task {task[0]}[{task[1]}] "
-            f"{'failed' if message['kind'] == 'failed' else 'disappeared'}: "
-            f"{message.get('error')}"
-            + (f" (then {', '.join(others)} failed too)" if others else "")
-            + (f"\n{message['trace']}" if message.get("trace") else ""))
-
     def _run(self, server: ControlServer, deadline: float) -> None:
         graph = self.graph
         tasks = set(graph.tasks())
@@ -266,73 +315,124 @@ class LocalJob:
         start = {"kind": "start", "addresses": addresses, "restore": self._restore_url()}
         for task in tasks:
             server.send(task, start)
-        def clock() -> int:
-            return int(time.time() * 1000)
-
-        scheduler = CheckpointScheduler(self.checkpointing, clock,
+        scheduler = CheckpointScheduler(self.checkpointing, _clock,
                                         first_id=self.coordinator.next_id)
         scheduler.start()
-        sources = set(graph.sources())
-        ended: set[TaskId] = set()
-        final_id: int | None = None
-        finished = self._finished
-        while finished != tasks:
+        run = _Attempt(server, scheduler, tasks, set(graph.sources()))
+        while self._finished != tasks:
+            self._take_commands(run)
             for decision in scheduler.poll():
-                started_id = self._decide(decision, server, tasks, sources)
-                if started_id is not None and final_id is None and ended == sources:
-                    final_id = started_id
+                started_id = self._decide(decision, run)
+                if started_id is not None and run.final_id is None and run.ended == run.sources:
+                    run.final_id = started_id
             wake = scheduler.next_wakeup_ms()
-            wait = 0.5 if wake is None else max(0.0, (wake - clock()) / 1000)
+            wait = 0.5 if wake is None else max(0.0, (wake - _clock()) / 1000)
             got = self._next(deadline, min(wait, 0.5))
             if got is None:
                 continue
             task, message = got
             kind = message["kind"]
             if kind == "ack":
-                decisions = self._ack(task, message, scheduler, server, tasks)
-                for decision in decisions:
-                    self._decide(decision, server, tasks, sources)
-                if final_id is not None and final_id in self.result.completed:
-                    for source in sources:
+                for decision in self._ack(task, message, run):
+                    self._decide(decision, run)
+                if run.final_id is not None and run.final_id in self.result.completed:
+                    for source in run.sources:
                         server.send(source, {"kind": "finish"})
-                    final_id = -1
+                    run.final_id = -1
             elif kind == "decline":
                 for decision in scheduler.declined(int(message["id"]), _reason(message)):
-                    self._decide(decision, server, tasks, sources)
+                    self._decide(decision, run)
             elif kind == "source_end":
-                ended.add(task)
-                if ended == sources:
-                    scheduler.request(RequestKind.FORCED)  # the final checkpoint
+                run.ended.add(task)
+                if run.ended == run.sources:
+                    self._request_final(run)
             elif kind == "finished":
-                finished.add(task)
-            if final_id not in (None, -1) and final_id not in self._pending and (
-                    final_id not in self.result.completed):
-                final_id = None  # the final checkpoint was aborted: force another
-                scheduler.request(RequestKind.FORCED)
+                self._finished.add(task)
+            if run.final_id not in (None, -1) and run.final_id not in self._pending and (
+                    run.final_id not in self.result.completed):
+                if self._stopping is not None:  # Flink: a failed sync savepoint fails the job
+                    raise JobFailedError(f"job {graph.job!r}: the savepoint of "
+                                         f"stop-with-savepoint {run.final_id} failed")
+                run.final_id = None  # the final checkpoint was aborted: force another
+                self._request_final(run)
 
-    def _decide(self, decision: Decision, server: ControlServer, tasks: set[TaskId],
-                sources: set[TaskId]) -> int | None:
+    def _request_final(self, run: _Attempt) -> None:
+        """Every source ended: the final checkpoint (or stop-with-savepoint's savepoint)."""
+        if self._stopping is not None:
+            self._requested[run.scheduler.request(RequestKind.SYNC_SAVEPOINT)] = self._stopping
+        else:
+            run.scheduler.request(RequestKind.FORCED)
+
+    def _take_commands(self, run: _Attempt) -> None:
+        with self._lock:
+            commands, self._commands = self._commands, []
+        for command in commands:
+            if command.kind == "savepoint":
+                self._requested[run.scheduler.request(RequestKind.SAVEPOINT)] = command
+            elif self._stopping is not None or run.ended == run.sources:
+                command.future.set_exception(CheckpointError(
+                    f"job {self.graph.job!r} is already ending; no stop-with-savepoint into "
+                    f"{command.target}"))
+            else:
+                self._stopping = command
+                for source in run.sources:
+                    run.server.send(source, {"kind": "stop", "drain": command.drain})
+
+    def _decide(self, decision: Decision, run: _Attempt) -> int | None:
         if isinstance(decision, StartCheckpoint):
-            pending = self.coordinator.trigger(decision.timestamp_ms)
-            assert pending.checkpoint_id == decision.checkpoint_id, (pending, decision)
-            self._pending[pending.checkpoint_id] = (pending, set())
-            for source in sources:
-                server.send(source, {"kind": "trigger", "id": pending.checkpoint_id,
-                                     "ts": pending.timestamp_ms, "savepoint": False})
-            return pending.checkpoint_id
+            cid = decision.checkpoint_id
+            command = self._requested.pop(decision.request_id, None)
+            try:
+                pending = (self.coordinator.trigger(decision.timestamp_ms) if command is None
+                           else self.coordinator.trigger_savepoint(
+                               command.target, timestamp_ms=decision.timestamp_ms))
+            except (OSError, WeirError) as exc:  # (a savepoint's target)
+                assert command is not None
+                self.coordinator.trigger(decision.timestamp_ms)  # (its id is used up)
+                command.future.set_exception(exc)
+                for then in run.scheduler.failed(
+                        cid, CheckpointFailureReason.TRIGGER_CHECKPOINT_FAILURE):
+                    self._decide(then, run)
+                return None
+            assert pending.checkpoint_id == cid, (pending, decision)
+            self._pending[cid] = (pending, set())
+            location = None if command is None else pending.storage.url
+            if command is not None:
+                self._savepoints[cid] = command
+            with self._lock:
+                self._stats[cid] = CheckpointStats(
+                    cid, "checkpoint" if command is None else decision.kind.value,
+                    CheckpointStatus.IN_PROGRESS, decision.timestamp_ms, location=location)
+            for source in run.sources:
+                run.server.send(source, {"kind": "trigger", "id": cid,
+                                         "ts": pending.timestamp_ms, "savepoint": location})
+            return cid
         if isinstance(decision, AbortedCheckpoint):
             entry = self._pending.pop(decision.checkpoint_id, None)
             if entry is not None:
                 self.coordinator.abort(entry[0])
                 self.result.aborted.append((decision.checkpoint_id, decision.reason.name))
-                for task in tasks:
-                    server.send(task, {"kind": "abort", "id": decision.checkpoint_id})
+                self._stat(decision.checkpoint_id, status=CheckpointStatus.FAILED,
+                           failure=decision.reason.message,
+                           duration_ms=_clock() - entry[0].timestamp_ms)
+                for task in run.tasks:
+                    run.server.send(task, {"kind": "abort", "id": decision.checkpoint_id})
+            command = self._savepoints.pop(decision.checkpoint_id, None)
+            if command is not None:
+                command.future.set_exception(CheckpointError(
+                    f"savepoint {decision.checkpoint_id} into {command.target} failed: "
+                    f"{decision.reason.message}"))
+        elif isinstance(decision, DroppedRequest):
+            command = self._requested.pop(decision.request_id, None)
+            if command is not None:
+                command.future.set_exception(CheckpointError(
+                    f"savepoint into {command.target} was not started: "
+                    f"{decision.reason.message}"))
         elif isinstance(decision, JobFailure):
             raise JobFailedError(f"job {self.graph.job!r}: {decision.error()}")
         return None
 
-    def _ack(self, task: TaskId, message: dict[str, Any], scheduler: CheckpointScheduler,
-             server: ControlServer, tasks: set[TaskId]) -> list[Decision]:
+    def _ack(self, task: TaskId, message: dict[str, Any], run: _Attempt) -> list[Decision]:
         cid = int(message["id"])
         entry = self._pending.get(cid)
         if entry is None:
@@ -343,29 +443,46 @@ class LocalJob:
                 bytes(part), f"acknowledgement of checkpoint {cid} by {task[0]}[{task[1]}]")
             pending.acknowledge(uid, parallelism, max_parallelism, handle)
         acked.add(task)
-        if acked != tasks:
+        if acked != run.tasks:
             return []
         del self._pending[cid]
-        self.coordinator.complete(pending)
+        completed = self.coordinator.complete(pending)
         self.result.completed.append(cid)
-        for t in tasks:
-            server.send(t, {"kind": "complete", "id": cid})
-        return scheduler.completed(cid)
+        self._stat(cid, status=CheckpointStatus.COMPLETED,
+                   duration_ms=completed.metadata.duration_ms,
+                   state_size_bytes=sum(f.size for f in completed.metadata.files()))
+        for t in run.tasks:
+            run.server.send(t, {"kind": "complete", "id": cid})
+        command = self._savepoints.pop(cid, None)
+        if command is not None:
+            if command is self._stopping:
+                self.result.savepoint = pending.storage.url
+            command.future.set_result(pending.storage.url)
+        return run.scheduler.completed(cid)
 
-    def _stop_processes(self, grace_s: float) -> None:
-        """Wait ``grace_s`` for the task processes to exit (they finished), then kill
-        what is left (after a failure: at once)."""
-        deadline = time.monotonic() + grace_s
-        for proc in self._procs.values():
-            if proc.poll() is None:
-                try:
-                    proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-        for proc in self._procs.values():
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+@dataclass
+class _Attempt:
+    """What the driver loop of one attempt works with."""
+
+    server: ControlServer
+    scheduler: CheckpointScheduler
+    tasks: set[TaskId]
+    sources: set[TaskId]
+    ended: set[TaskId] = field(default_factory=set)
+    #: the final checkpoint's id once started (-1: completed, the sources told)
+    final_id: int | None = None
+
+
+class _Cancelled(Exception):
+    """The client cancelled the job."""
+
+
+#: the sender of the client's wake-ups in the driver's inbox
+CLIENT: TaskId = ("", -1)
+
+
+def _clock() -> int:
+    return int(time.time() * 1000)
 
 
 def _reason(message: dict[str, Any]) -> CheckpointFailureReason:

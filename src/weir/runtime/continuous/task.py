@@ -8,7 +8,8 @@ control connection; a **task with inputs** takes buffers and events from its one
 gate, whose channels are every producer subtask of every input edge.
 
 Checkpoints (Flink's task side): a source task starts one on the coordinator's
-``trigger`` (the reader's positions become its state); a task with inputs when its
+``trigger`` (the reader's positions become its state; a savepoint's trigger names its
+storage, and every snapshot of it is written there in full); a task with inputs when its
 barrier handler has the barrier from every channel (aligned for exactly-once, tracking
 for at-least-once). Then it (1) prepares its sinks' commits (the committables join the
 sinks' state), (2) forwards the barrier on every output channel, after every record
@@ -24,7 +25,9 @@ strategy; a task's watermark is the minimum over its input channels that are not
 when it advances, the keyed operators' event-time timers fire in chain order and the
 watermark is forwarded. A task whose every input is idle forwards idleness.
 
-End: after the job's final checkpoint the coordinator tells the sources to finish; each
+End: a source that ran out (or was told to ``stop`` for a stop-with-savepoint) sends the
+maximum watermark — unless a stop does not drain — and reports its end. After the job's
+final checkpoint (or savepoint) the coordinator tells the sources to finish; each
 task whose inputs all ended waits until its sinks' transactions are committed, closes
 its operators, ends its output channels and reports ``finished``.
 """
@@ -38,6 +41,7 @@ import time
 import traceback
 from typing import Any
 
+from weir.api.connectors import SinkContext
 from weir.checkpoint.coordinator import load_checkpoint
 from weir.checkpoint.format import encode_part
 from weir.checkpoint.storage import CheckpointStorage
@@ -124,8 +128,9 @@ class Task:
                 assert op.state is not None
                 recovered = [list(c) for c in op.state.restored or []]
                 op.spec.fn.commit([c for _, c in recovered])  # their checkpoint completed
-                op.spec.fn.abort_attempts(self.attempt, [c for _, c in recovered])
-                op.writer = op.spec.fn.writer(self.subtask, p, self.attempt)
+                context = SinkContext(self.graph.run_id, self.subtask, p, self.attempt)
+                op.spec.fn.abort_attempts(context, [c for _, c in recovered])
+                op.writer = op.spec.fn.writer(context)
         self.chain.wire(self._router(start["addresses"], secret))
 
     def _router(self, addresses: dict[str, list[Any]], secret: bytes) -> Push:
@@ -169,8 +174,10 @@ class Task:
         event = barrier_event(barrier)
         for out in self.outs:  # records before the barrier go first
             out.emit_event(event)
+        target = None if barrier.savepoint is None else CheckpointStorage(barrier.savepoint)
         pending: list[tuple[SubtaskCheckpointer, PendingSnapshot]] = [
-            (c, c.snapshot(cid, barrier.timestamp_ms)) for c in self.checkpointers]
+            (c, c.snapshot(cid, barrier.timestamp_ms, target=target,
+                           savepoint=target is not None)) for c in self.checkpointers]
 
         def ack() -> None:
             try:
@@ -279,6 +286,16 @@ class Task:
                 sent, idle = watermark, False
                 self.forward_event({"kind": "watermark", "ts": watermark})
 
+        def end_of_input(drain: bool) -> None:
+            """The source's end (or a stop): with ``drain``, event time jumps to the end
+            so every event-time timer fires before the final checkpoint or savepoint
+            (every source does, with or without a watermark strategy, as in Flink)."""
+            if drain and self.graph.event_time:
+                send_watermark(MAX_WATERMARK)
+            for out in self.outs:
+                out.flush(wait=False)
+            self.control.send({"kind": "source_end"})
+
         while True:
             message = self.control.receive(0.05 if exhausted else 0)
             while message is not None:
@@ -287,9 +304,13 @@ class Task:
                     assert source.state is not None
                     source.state.values = reader.positions()
                     self.checkpoint(Barrier(int(message["id"]), int(message["ts"]),
-                                            bool(message.get("savepoint", False))))
+                                            message.get("savepoint")))
                 elif kind == "finish":
                     return
+                elif kind == "stop":  # stop-with-savepoint: read no more
+                    if not exhausted:
+                        exhausted = True
+                        end_of_input(drain=bool(message.get("drain")))
                 else:
                     self.notified(message)
                 message = self.control.receive(0)
@@ -299,11 +320,7 @@ class Task:
             records = reader.poll(batch)
             if records is None:
                 exhausted = True
-                if stamp is not None:  # every event-time timer fires before the end
-                    send_watermark(MAX_WATERMARK)
-                for out in self.outs:
-                    out.flush(wait=False)
-                self.control.send({"kind": "source_end"})
+                end_of_input(drain=True)
                 continue
             if records:
                 last_record = time.monotonic()
@@ -397,12 +414,8 @@ class Task:
                 elif item.get("kind") == "idle":
                     idle.add(channel)
                     advance()
-                else:
+                else:  # barrier, cancellation marker, end of partition
                     handler.on_event(channel, item)
-                    if item.get("kind") == "end" and event_time:
-                        watermarks[channel] = MAX_WATERMARK  # no longer holds time back
-                        idle.discard(channel)
-                        advance()
             if time.monotonic() >= next_tick:  # processing-time timers, heartbeat
                 self.chain.fire_processing_time()
                 next_tick = time.monotonic() + 0.1

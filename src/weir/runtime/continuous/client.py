@@ -1,0 +1,144 @@
+"""A running continuous job, seen from the program that started it (Flink's
+``JobClient``): :meth:`JobClient.trigger_savepoint`, :meth:`JobClient.stop_with_savepoint`,
+:meth:`JobClient.cancel`, :meth:`JobClient.checkpoints`, :meth:`JobClient.wait`.
+
+The job's driver (:class:`~.master.LocalJob`) runs in a background thread; a request is
+a :class:`Command` it takes up in its loop, answered through the command's future.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from weir.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from weir.runtime.continuous.master import JobResult, LocalJob
+
+__all__ = ["CheckpointStats", "CheckpointStatus", "Command", "JobClient"]
+
+
+class CheckpointStatus(enum.Enum):
+    """Where a checkpoint or savepoint stands."""
+
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class CheckpointStats:
+    """One checkpoint or savepoint of the job, as Flink's checkpoint history shows it."""
+
+    checkpoint_id: int
+    #: "checkpoint", "savepoint" or "sync_savepoint" (of stop-with-savepoint)
+    kind: str
+    status: CheckpointStatus
+    trigger_timestamp_ms: int
+    #: from trigger to completion or failure (None while in progress)
+    duration_ms: float | None = None
+    #: bytes of every file the checkpoint references (completed ones)
+    state_size_bytes: int | None = None
+    #: where a savepoint was written
+    location: str | None = None
+    #: why it failed
+    failure: str | None = None
+
+
+@dataclass
+class Command:
+    """A request to the job's driver: ``savepoint`` (into ``target``), ``stop``
+    (stop-with-savepoint into ``target``, ``drain`` or not); answered through
+    ``future`` (the savepoint's URL)."""
+
+    kind: str
+    target: str
+    drain: bool = False
+    future: Future[str] = field(default_factory=Future)
+
+
+def _seconds(timeout: float | timedelta | None) -> float | None:
+    return timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+
+
+class JobClient:
+    """A job started by :meth:`weir.stream.StreamEnvironment.execute_async`."""
+
+    def __init__(self, job: LocalJob, timeout_s: float) -> None:
+        self._job = job
+        self._result: Future[JobResult] = Future()
+        self._thread = threading.Thread(target=self._run, args=(timeout_s,),
+                                        name=f"weir job {job.graph.job}", daemon=True)
+        self._thread.start()
+
+    def _run(self, timeout_s: float) -> None:
+        try:
+            self._result.set_result(self._job.run(timeout_s=timeout_s))
+        except BaseException as exc:
+            self._result.set_exception(exc)
+
+    @property
+    def job_name(self) -> str:
+        """The job's name (with the suffix that makes it unique)."""
+        return self._job.graph.job
+
+    @property
+    def done(self) -> bool:
+        """Whether the job ended (finished, failed or cancelled)."""
+        return self._result.done()
+
+    def wait(self, timeout: float | timedelta | None = None) -> JobResult:
+        """Wait for the job's end; what it did (``cancelled`` if it was). Raises
+        :class:`~weir.errors.JobFailedError` if it failed, TimeoutError if it is still
+        running after ``timeout``."""
+        return self._result.result(_seconds(timeout))
+
+    def checkpoints(self) -> list[CheckpointStats]:
+        """Every checkpoint and savepoint triggered so far, oldest first."""
+        return self._job.checkpoint_stats()
+
+    def trigger_savepoint(self, target: str | Path,
+                          timeout: float | timedelta | None = 600.0) -> str:
+        """Take a savepoint into the directory ``target`` (self-contained, canonical:
+        it restores on any runtime at any parallelism) while the job goes on; its URL.
+        Raises :class:`~weir.errors.CheckpointError` if it fails."""
+        return self._submit(Command("savepoint", str(target)), timeout)
+
+    def stop_with_savepoint(self, target: str | Path, *, drain: bool = False,
+                            timeout: float | timedelta | None = 600.0) -> str:
+        """Stop the sources, take a last savepoint into ``target``, commit the sinks
+        and end the job; the savepoint's URL. With ``drain`` event time first jumps to
+        the end, so every event-time timer fires (for a job that will not resume);
+        without, pending timers stay in the savepoint (to resume it later)."""
+        return self._submit(Command("stop", str(target), drain), timeout)
+
+    def cancel(self) -> JobResult:
+        """Stop every task now, with no final checkpoint; the job's result. The
+        retained checkpoints are deleted unless ``retain_on_cancel``."""
+        self._job.cancel()
+        return self.wait()
+
+    def _submit(self, command: Command, timeout: float | timedelta | None) -> str:
+        if not command.target:
+            raise ConfigurationError("a savepoint needs a target directory")
+        if self.done:
+            raise ConfigurationError(f"job {self.job_name!r} has ended")
+        self._job.submit(command)
+        return command.future.result(_seconds(timeout))
+
+    def __repr__(self) -> str:
+        state = "ended" if self.done else "running"
+        return f"JobClient({self.job_name!r}, {state})"
+
+    def __enter__(self) -> JobClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.done:
+            self.cancel()

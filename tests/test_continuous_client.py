@@ -1,0 +1,157 @@
+"""A running continuous job through its JobClient (``execute_async``): savepoints while
+it runs, stop-with-savepoint (drained or not) and a restore of that savepoint at another
+parallelism, cancel (checkpoints deleted or retained, no process left), and the
+checkpoint history."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark import cloudpickle
+
+import weir
+from weir.checkpoint.coordinator import load_checkpoint
+from weir.connectors import FileSink, SequenceSource, read_stream_sink
+from weir.stream import (
+    CheckpointConfig,
+    CheckpointStatus,
+    JobClient,
+    RestartStrategy,
+    StreamEnvironment,
+    WatermarkStrategy,
+)
+
+
+@pytest.fixture(autouse=True)
+def _by_value() -> None:
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+COUNT = weir.ValueStateDescriptor[int]("count", weir.IntSerializer())
+
+
+class Count(weir.KeyedProcessFunction[int, list[Any]]):
+    """A running count per key, and an event-time timer far ahead of each record (it
+    fires only when event time jumps to the end: a drained stop)."""
+
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(COUNT)
+
+    def process_element(self, value: int, ctx: Any) -> Any:
+        n = (self.count.value() or 0) + 1
+        self.count.update(n)
+        if ctx.timestamp is not None:
+            ctx.timer_service.register_event_time_timer(ctx.timestamp + 10**12)
+        yield ["record", ctx.current_key, value, n]
+
+    def on_timer(self, timestamp: int, ctx: Any) -> Any:
+        yield ["timer", ctx.current_key, timestamp - 10**12, 0]
+
+
+def job(tmp_path: Path, n: int, *, parallelism: int = 2, rate: float | None = 5_000,
+        event_time: bool = False, retain_on_cancel: bool = False,
+        out: str = "out") -> StreamEnvironment:
+    env = StreamEnvironment(parallelism=parallelism, max_parallelism=32,
+                            checkpoint_storage=tmp_path / "chk",
+                            checkpointing=CheckpointConfig(interval_ms=100,
+                                                           retain_on_cancel=retain_on_cancel),
+                            restart_strategy=RestartStrategy.no_restart())
+    watermarks = (WatermarkStrategy.bounded_out_of_orderness(0, lambda v: v, interval=20)
+                  if event_time else None)
+    (env.from_source(SequenceSource(n, rate), uid="numbers", watermarks=watermarks)
+        .key_by(lambda v: v % 10)
+        .process(Count(), uid="count")
+        .sink_to(FileSink(tmp_path / out), uid="sink"))
+    return env
+
+
+def wait_for(client: JobClient, what: str, done: Any, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert not client.done, f"the job ended before {what}: {client.wait()}"
+        assert time.monotonic() < deadline, f"no {what} in {timeout} s"
+        time.sleep(0.02)
+
+
+def completed(client: JobClient) -> int:
+    return sum(s.status is CheckpointStatus.COMPLETED for s in client.checkpoints())
+
+
+def test_a_savepoint_while_running_then_stop_with_savepoint_and_resume_at_parallelism_3(
+    tmp_path: Path
+) -> None:
+    n = 40_000
+    client = job(tmp_path, n).execute_async("first")
+    wait_for(client, "two checkpoints", lambda: completed(client) >= 2)
+    running = client.trigger_savepoint(tmp_path / "sp-running")
+    assert load_checkpoint(running).metadata.kind.name == "SAVEPOINT"
+    with pytest.raises(weir.CheckpointError, match="already holds a savepoint"):
+        client.trigger_savepoint(tmp_path / "sp-running")
+    stopped = client.stop_with_savepoint(tmp_path / "sp-stop")
+    result = client.wait(60)
+    assert result.savepoint == stopped and not result.cancelled
+    stats = client.checkpoints()
+    kinds = {s.location: s.kind for s in stats if s.location}
+    assert kinds == {running: "savepoint", stopped: "sync_savepoint"}
+    done = [s for s in stats if s.status is CheckpointStatus.COMPLETED]
+    assert all(s.duration_ms is not None and s.state_size_bytes for s in done)
+    first = read_stream_sink(tmp_path / "out")
+    assert 0 < len(first) < n  # it stopped before the end
+
+    job(tmp_path / "second", n, parallelism=3, rate=None).execute(
+        "resumed", restore_from=stopped)
+    second = read_stream_sink(tmp_path / "second" / "out")
+    values = Counter(r[2] for r in first + second)
+    assert values == Counter(range(n))  # every record once across the two jobs
+    final = {r[1]: r[3] for r in sorted(second, key=lambda r: r[3])}
+    assert final == dict.fromkeys(range(10), n // 10)  # counts went on from the savepoint
+
+
+def test_stop_with_drain_fires_every_event_time_timer_into_the_sink(tmp_path: Path) -> None:
+    client = job(tmp_path, 10**9, event_time=True).execute_async("drained")
+    wait_for(client, "a checkpoint", lambda: completed(client) >= 1)
+    client.stop_with_savepoint(tmp_path / "sp", drain=True)
+    client.wait(60)
+    out = read_stream_sink(tmp_path / "out")
+    records = sorted(r[2] for r in out if r[0] == "record")
+    timers = sorted(r[2] for r in out if r[0] == "timer")
+    assert records and timers == records  # each record's timer fired, once
+
+
+def test_stop_without_drain_keeps_the_timers_in_the_savepoint(tmp_path: Path) -> None:
+    client = job(tmp_path, 10**9, event_time=True).execute_async("suspended")
+    wait_for(client, "a checkpoint", lambda: completed(client) >= 1)
+    savepoint = client.stop_with_savepoint(tmp_path / "sp")
+    client.wait(60)
+    out = read_stream_sink(tmp_path / "out")
+    assert out and not [r for r in out if r[0] == "timer"]
+    timers = weir.read_state(savepoint).timers("count")
+    assert len(timers) == len({r[2] for r in out})
+
+
+@pytest.mark.parametrize("retain", [False, True])
+def test_cancel_stops_every_task_and_keeps_checkpoints_only_if_asked(
+    tmp_path: Path, retain: bool
+) -> None:
+    client = job(tmp_path, 10**9, retain_on_cancel=retain).execute_async("cancelled")
+    wait_for(client, "two checkpoints", lambda: completed(client) >= 2)
+    result = client.cancel()
+    assert result.cancelled and client.done
+    procs = client._job._procs.values()
+    assert procs and all(p.poll() is not None for p in procs)
+    left = sorted(p.name for p in (tmp_path / "chk").iterdir())
+    if retain:
+        assert any(name.startswith("chk-") for name in left)
+        latest = weir.CheckpointCoordinator(str(tmp_path / "chk")).latest()
+        assert latest is not None and latest.checkpoint_id == max(
+            s.checkpoint_id for s in client.checkpoints()
+            if s.status is CheckpointStatus.COMPLETED)
+    else:
+        assert not [name for name in left if name.startswith("chk-") or name == "shared"]
+    with pytest.raises(weir.ConfigurationError, match="has ended"):
+        client.trigger_savepoint(tmp_path / "late")
