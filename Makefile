@@ -46,11 +46,13 @@ test: setup
 	$(PY) -m pytest -q
 
 # The long fault-injection runs: kill -9 of executors and drivers on local-cluster,
-# six seeds (make test runs one); Flink's acceptance shape on the continuous runtime
-# over both backends (make test runs RocksDB).
+# six seeds over 12 files (make test runs one over 8); speculative and zombie attempts
+# on a two-host standalone cluster; Flink's acceptance shape and SIGKILL restarts on
+# the continuous runtime over both backends (make test runs one).
 soak: setup
 	WEIR_FAULT_SEEDS=0,1,2,3,4,5 $(PY) -m pytest -q -s tests/test_spark_cluster_faults.py
-	WEIR_SOAK=1 $(PY) -m pytest -q tests/test_continuous_acceptance.py
+	WEIR_SOAK=1 $(PY) -m pytest -q tests/test_spark_speculation.py \
+		tests/test_continuous_acceptance.py tests/test_continuous_job.py
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench

@@ -4,6 +4,7 @@ exactly-once output and state, over both backends."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -117,13 +118,18 @@ def check_exactly_once(tmp_path: Path, n: int) -> None:
     assert not list((tmp_path / "out" / ".pending").iterdir())
 
 
+#: make test kills on the hash map (the event-time SIGKILL test kills on RocksDB); make
+#: soak on both
+KILL_BACKENDS = ["hashmap", "rocksdb"] if os.environ.get("WEIR_SOAK") else ["hashmap"]
+
+
+@pytest.mark.parametrize("backend", KILL_BACKENDS)
 def test_tasks_killed_with_sigkill_restart_from_the_latest_checkpoint_exactly_once(
     tmp_path: Path, backend: str
 ) -> None:
     """A keyed task, then a source task, killed with SIGKILL mid-run (after checkpoints
     completed): every task restarts from the latest completed checkpoint; lost =
     duplicated = 0 in the committed output and in the state, failures = 2."""
-    import os
     import signal
     import threading
     import time
