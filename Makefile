@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup java compiler chromium demo test soak lint bench-state-ops bench-checkpoint bench-query-state bench-spark bench-large-state bench-continuous clean
+.PHONY: setup java compiler chromium demo test soak lint bench-state-ops bench-checkpoint bench-query-state bench-spark bench-large-state bench-continuous peers clean
 
 setup: java compiler chromium $(STAMP)
 
@@ -48,11 +48,13 @@ test: setup
 # The long fault-injection runs: kill -9 of executors and drivers on local-cluster,
 # six seeds over 12 files (make test runs one over 8); speculative and zombie attempts
 # on a two-host standalone cluster; Flink's acceptance shape and SIGKILL restarts on
-# the continuous runtime over both backends (make test runs one).
+# the continuous runtime over both backends (make test runs one), and its seeded kill -9
+# run over 20 seeds (make test runs one).
 soak: setup
 	WEIR_FAULT_SEEDS=0,1,2,3,4,5 $(PY) -m pytest -q -s tests/test_spark_cluster_faults.py
 	WEIR_SOAK=1 $(PY) -m pytest -q tests/test_spark_speculation.py \
-		tests/test_continuous_acceptance.py tests/test_continuous_job.py
+		tests/test_continuous_acceptance.py tests/test_continuous_job.py \
+		tests/test_continuous_kills.py
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench
@@ -74,7 +76,20 @@ bench-spark: setup
 bench-large-state: setup
 	$(PY) -m bench.spark_large_state
 
-bench-continuous: setup
+# The continuous runtime's peers (PyFlink, Bytewax) in a virtualenv of their own: they pin
+# versions weir's .venv does not take. Only the benchmark installs them, never make test.
+PEERS_VENV  := .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
+
+peers: java $(PEERS_STAMP)
+
+$(PEERS_STAMP): bench/peers/requirements.txt
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install -q -r bench/peers/requirements.txt
+	@touch $(PEERS_STAMP)
+
+bench-continuous: setup peers
 	$(PY) -m bench.continuous_keyed_count
 
 

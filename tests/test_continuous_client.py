@@ -15,6 +15,7 @@ import pytest
 from pyspark import cloudpickle
 
 import weir
+import weir.testing
 from weir.checkpoint.coordinator import load_checkpoint
 from weir.connectors import FileSink, SequenceSource, read_stream_sink
 from weir.stream import (
@@ -102,6 +103,12 @@ def test_a_savepoint_while_running_then_stop_with_savepoint_and_resume_at_parall
     assert all(s.duration_ms is not None and s.state_size_bytes for s in done)
     first = read_stream_sink(tmp_path / "out")
     assert 0 < len(first) < n  # it stopped before the end
+    harness = weir.testing.KeyedOperatorHarness.restore(  # the harness reads it too
+        Count(), lambda v: v % 10, load_checkpoint(stopped), parallelism=1, subtask_index=0,
+        uid="count", max_parallelism=32, allow_non_restored_state=True)
+    last = {r[1]: r[3] for r in sorted(first, key=lambda r: r[3])}
+    assert {k: harness.state_of(k, COUNT) for k in range(10)} == last
+    harness.close()
 
     job(tmp_path / "second", n, parallelism=3, rate=None).execute(
         "resumed", restore_from=stopped)
@@ -155,3 +162,23 @@ def test_cancel_stops_every_task_and_keeps_checkpoints_only_if_asked(
         assert not [name for name in left if name.startswith("chk-") or name == "shared"]
     with pytest.raises(weir.ConfigurationError, match="has ended"):
         client.trigger_savepoint(tmp_path / "late")
+
+
+def test_a_cancelled_job_resumes_from_its_retained_checkpoint_at_another_parallelism(
+    tmp_path: Path
+) -> None:
+    """Cancel with retained checkpoints, then the same job at parallelism 3 on the same
+    checkpoint storage: it rescales the latest checkpoint (keyed state by key groups,
+    source positions by even split, the sink's transactions by union) and goes on —
+    every record once in the committed output, every count exact."""
+    n = 30_000
+    client = job(tmp_path, n, retain_on_cancel=True).execute_async("first")
+    wait_for(client, "three checkpoints", lambda: completed(client) >= 3)
+    client.cancel()
+    first = read_stream_sink(tmp_path / "out")
+    assert 0 < len(first) < n
+    job(tmp_path, n, parallelism=3, rate=None).execute("rescaled")
+    out = read_stream_sink(tmp_path / "out")
+    assert Counter(r[2] for r in out) == Counter(range(n))
+    final = {r[1]: r[3] for r in sorted(out, key=lambda r: r[3])}
+    assert final == dict.fromkeys(range(10), n // 10)

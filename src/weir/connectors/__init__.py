@@ -9,23 +9,9 @@ replayable, bounded :class:`FileSource` of JSON-lines or text files
 on-disk layout and the exactly-once argument.
 """
 
-from weir.connectors.common import FILE_SINK_NAME, SQLITE_SINK_NAME
+from typing import TYPE_CHECKING, Any
+
 from weir.connectors.file_source import FileSource
-from weir.connectors.files import (
-    FileCommitMessage,
-    FileSinkWriter,
-    TransactionalFileSink,
-    committed_file_batches,
-    read_file_sink,
-)
-from weir.connectors.sinks import register_sinks
-from weir.connectors.sqlite import (
-    SQLiteCommitMessage,
-    SQLiteSink,
-    SQLiteSinkWriter,
-    committed_sqlite_batches,
-    read_sqlite_sink,
-)
 from weir.connectors.stream import (
     FileSink,
     SequenceSource,
@@ -33,6 +19,45 @@ from weir.connectors.stream import (
     read_sqlite_stream_sink,
     read_stream_sink,
 )
+
+if TYPE_CHECKING:
+    from weir.connectors.common import FILE_SINK_NAME, SQLITE_SINK_NAME
+    from weir.connectors.files import (
+        FileCommitMessage,
+        FileSinkWriter,
+        TransactionalFileSink,
+        committed_file_batches,
+        read_file_sink,
+    )
+    from weir.connectors.sinks import register_sinks
+    from weir.connectors.sqlite import (
+        SQLiteCommitMessage,
+        SQLiteSink,
+        SQLiteSinkWriter,
+        committed_sqlite_batches,
+        read_sqlite_sink,
+    )
+
+#: the Spark sinks, imported on first use (they import pyspark.sql and pyarrow, which a
+#: continuous task process does not need: it starts faster without them)
+_SPARK = {
+    "FILE_SINK_NAME": "common", "SQLITE_SINK_NAME": "common",
+    "FileCommitMessage": "files", "FileSinkWriter": "files",
+    "TransactionalFileSink": "files", "committed_file_batches": "files",
+    "read_file_sink": "files", "register_sinks": "sinks",
+    "SQLiteCommitMessage": "sqlite", "SQLiteSink": "sqlite", "SQLiteSinkWriter": "sqlite",
+    "committed_sqlite_batches": "sqlite", "read_sqlite_sink": "sqlite",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _SPARK.get(name)
+    if module is None:
+        raise AttributeError(f"module 'weir.connectors' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"weir.connectors.{module}"), name)
+
 
 __all__ = [
     "FileSink",

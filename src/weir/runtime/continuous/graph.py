@@ -166,6 +166,10 @@ class JobGraph:
         if duplicates:
             raise ConfigurationError(f"job {self.job!r}: operator uids must be unique; "
                                      f"{duplicates} are used twice")
+        ids = [v.id for v in self.vertices]
+        if len(set(ids)) != len(ids):
+            raise ConfigurationError(f"job {self.job!r}: two tasks would share a name in "
+                                     f"{ids}; give the operators other uids")
         for vertex in self.vertices:
             check_parallelism(vertex.parallelism, self.max_parallelism)
 
