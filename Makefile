@@ -91,6 +91,7 @@ $(PEERS_STAMP): bench/peers/requirements.txt
 
 bench-continuous: setup peers
 	$(PY) -m bench.continuous_keyed_count
+	$(PY) -m bench.continuous_latency
 
 
 clean:
