@@ -27,7 +27,10 @@ event time), ``map`` / ``filter`` / ``flat_map``, ``process`` with a
 :class:`~weir.KeyedProcessFunction` (every state type, TTL, event- and processing-time
 timers), ``key_by(...).connect(stream.broadcast(descriptors)).process(...)`` with a
 :class:`~weir.KeyedBroadcastProcessFunction`, ``union``, ``rebalance`` and two-phase-
-commit sinks (``sink_to``). An operator runs in its input's task (a chain) when it is
+commit sinks (``sink_to``). A process function may send the records it rejects (it
+raises one of its ``bad_record_exceptions``) to a dead-letter sink of its own
+(``dead_letters=``), exactly-once like any sink, and the job goes on. An operator runs
+in its input's task (a chain) when it is
 that input's only consumer at the same parallelism over a forward edge. The state of
 every operator with a uid is in the same checkpoint format as the harness and the
 Spark runtime use.
@@ -35,9 +38,10 @@ Spark runtime use.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +172,27 @@ def _seconds(timeout: float | datetime.timedelta) -> float:
     return timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
 
 
+def _rejecting(op: OperatorSpec, bad_record_exceptions: Sequence[type[BaseException]],
+               dead_letters: Sink[Any] | None) -> OperatorSpec:
+    """``op`` sending the records its function raises one of ``bad_record_exceptions``
+    for to the ``dead_letters`` sink (under the uid ``<uid>-dead-letters``)."""
+    bad = tuple(bad_record_exceptions)
+    for exc in bad:
+        if not (isinstance(exc, type) and issubclass(exc, BaseException)):
+            raise ConfigurationError(f"operator {op.name!r}: bad_record_exceptions must be "
+                                     f"exception types, got {exc!r}")
+    if bool(bad) != (dead_letters is not None):
+        raise ConfigurationError(f"operator {op.name!r}: give bad_record_exceptions and a "
+                                 f"dead_letters sink together (the records go there)")
+    if dead_letters is None:
+        return op
+    if not isinstance(dead_letters, Sink):
+        raise ConfigurationError(f"operator {op.name!r}: dead_letters must be a "
+                                 f"weir.api.connectors.Sink, got {type(dead_letters).__name__}")
+    sink = OperatorSpec(OpKind.SINK, f"{op.name}-dead-letters", dead_letters)
+    return dataclasses.replace(op, bad_record_exceptions=bad, dead_letters=sink)
+
+
 def _uid(uid: object) -> str:
     if not isinstance(uid, str) or not uid:
         raise ConfigurationError(f"a uid must be a non-empty string, got {uid!r}")
@@ -209,16 +234,23 @@ class DataStream:
         return self._step(OpKind.FLAT_MAP, fn)
 
     def process(self, function: ProcessFunction[Any, Any], *, uid: str,
-                parallelism: int | None = None) -> DataStream:
+                parallelism: int | None = None,
+                bad_record_exceptions: Sequence[type[BaseException]] = (),
+                dead_letters: Sink[Any] | None = None) -> DataStream:
         """Run a non-keyed ``function`` on each record (operator state through
-        :class:`~weir.CheckpointedFunction`, kept under ``uid``)."""
+        :class:`~weir.CheckpointedFunction`, kept under ``uid``). A record for which
+        it raises one of ``bad_record_exceptions`` goes to the ``dead_letters`` sink
+        (``{"uid", "subtask", "reason", "record"}``, exactly-once like any sink) and
+        the job goes on; state changes it made before raising are kept."""
         if isinstance(function, KeyedProcessFunction | KeyedBroadcastProcessFunction):
             raise ConfigurationError(f"{type(function).__name__} is keyed: call "
                                      f".key_by(...).process(...)")
         if not isinstance(function, ProcessFunction):
             raise ConfigurationError(f"process needs a ProcessFunction, got "
                                      f"{type(function).__name__}")
-        return self._then(OperatorSpec(OpKind.PROCESS, _uid(uid), function), parallelism)
+        op = _rejecting(OperatorSpec(OpKind.PROCESS, _uid(uid), function),
+                        bad_record_exceptions, dead_letters)
+        return self._then(op, parallelism)
 
     def key_by(self, key_selector: Callable[[Any], Any]) -> KeyedStream:
         """The stream partitioned by key (by key group, as on every runtime)."""
@@ -277,13 +309,18 @@ class KeyedStream(DataStream):
         self._key_selector = key_selector
 
     def process(self, function: Any, *, uid: str,  # (a KeyedProcessFunction here)
-                parallelism: int | None = None) -> DataStream:
+                parallelism: int | None = None,
+                bad_record_exceptions: Sequence[type[BaseException]] = (),
+                dead_letters: Sink[Any] | None = None) -> DataStream:
         """Run ``function`` (a :class:`~weir.KeyedProcessFunction`) per key, with keyed
-        state and timers; ``uid`` names its state in checkpoints and savepoints."""
+        state and timers; ``uid`` names its state in checkpoints and savepoints. Bad
+        records go to ``dead_letters`` as with :meth:`DataStream.process`."""
         if not isinstance(function, KeyedProcessFunction):
             raise ConfigurationError(f"process on a keyed stream needs a "
                                      f"KeyedProcessFunction, got {type(function).__name__}")
-        op = OperatorSpec(OpKind.KEYED, _uid(uid), function, key_selector=self._key_selector)
+        op = _rejecting(OperatorSpec(OpKind.KEYED, _uid(uid), function,
+                                     key_selector=self._key_selector),
+                        bad_record_exceptions, dead_letters)
         return self._then(op, parallelism or self._env.parallelism)
 
     def connect(self, broadcast: BroadcastStream) -> KeyedBroadcastStream:
@@ -311,16 +348,21 @@ class KeyedBroadcastStream:
         self._keyed, self._broadcast = keyed, broadcast
 
     def process(self, function: KeyedBroadcastProcessFunction[Any, Any, Any], *, uid: str,
-                parallelism: int | None = None) -> DataStream:
+                parallelism: int | None = None,
+                bad_record_exceptions: Sequence[type[BaseException]] = (),
+                dead_letters: Sink[Any] | None = None) -> DataStream:
         """Run ``function``: keyed records with keyed state and read-only broadcast state,
-        broadcast records with writable broadcast state (the same on every subtask)."""
+        broadcast records with writable broadcast state (the same on every subtask).
+        Bad records of either input go to ``dead_letters`` as with
+        :meth:`DataStream.process`."""
         if not isinstance(function, KeyedBroadcastProcessFunction):
             raise ConfigurationError(f"process on a connected broadcast stream needs a "
                                      f"KeyedBroadcastProcessFunction, got "
                                      f"{type(function).__name__}")
         keyed = self._keyed
-        op = OperatorSpec(OpKind.KEYED, _uid(uid), function,
-                          key_selector=keyed._key_selector,
-                          broadcast_descriptors=self._broadcast.descriptors)
+        op = _rejecting(OperatorSpec(OpKind.KEYED, _uid(uid), function,
+                                     key_selector=keyed._key_selector,
+                                     broadcast_descriptors=self._broadcast.descriptors),
+                        bad_record_exceptions, dead_letters)
         return keyed._then(op, parallelism or keyed._env.parallelism,
                            keyed._inputs + self._broadcast._inputs)

@@ -11,11 +11,15 @@ sink's committables, so every subtask recovers every pending transaction).
 :meth:`OperatorChain.wire` joins them into ``push`` functions, one per operator, that
 take ``(record, timestamp)`` and hand each output to the next operator; the last one
 hands it to the task's network outputs (``route``). A record's timestamp follows it
-through the chain (outputs of a timer carry the timer's time).
+through the chain (outputs of a timer carry the timer's time). A process function with
+``bad_record_exceptions`` has a dead-letter sink beside the chain: a record for which
+it raises one of them goes there, with the reason, and the job goes on.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +31,7 @@ from weir.runtime.nonkeyed import NonKeyedOperator
 from weir.runtime.operator import KeyedOperator
 from weir.runtime.operator_base import OperatorConfig
 
-__all__ = ["ChainedOperator", "OperatorChain", "Push"]
+__all__ = ["ChainedOperator", "OperatorChain", "Push", "dead_letter"]
 
 #: feeds one record (and its timestamp, None without event time) to an operator
 Push = Callable[[Any, "int | None"], None]
@@ -78,11 +82,48 @@ class ChainedOperator:
             assert spec.key_selector is not None
             self.core = KeyedOperator(spec.fn, spec.key_selector, config,
                                       broadcast_state_descriptors=spec.broadcast_descriptors)
+        #: where the records the function rejects go (a sink of its own)
+        self.dead_letters: ChainedOperator | None = None
+        if spec.dead_letters is not None:
+            self.dead_letters = ChainedOperator(
+                spec.dead_letters, dataclasses.replace(config, uid=spec.dead_letters.name,
+                                                       state_backend="hashmap"))
+
+    def guard(self, process: Callable[[Any, int | None], list[Any]]
+              ) -> Callable[[Any, int | None], list[Any]]:
+        """``process``, sending a record for which it raises one of the spec's
+        ``bad_record_exceptions`` to the dead letters (the state changes it made
+        before raising are kept)."""
+        bad = self.spec.bad_record_exceptions
+        if not bad:
+            return process
+        assert self.dead_letters is not None
+        write = self.dead_letters.writer.write
+        uid, subtask = self.spec.name, self.core.config.subtask_index if self.core else 0
+
+        def guarded(value: Any, ts: int | None) -> list[Any]:
+            try:
+                return process(value, ts)
+            except bad as exc:
+                write(dead_letter(uid, subtask, exc, value))
+                return []
+        return guarded
 
     @property
     def keyed(self) -> KeyedOperator | None:
         """The keyed operator core (None if this is not a keyed operator)."""
         return self.core if isinstance(self.core, KeyedOperator) else None
+
+
+def dead_letter(uid: str, subtask: int, exc: BaseException, record: Any) -> dict[str, Any]:
+    """What a dead-letter sink receives for a rejected record: the operator, the
+    reason, and the record (its ``repr`` if JSON cannot hold it)."""
+    try:
+        json.dumps(record)
+    except (TypeError, ValueError):
+        record = repr(record)
+    return {"uid": uid, "subtask": subtask, "reason": f"{type(exc).__name__}: {exc}",
+            "record": record}
 
 
 class OperatorChain:
@@ -91,6 +132,8 @@ class OperatorChain:
     def __init__(self, graph: JobGraph, vertex: Vertex, subtask: int) -> None:
         self.graph, self.vertex, self.subtask = graph, vertex, subtask
         self.ops = [ChainedOperator(spec, self._config(spec)) for spec in vertex.chain]
+        #: every operator, the dead-letter sinks (off the chain's path) last
+        self.all = self.ops + [op.dead_letters for op in self.ops if op.dead_letters]
         #: push[k] feeds operator k; after[k] what operator k emits (filled by wire)
         self.push: list[Push] = []
         self.after: list[Push] = []
@@ -104,12 +147,12 @@ class OperatorChain:
     @property
     def stateful(self) -> list[ChainedOperator]:
         """The operators with state in checkpoints, in chain order."""
-        return [op for op in self.ops if op.core is not None]
+        return [op for op in self.all if op.core is not None]
 
     @property
     def sinks(self) -> list[ChainedOperator]:
-        """The chain's sinks."""
-        return [op for op in self.ops if op.kind is OpKind.SINK]
+        """The chain's sinks (dead-letter sinks too)."""
+        return [op for op in self.all if op.kind is OpKind.SINK]
 
     @property
     def watermarks(self) -> WatermarkStrategy | None:
@@ -169,7 +212,7 @@ def _push_of(op: ChainedOperator, nxt: Push) -> Push:
     if kind is OpKind.SOURCE:
         return nxt  # a source's records enter after it
     assert op.core is not None
-    process = op.core.process_element
+    process = op.guard(op.core.process_element)
 
     def push_process(value: Any, ts: int | None) -> None:
         for out in process(value, ts):

@@ -78,6 +78,10 @@ class OperatorSpec:
     broadcast_descriptors: tuple[Any, ...] = ()
     #: sources: event time (records get timestamps, watermarks follow)
     watermarks: WatermarkStrategy | None = None
+    #: process functions: a record for which the function raises one of these goes to
+    #: ``dead_letters`` (a sink operator of its own uid) and the job goes on
+    bad_record_exceptions: tuple[type[BaseException], ...] = ()
+    dead_letters: OperatorSpec | None = None
 
     @property
     def uid(self) -> str | None:
@@ -179,8 +183,10 @@ class JobGraph:
         return any(op.watermarks is not None for v in self.vertices for op in v.chain)
 
     def uids(self) -> list[str]:
-        """The uid of every stateful operator."""
-        return [op.uid for v in self.vertices for op in v.chain if op.uid is not None]
+        """The uid of every stateful operator (dead-letter sinks too)."""
+        ops = [op for v in self.vertices for op in v.chain]
+        ops += [op.dead_letters for op in ops if op.dead_letters is not None]
+        return [op.uid for op in ops if op.uid is not None]
 
     def vertex(self, vertex_id: str) -> Vertex:
         """The vertex named ``vertex_id``."""

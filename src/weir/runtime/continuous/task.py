@@ -119,8 +119,7 @@ class Task:
                     and self.graph.state_backend == "rocksdb" else "full")
             self.checkpointers.append(SubtaskCheckpointer(op.core, self.storage, mode=mode))
         p = self.vertex.parallelism
-        for op in self.chain.ops:
-            assert op.spec.uid is None or op.state is not None or op.core is not None
+        for op in self.chain.all:
             if op.kind is OpKind.SOURCE:
                 assert op.state is not None
                 op.reader = op.spec.fn.reader(self.subtask, p, op.state.restored)
@@ -246,7 +245,7 @@ class Task:
                     f"the job restarts from its latest checkpoint")
             if message["kind"] not in ("trigger", "finish"):
                 self.notified(message)
-        for op in self.chain.ops:
+        for op in self.chain.all:
             if op.writer is not None:
                 op.writer.close()
             if op.reader is not None:
@@ -365,7 +364,7 @@ class Task:
         keyed_head = head.keyed
         if two_inputs:
             assert keyed_head is not None
-            process_broadcast = keyed_head.process_broadcast_element
+            process_broadcast = head.guard(keyed_head.process_broadcast_element)
             after = self.chain.after[0]
         event_time = self.graph.event_time
         watermarks = [MIN_WATERMARK] * channels
