@@ -182,3 +182,28 @@ def test_a_cancelled_job_resumes_from_its_retained_checkpoint_at_another_paralle
     assert Counter(r[2] for r in out) == Counter(range(n))
     final = {r[1]: r[3] for r in sorted(out, key=lambda r: r[3])}
     assert final == dict.fromkeys(range(10), n // 10)
+
+
+class FailsAt1000(Count):
+    """Count, failing at record 1000 in every attempt."""
+
+    def process_element(self, value: int, ctx: Any) -> Any:
+        if value == 1000:
+            raise RuntimeError("always at 1000")
+        yield from super().process_element(value, ctx)
+
+
+def test_cancel_during_a_restart_delay_ends_the_job_at_once(tmp_path: Path) -> None:
+    env = StreamEnvironment(parallelism=2, max_parallelism=32,
+                            checkpoint_storage=tmp_path / "chk",
+                            checkpointing=CheckpointConfig(interval_ms=100),
+                            restart_strategy=RestartStrategy.fixed_delay(attempts=3, delay=60))
+    (env.from_source(SequenceSource(10_000), uid="numbers").key_by(lambda v: v % 10)
+        .process(FailsAt1000(), uid="count").sink_to(FileSink(tmp_path / "out"), uid="sink"))
+    client = env.execute_async("failing")
+    wait_for(client, "the first failure", lambda: client._job.result.failures)
+    started = time.monotonic()
+    result = client.cancel()
+    assert result.cancelled and time.monotonic() - started < 10
+    assert len(result.failures) == 1 and "always at 1000" in result.failures[0]
+    assert client._job.attempt == 0  # no second attempt started

@@ -160,18 +160,21 @@ class LocalJob:
         raises :class:`~weir.errors.JobFailedError` once it gives up."""
         started = time.monotonic()
         tracker = self.restart.tracker()
+        finished = False
         try:
-            while True:
+            while not self._cancel.is_set():  # (a cancel during a restart's delay)
                 try:
                     self._run_attempt(started + timeout_s)
+                    finished = True
                     break
                 except _Cancelled:
-                    self.result.cancelled = True
-                    if not self.checkpointing.retain_on_cancel:
-                        self.coordinator.discard_all()
                     break
                 except JobFailedError as exc:
                     self._on_failure(exc, tracker, started + timeout_s)
+            if not finished:  # cancelled
+                self.result.cancelled = True
+                if not self.checkpointing.retain_on_cancel:
+                    self.coordinator.discard_all()
         finally:
             self._fail_commands(f"job {self.graph.job!r} ended")
         self.result.restarts = tracker.restarts
@@ -190,9 +193,8 @@ class LocalJob:
                     "checkpoint", self.graph.job, str(exc).splitlines()[0],
                     tracker.restarts, delay)
         self.sleep(delay)
-        if self._cancel.is_set():
-            raise _Cancelled
-        self.attempt += 1
+        if not self._cancel.is_set():  # (cancelled while waiting: no next attempt)
+            self.attempt += 1
 
     def _fail_commands(self, why: str) -> None:
         """Fail every savepoint request not answered yet (the attempt or job ended)."""
