@@ -207,3 +207,23 @@ def test_cancel_during_a_restart_delay_ends_the_job_at_once(tmp_path: Path) -> N
     assert result.cancelled and time.monotonic() - started < 10
     assert len(result.failures) == 1 and "always at 1000" in result.failures[0]
     assert client._job.attempt == 0  # no second attempt started
+
+
+def test_the_command_line_reads_a_continuous_jobs_checkpoints(tmp_path: Path) -> None:
+    """The same checkpoint format as every runtime: list, inspect (verified), state show
+    and the checkpoint page work on a continuous job's checkpoint storage."""
+    from typer.testing import CliRunner
+
+    from weir.cli import app
+
+    job(tmp_path, 5_000, rate=None).execute("cli")
+    chk = str(tmp_path / "chk")
+    cli = CliRunner(env={"COLUMNS": "200"})
+    listed = cli.invoke(app, ["checkpoint", "list", chk])
+    assert listed.exit_code == 0 and "complete" in listed.output, listed.output
+    inspected = cli.invoke(app, ["checkpoint", "inspect", chk])
+    assert inspected.exit_code == 0 and "verified" in inspected.output, inspected.output
+    shown = cli.invoke(app, ["state", "show", chk, "--uid", "count", "--state", "count"])
+    assert shown.exit_code == 0 and " 500 " in shown.output, shown.output
+    page = cli.invoke(app, ["ui", chk, "--output", str(tmp_path / "page.html")])
+    assert page.exit_code == 0 and "checkpoint" in (tmp_path / "page.html").read_text()
