@@ -106,3 +106,34 @@ def test_dead_letters_need_both_settings(tmp_path: Path) -> None:
     with pytest.raises(weir.ConfigurationError, match="exception types"):
         keyed.process(Echo(), uid="b", bad_record_exceptions=["oops"],  # type: ignore[list-item]
                       dead_letters=FileSink(tmp_path / "d"))
+
+
+class Timed(weir.KeyedProcessFunction[int, list[int]]):
+    """Rejects a record without event time; else emits it with its timestamp."""
+
+    def process_element(self, value: int, ctx: Any) -> Any:
+        if ctx.timestamp is None:
+            raise Invalid(f"{value} has no event time")
+        yield [value, ctx.timestamp]
+
+
+def test_a_record_without_event_time_reaches_the_function_and_can_be_rejected(
+    tmp_path: Path
+) -> None:
+    from weir.stream import WatermarkStrategy
+
+    env = StreamEnvironment(parallelism=2, max_parallelism=32,
+                            checkpoint_storage=tmp_path / "chk",
+                            restart_strategy=RestartStrategy.no_restart())
+    strategy = WatermarkStrategy.bounded_out_of_orderness(
+        0, lambda v: None if v % 50 == 0 else 10 * v, interval=10)
+    (env.from_source(SequenceSource(2_000), uid="numbers", watermarks=strategy)
+        .key_by(lambda v: v % 7)
+        .process(Timed(), uid="timed", bad_record_exceptions=[Invalid],
+                 dead_letters=FileSink(tmp_path / "dead"))
+        .sink_to(FileSink(tmp_path / "out"), uid="sink"))
+    env.execute("untimed", timeout=60)
+    assert sorted(d["record"] for d in read_stream_sink(tmp_path / "dead")) == list(
+        range(0, 2_000, 50))
+    assert sorted(read_stream_sink(tmp_path / "out")) == [
+        [v, 10 * v] for v in range(2_000) if v % 50]

@@ -4,11 +4,13 @@ far behind the largest one seen the watermark trails (Flink's ``WatermarkStrateg
 A source task assigns each record its timestamp and, every ``interval_ms`` (Flink's
 ``pipeline.auto-watermark-interval``, 200 ms), sends the watermark ``largest
 timestamp - max_out_of_orderness - 1`` downstream when it advanced. A task's event
-time is the smallest watermark of its open inputs (an ended input no longer holds it
-back, nor does an idle one: ``with_idleness``); event-time timers fire as it passes
-them. At the end of a bounded input the
-source sends the largest watermark, so every event-time timer fires before the final
-checkpoint.
+time is the smallest watermark of its inputs (an idle one no longer holds it back:
+``with_idleness``); event-time timers fire as it passes them. At the end of a bounded
+input the source sends the largest watermark, so every event-time timer fires before
+the final checkpoint. An assigner that returns None (a record without a usable time)
+lets the record through without a timestamp (``ctx.timestamp`` is None) and without
+moving the watermark: a process function can reject it into its dead letters
+(``bad_record_exceptions``).
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ def _ms(value: float | datetime.timedelta, name: str) -> int:
 class WatermarkStrategy:
     """Timestamps and watermarks of a source's records (see the module doc)."""
 
-    #: the record's event time in epoch milliseconds
-    timestamp_assigner: Callable[[Any], int]
+    #: the record's event time in epoch milliseconds (None: it has none)
+    timestamp_assigner: Callable[[Any], int | None]
     #: how far (ms) the watermark trails the largest timestamp seen
     max_out_of_orderness_ms: int = 0
     #: how often (ms) a source task sends its watermark
@@ -52,7 +54,7 @@ class WatermarkStrategy:
 
     @staticmethod
     def bounded_out_of_orderness(max_out_of_orderness: float | datetime.timedelta,
-                                 timestamp_assigner: Callable[[Any], int], *,
+                                 timestamp_assigner: Callable[[Any], int | None], *,
                                  interval: float | datetime.timedelta = 200
                                  ) -> WatermarkStrategy:
         """Records may come up to ``max_out_of_orderness`` (ms or timedelta) late."""
@@ -63,7 +65,7 @@ class WatermarkStrategy:
                                  max(1, _ms(interval, "interval")))
 
     @staticmethod
-    def for_monotonous_timestamps(timestamp_assigner: Callable[[Any], int]
+    def for_monotonous_timestamps(timestamp_assigner: Callable[[Any], int | None]
                                   ) -> WatermarkStrategy:
         """Timestamps never decrease (no out-of-orderness)."""
         return WatermarkStrategy.bounded_out_of_orderness(0, timestamp_assigner)

@@ -328,8 +328,13 @@ class Task:
                     feed(record, None)
             else:
                 for record in records:
-                    ts = int(stamp(record))
-                    largest = max(largest, ts)
+                    stamped = stamp(record)
+                    if stamped is None:  # no usable time: through without a timestamp
+                        feed(record, None)
+                        continue
+                    ts = int(stamped)
+                    if ts > largest:
+                        largest = ts
                     feed(record, ts)
                 now = time.monotonic()
                 if strategy is not None and now >= next_watermark:
