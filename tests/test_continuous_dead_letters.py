@@ -137,3 +137,27 @@ def test_a_record_without_event_time_reaches_the_function_and_can_be_rejected(
         range(0, 2_000, 50))
     assert sorted(read_stream_sink(tmp_path / "out")) == [
         [v, 10 * v] for v in range(2_000) if v % 50]
+
+
+def key_of(record: dict[str, int]) -> int:
+    return record["card"]  # KeyError for a record without a card
+
+
+def test_a_record_whose_key_cannot_be_computed_is_rejected_by_the_keyed_function(
+    tmp_path: Path
+) -> None:
+    env = StreamEnvironment(parallelism=2, max_parallelism=32,
+                            checkpoint_storage=tmp_path / "chk",
+                            restart_strategy=RestartStrategy.no_restart())
+    (env.from_source(SequenceSource(3_000), uid="numbers")
+        .map(lambda v: {"n": v} if v % 100 == 0 else {"n": v, "card": v % 9})
+        .key_by(key_of)
+        .process(Echo(), uid="echo", bad_record_exceptions=[KeyError],
+                 dead_letters=FileSink(tmp_path / "dead"))
+        .sink_to(FileSink(tmp_path / "out"), uid="sink"))
+    env.execute("keyless", timeout=60)
+    dead = read_stream_sink(tmp_path / "dead")
+    assert sorted(d["record"]["n"] for d in dead) == list(range(0, 3_000, 100))
+    assert all(d["reason"] == "KeyError: 'card'" for d in dead)
+    assert sorted(r["n"] for r in read_stream_sink(tmp_path / "out")) == [
+        v for v in range(3_000) if v % 100]

@@ -147,8 +147,10 @@ class Task:
             for channel in channels:
                 channel.on_blocked = self.heartbeat
             self.outs += channels
+            head = consumer.chain[0]  # (a keyed head calls the key selector again)
+            rejects = head.kind is OpKind.KEYED and bool(head.bad_record_exceptions)
             routes.append(_route(edge, channels, self.graph.max_parallelism, self.subtask,
-                                 event_time))
+                                 event_time, rejects))
         if not routes:
             return _discard
         if len(routes) == 1:
@@ -431,9 +433,12 @@ def _discard(value: Any, ts: int | None) -> None:
 
 
 def _route(edge: Edge, channels: list[OutputChannel], max_parallelism: int,
-           subtask: int, event_time: bool) -> Push:
+           subtask: int, event_time: bool, rejects: bool = False) -> Push:
     """Send a record by ``edge``'s partitioner (as ``(timestamp, record)`` with event
-    time)."""
+    time). With ``rejects`` (the consumer is a keyed function with dead letters), a
+    record whose key selector raises goes to the consumer's first subtask, whose own
+    call of the same key selector raises it again — into its dead letters if the
+    exception is one of its ``bad_record_exceptions``, else failing that task."""
     emits = [c.emit for c in channels]
     if edge.partitioner is Partitioner.HASH:
         key_of, n = edge.key_selector, len(channels)
@@ -442,7 +447,14 @@ def _route(edge: Edge, channels: list[OutputChannel], max_parallelism: int,
         def by_key(record: Any, ts: int | None) -> None:
             emits[assign_key_to_parallel_operator(key_of(record), max_parallelism, n)](
                 (ts, record) if event_time else record)
-        return by_key
+
+        def by_key_or_first(record: Any, ts: int | None) -> None:
+            try:
+                target = assign_key_to_parallel_operator(key_of(record), max_parallelism, n)
+            except Exception:
+                target = 0
+            emits[target]((ts, record) if event_time else record)
+        return by_key_or_first if rejects else by_key
     if edge.partitioner is Partitioner.BROADCAST:
         def to_all(record: Any, ts: int | None) -> None:
             item = (ts, record) if event_time else record
