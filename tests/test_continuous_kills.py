@@ -122,6 +122,7 @@ class Killer:
                  runner: threading.Thread) -> None:
         self.job, self.tmp, self.rng, self.runner = job, tmp_path, rng, runner
         self.done: list[str] = []
+        self.victims: list[str] = []
 
     def wait(self, what: str, ready: Any, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -142,6 +143,7 @@ class Killer:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         self.done.append(f"{window}: {task[0]}[{task[1]}]")
+        self.victims.append(f"task {task[0]}[{task[1]}] disappeared")
 
     def at_random(self, attempt: int) -> None:
         self.running(attempt)
@@ -222,3 +224,5 @@ def test_kill_9_at_random_points_of_a_continuous_job(tmp_path: Path, seed: int) 
     print(report)
     assert (lost, dups, len(wrong), corrupt) == (0, 0, 0, 0), report
     assert len(killer.done) == 3 and job.result.restarts == 3, report
+    causes = [f.split(": ", 1)[1].split(":")[0] for f in job.result.failures]
+    assert causes == killer.victims, report  # each restart names the killed task
