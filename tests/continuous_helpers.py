@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +15,7 @@ from weir.api.connectors import Sink, Source
 from weir.api.watermarks import WatermarkStrategy
 from weir.connectors.stream import FileSink
 from weir.runtime.continuous.graph import JobGraph
+from weir.runtime.continuous.master import LocalJob
 from weir.stream import StreamEnvironment
 
 
@@ -30,3 +35,38 @@ def keyed_graph(tmp_path: Path, *, source: Source[Any], function: Any,
         .sink_to(sink if sink is not None else FileSink(tmp_path / "out"), uid="sink"))
     graph = env.job_graph(job)
     return dataclasses.replace(graph, **fields) if fields else graph
+
+
+class Running:
+    """A LocalJob run in a background thread, for tests that act on it while it runs
+    (kill a task, wait for checkpoints); the error it ended with, if any, in ``errors``."""
+
+    def __init__(self, job: LocalJob, timeout_s: float = 120) -> None:
+        self.job = job
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, args=(timeout_s,))
+        self.thread.start()
+
+    def _run(self, timeout_s: float) -> None:
+        try:
+            self.job.run(timeout_s=timeout_s)
+        except BaseException as exc:
+            self.errors.append(exc)
+
+    def until(self, ready: Callable[[], Any], timeout_s: float = 60, poll_s: float = 0.01
+              ) -> None:
+        """Wait until ``ready()``, failing if the job ended first or it takes too long."""
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            assert time.monotonic() < deadline and self.thread.is_alive(), self.errors
+            time.sleep(poll_s)
+
+    def kill(self, task: tuple[str, int]) -> None:
+        """SIGKILL the process of ``task``."""
+        os.kill(self.job._procs[task].pid, signal.SIGKILL)
+
+    def join(self, timeout_s: float = 120) -> list[BaseException]:
+        """Wait for the job's end; the errors it ended with."""
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), "the job did not end"
+        return self.errors

@@ -6,9 +6,7 @@ by the end (the final watermark) — each exactly once, also across a SIGKILL re
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -19,7 +17,7 @@ from pyspark import cloudpickle
 
 import weir
 import weir.api.connectors
-from continuous_helpers import keyed_graph
+from continuous_helpers import Running, keyed_graph
 from weir.api.checkpointing import CheckpointConfig
 from weir.api.watermarks import WatermarkStrategy
 from weir.connectors.stream import SequenceSource, read_stream_sink
@@ -81,25 +79,13 @@ def test_every_event_time_timer_fires_once_by_the_end(tmp_path: Path, backend: s
 
 def test_event_time_timers_fire_once_across_a_sigkill(tmp_path: Path) -> None:
     n = 100_000
-    running = job(tmp_path, "rocksdb", n, rate=25_000)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            running.run(timeout_s=120)
-        except BaseException as exc:
-            errors.append(exc)
-
-    runner = threading.Thread(target=run)
-    runner.start()
-    deadline = time.monotonic() + 60
-    while len(running.result.completed) < 3:
-        assert time.monotonic() < deadline and runner.is_alive(), errors
-        time.sleep(0.01)
-    os.kill(running._procs[("deadlines", 1)].pid, signal.SIGKILL)
-    runner.join(120)
-    assert not runner.is_alive() and not errors, errors
-    assert running.result.restarts == 1
+    local = job(tmp_path, "rocksdb", n, rate=25_000)
+    running = Running(local)
+    running.until(lambda: len(local.result.completed) >= 3)
+    running.kill(("deadlines", 1))
+    errors = running.join()
+    assert not errors, errors
+    assert local.result.restarts == 1
     check(tmp_path, n)
 
 
@@ -135,27 +121,15 @@ def test_an_idle_source_subtask_does_not_hold_event_time_back(tmp_path: Path) ->
     n = 10_000
     strategy = WatermarkStrategy.bounded_out_of_orderness(
         50, lambda v: v * 10, interval=20).with_idleness(100)
-    running = LocalJob(graph(tmp_path, "hashmap", HalfSilent(n, str(stop)), strategy),
-                       CheckpointConfig(interval_ms=50))
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            running.run(timeout_s=120)
-        except BaseException as exc:
-            errors.append(exc)
-
-    runner = threading.Thread(target=run)
-    runner.start()
-    deadline = time.monotonic() + 60
+    running = Running(LocalJob(graph(tmp_path, "hashmap", HalfSilent(n, str(stop)),
+                                     strategy), CheckpointConfig(interval_ms=50)))
     out = tmp_path / "out"
     # timers fire (and commit) while subtask 1 has sent nothing and not ended
-    while not any(r[0] == "timer" for r in read_stream_sink(out)) if out.exists() else True:
-        assert time.monotonic() < deadline and runner.is_alive(), errors
-        time.sleep(0.05)
+    running.until(lambda: out.exists() and any(r[0] == "timer" for r in read_stream_sink(out)),
+                  poll_s=0.05)
     stop.touch()
-    runner.join(120)
-    assert not runner.is_alive() and not errors, errors
+    errors = running.join()
+    assert not errors, errors
     rows = read_stream_sink(out)
     assert sorted(r[2] for r in rows if r[0] == "record") == list(range(0, n, 2))
     timers = Counter((r[1], r[2]) for r in rows if r[0] == "timer")

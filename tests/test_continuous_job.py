@@ -14,7 +14,7 @@ import pytest
 from pyspark import cloudpickle
 
 import weir
-from continuous_helpers import keyed_graph
+from continuous_helpers import Running, keyed_graph
 from weir.api.checkpointing import CheckpointConfig
 from weir.connectors.stream import SequenceSource, read_stream_sink
 from weir.runtime.continuous.graph import JobGraph
@@ -68,34 +68,17 @@ def test_a_bounded_job_is_exactly_once_across_processes(tmp_path: Path, backend:
 
 def test_a_killed_task_fails_the_job_at_once_and_leaves_no_process(tmp_path: Path) -> None:
     """With no restart allowed, the job fails, naming the task that died."""
-    import os
-    import signal
-    import threading
     import time
 
     from weir.errors import JobFailedError
 
     job = LocalJob(spec(tmp_path, "hashmap", 50_000_000), CheckpointConfig(interval_ms=100),
                    restart=weir.RestartStrategy.no_restart())
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            job.run(timeout_s=120)
-        except BaseException as exc:
-            failure.append(exc)
-
-    runner = threading.Thread(target=run)
-    runner.start()
-    deadline = time.monotonic() + 60
-    while len(job.result.completed) < 2:  # running, with checkpoints behind it
-        assert time.monotonic() < deadline and runner.is_alive(), failure
-        time.sleep(0.02)
-    victim = job._procs[("count", 1)]
-    os.kill(victim.pid, signal.SIGKILL)
+    running = Running(job)
+    running.until(lambda: len(job.result.completed) >= 2)  # with checkpoints behind it
+    running.kill(("count", 1))
     killed = time.monotonic()
-    runner.join(60)
-    assert not runner.is_alive()
+    failure = running.join(60)
     assert time.monotonic() - killed < 15
     assert len(failure) == 1 and isinstance(failure[0], JobFailedError)
     assert "count[1] disappeared" in str(failure[0]) and "no more restarts" in str(failure[0])
@@ -128,41 +111,24 @@ def test_tasks_killed_with_sigkill_restart_from_the_latest_checkpoint_exactly_on
     """A keyed task, then a source task, killed with SIGKILL mid-run (after checkpoints
     completed): every task restarts from the latest completed checkpoint; lost =
     duplicated = 0 in the committed output and in the state, failures = 2."""
-    import signal
-    import threading
-    import time
-
     n = 240_000
     sleeps: list[float] = []
     job = LocalJob(spec(tmp_path, backend, n, rate=40_000), CheckpointConfig(interval_ms=100),
                    restart=weir.RestartStrategy.fixed_delay(attempts=2, delay=0.5),
                    sleep=sleeps.append)
-    errors: list[BaseException] = []
-    runner = threading.Thread(target=lambda: _run(job, errors))
-    runner.start()
+    running = Running(job)
     kills = 0
     for victim, attempt in ((("count", 1), 0), (("numbers", 0), 1)):
-        deadline = time.monotonic() + 60
         seen = len(job.result.completed)
-        while job.attempt != attempt or len(job.result.completed) < seen + 2 or (
-                victim not in job._procs):
-            assert time.monotonic() < deadline and runner.is_alive(), errors
-            time.sleep(0.01)
-        os.kill(job._procs[victim].pid, signal.SIGKILL)
+        running.until(lambda: job.attempt == attempt and victim in job._procs  # noqa: B023
+                      and len(job.result.completed) >= seen + 2)  # noqa: B023
+        running.kill(victim)
         kills += 1
-    runner.join(120)
-    assert not runner.is_alive() and not errors, errors
+    assert not running.join()
     assert kills == 2 and job.result.restarts == 2 and sleeps == [0.5, 0.5]
     assert [f.split(":")[1].strip() for f in job.result.failures] == [
         "task count[1] disappeared", "task numbers[0] disappeared"]
     check_exactly_once(tmp_path, n)
-
-
-def _run(job: LocalJob, errors: list[BaseException]) -> None:
-    try:
-        job.run(timeout_s=120)
-    except BaseException as exc:
-        errors.append(exc)
 
 
 class Hangs(Count):
@@ -202,38 +168,22 @@ def test_a_hung_task_is_found_by_its_heartbeat_and_the_job_restarts(tmp_path: Pa
 def test_at_least_once_loses_nothing_across_a_kill(tmp_path: Path) -> None:
     """Barrier tracking, never blocking: after a SIGKILL nothing is lost (records
     behind a barrier on a fast channel may come twice)."""
-    import os
-    import signal
-    import threading
-    import time
-
     from weir.api.checkpointing import CheckpointingMode
 
     n = 200_000
     job = LocalJob(spec(tmp_path, "hashmap", n, rate=40_000),
                    CheckpointConfig(interval_ms=50, mode=CheckpointingMode.AT_LEAST_ONCE),
                    restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0))
-    errors: list[BaseException] = []
-    runner = threading.Thread(target=lambda: _run(job, errors))
-    runner.start()
-    deadline = time.monotonic() + 60
-    while len(job.result.completed) < 3:
-        assert time.monotonic() < deadline and runner.is_alive(), errors
-        time.sleep(0.01)
-    os.kill(job._procs[("count", 0)].pid, signal.SIGKILL)
-    runner.join(120)
-    assert not runner.is_alive() and not errors, errors
+    running = Running(job)
+    running.until(lambda: len(job.result.completed) >= 3)
+    running.kill(("count", 0))
+    assert not running.join()
     assert job.result.restarts == 1
     numbers = {r[1] for r in read_stream_sink(tmp_path / "out")}
     assert len(set(range(n)) - numbers) == 0
 
 
 def test_the_sqlite_sink_is_exactly_once_across_a_sigkill(tmp_path: Path) -> None:
-    import os
-    import signal
-    import threading
-    import time
-
     from weir.connectors.stream import SqliteSink, read_sqlite_stream_sink
 
     n = 150_000
@@ -241,16 +191,10 @@ def test_the_sqlite_sink_is_exactly_once_across_a_sigkill(tmp_path: Path) -> Non
     job = LocalJob(spec(tmp_path, "hashmap", n, rate=30_000, sink=SqliteSink(db, table="counts")),
                    CheckpointConfig(interval_ms=100),
                    restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0))
-    errors: list[BaseException] = []
-    runner = threading.Thread(target=lambda: _run(job, errors))
-    runner.start()
-    deadline = time.monotonic() + 60
-    while len(job.result.completed) < 3:
-        assert time.monotonic() < deadline and runner.is_alive(), errors
-        time.sleep(0.01)
-    os.kill(job._procs[("count", 0)].pid, signal.SIGKILL)
-    runner.join(120)
-    assert not runner.is_alive() and not errors, errors
+    running = Running(job)
+    running.until(lambda: len(job.result.completed) >= 3)
+    running.kill(("count", 0))
+    assert not running.join()
     assert job.result.restarts == 1
     numbers = Counter(r[1] for r in read_sqlite_stream_sink(db, table="counts"))
     assert set(numbers) == set(range(n)) and max(numbers.values()) == 1
