@@ -97,9 +97,9 @@ class ChainedOperator:
         bad = self.spec.bad_record_exceptions
         if not bad:
             return process
-        assert self.dead_letters is not None
+        assert self.dead_letters is not None and self.core is not None
         write = self.dead_letters.writer.write
-        uid, subtask = self.spec.name, self.core.config.subtask_index if self.core else 0
+        uid, subtask = self.spec.name, self.core.config.subtask_index
 
         def guarded(value: Any, ts: int | None) -> list[Any]:
             try:
