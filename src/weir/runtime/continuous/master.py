@@ -2,8 +2,9 @@
 hosts the coordinator, and runs the checkpoints.
 
 1. **Launch.** The pipeline is pickled by value into the job's work directory; every
-   task is started as ``python -m weir.runtime.continuous.worker`` with the
-   coordinator's address and the job's secret in its environment.
+   task is a process forked by the :mod:`.zygote` (which imported the task code once)
+   running ``weir.runtime.continuous.worker`` with the coordinator's address and the
+   job's secret in its environment.
 2. **Address exchange.** Each task registers on the control connection (a task with inputs
    with the address of its input gate); once all have, every task gets ``start``: the
    data addresses and the checkpoint to restore (the latest completed one in the
@@ -42,8 +43,6 @@ import dataclasses
 import logging
 import os
 import queue
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -63,6 +62,7 @@ from weir.checkpoint.coordinator import (
 )
 from weir.checkpoint.format import decode_part
 from weir.errors import CheckpointError, ConfigurationError, JobFailedError, WeirError
+from weir.runtime.continuous import zygote
 from weir.runtime.continuous.client import CheckpointStats, CheckpointStatus, Command
 from weir.runtime.continuous.control import ControlServer, TaskId
 from weir.runtime.continuous.graph import JobGraph
@@ -120,7 +120,7 @@ class LocalJob:
         self.coordinator = CheckpointCoordinator(graph.checkpoint_storage, retained=retained)
         self.attempt = 0
         self._inbox: queue.Queue[tuple[TaskId, dict[str, Any]]] = queue.Queue()
-        self._procs: dict[TaskId, subprocess.Popen[bytes]] = {}
+        self._procs: dict[TaskId, zygote.TaskProcess] = {}
         self._pending: dict[int, tuple[PendingCheckpoint, set[TaskId]]] = {}
         self._finished: set[TaskId] = set()
         self._heard: dict[TaskId, float] = {}  # when each task was last heard from
@@ -247,9 +247,8 @@ class LocalJob:
         env = {**os.environ, "WEIR_JOB_SECRET": secret.hex(),
                "WEIR_COORDINATOR": f"{server.address[0]}:{server.address[1]}"}
         for vertex, subtask in self.graph.tasks():
-            self._procs[(vertex, subtask)] = subprocess.Popen(
-                [sys.executable, "-m", "weir.runtime.continuous.worker", str(graph_file),
-                 vertex, str(subtask), str(self.attempt)], env=env)
+            self._procs[(vertex, subtask)] = zygote.launch(
+                [str(graph_file), vertex, str(subtask), str(self.attempt)], env)
 
     def _next(self, deadline: float, wait_s: float | None = None
               ) -> tuple[TaskId, dict[str, Any]] | None:

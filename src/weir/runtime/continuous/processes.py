@@ -7,7 +7,7 @@ import queue
 import subprocess
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from weir.errors import JobFailedError
 from weir.runtime.continuous.control import TaskId
@@ -54,7 +54,16 @@ def root_cause(first: Report, inbox: queue.Queue[Report], finished: set[TaskId],
         + (f"\n{message['trace']}" if message.get("trace") else ""))
 
 
-def stop_processes(procs: Iterable[subprocess.Popen[bytes]], grace_s: float) -> None:
+class Process(Protocol):
+    """What stopping needs of a task process (``subprocess.Popen`` and
+    :class:`~.zygote.TaskProcess` have it)."""
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def kill(self) -> None: ...
+
+
+def stop_processes(procs: Iterable[Process], grace_s: float) -> None:
     """Wait ``grace_s`` for the task processes to exit (they finished), then kill
     what is left (after a failure: at once)."""
     deadline = time.monotonic() + grace_s

@@ -1,0 +1,117 @@
+"""Task processes forked by the zygote: exit statuses reported as Popen's, a killed
+zygote replaced and its tasks killed, and no task outliving a driver that died."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from weir.runtime.continuous import zygote
+
+
+class Sleep:
+    """Unpickling it sleeps: the graph file of a task that runs until killed."""
+
+    def __reduce__(self) -> tuple[object, tuple[float]]:
+        return time.sleep, (120.0,)
+
+
+class Fail:
+    """Unpickling it raises: the graph file of a task that fails."""
+
+    def __reduce__(self) -> tuple[object, tuple[int, int]]:
+        return divmod, (1, 0)
+
+
+def graph_file(tmp_path: Path, content: object) -> str:
+    path = tmp_path / f"{type(content).__name__}.pickle"
+    path.write_bytes(pickle.dumps(content))
+    return str(path)
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pid: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while running(pid):
+        assert time.monotonic() < deadline, f"process {pid} still runs"
+        time.sleep(0.01)
+
+
+def test_exit_statuses_are_reported_like_popen(tmp_path: Path) -> None:
+    failing = zygote.launch([graph_file(tmp_path, Fail()), "v", "0", "0"], dict(os.environ))
+    assert failing.wait(timeout=30) == 1 and failing.poll() == 1
+    sleeping = zygote.launch([graph_file(tmp_path, Sleep()), "v", "0", "0"],
+                             dict(os.environ))
+    assert sleeping.poll() is None and running(sleeping.pid)
+    with pytest.raises(subprocess.TimeoutExpired):
+        sleeping.wait(timeout=0.1)
+    sleeping.kill()
+    assert sleeping.wait(timeout=10) == -signal.SIGKILL
+    sleeping.kill()  # (already ended: nothing happens)
+
+
+def test_a_task_gets_the_environment_and_directory_it_asked_for(tmp_path: Path) -> None:
+    code = ("import os, pathlib; pathlib.Path('seen').write_text("
+            "os.environ['ONLY_THIS'] + ' ' + str('HOME' in os.environ))")
+
+    class Run:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return exec, (code,)
+
+    work = tmp_path / "work"
+    work.mkdir()
+    here = os.getcwd()
+    os.chdir(work)
+    try:
+        task = zygote.launch([graph_file(tmp_path, Run()), "v", "0", "0"],
+                             {"ONLY_THIS": "yes"})
+    finally:
+        os.chdir(here)
+    task.wait(timeout=30)
+    assert (work / "seen").read_text() == "yes False"
+
+
+def test_a_killed_zygote_takes_its_tasks_along_and_is_replaced(tmp_path: Path) -> None:
+    task = zygote.launch([graph_file(tmp_path, Sleep()), "v", "0", "0"], dict(os.environ))
+    first = zygote._zygote
+    assert first is not None
+    os.kill(first.proc.pid, signal.SIGKILL)
+    assert task.wait(timeout=10) == -signal.SIGKILL  # the driver killed it
+    wait_gone(task.pid)
+    again = zygote.launch([graph_file(tmp_path, Fail()), "v", "0", "0"], dict(os.environ))
+    assert zygote._zygote is not first and again.wait(timeout=30) == 1
+
+
+def test_no_task_outlives_a_driver_that_died(tmp_path: Path) -> None:
+    driver = textwrap.dedent(f"""
+        import os, pickle, sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_continuous_zygote import Sleep, graph_file
+        from pathlib import Path
+        from weir.runtime.continuous import zygote
+        task = zygote.launch([graph_file(Path({str(tmp_path)!r}), Sleep()), "v", "0", "0"],
+                             dict(os.environ))
+        print(task.pid, zygote._zygote.proc.pid, flush=True)
+        os._exit(0)  # no clean-up: as if killed
+    """)
+    out = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    task_pid, zygote_pid = map(int, out.split())
+    wait_gone(zygote_pid)
+    wait_gone(task_pid)
