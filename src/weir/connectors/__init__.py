@@ -2,9 +2,11 @@
 sources). For the continuous runtime (:mod:`weir.stream`): :class:`SequenceSource` and
 the two-phase-commit :class:`FileSink` (:mod:`weir.connectors.stream`), and the
 replayable, bounded :class:`FileSource` of JSON-lines or text files
-(:mod:`weir.connectors.file_source`), :class:`SqliteSink`; and what a source or sink
-of your own implements (:class:`Source`, :class:`SourceReader`, :class:`Sink`,
-:class:`SinkWriter`, :class:`SinkContext`; the contract in :mod:`weir.api.connectors`).
+(:mod:`weir.connectors.file_source`), :class:`SqliteSink`, and the idempotent
+:class:`CollectSink` for tests and small results (:mod:`weir.connectors.collect`);
+and what a source or sink of your own implements (:class:`Source`,
+:class:`SourceReader`, :class:`Sink`, :class:`SinkWriter`, :class:`SinkContext`; the
+contract in :mod:`weir.api.connectors`).
 
 ``register_sinks(spark)`` makes ``df.writeStream.format("weir-files")`` and
 ``format("weir-sqlite")`` available; see :mod:`weir.connectors.sinks` for options,
@@ -14,6 +16,7 @@ on-disk layout and the exactly-once argument.
 from typing import TYPE_CHECKING, Any
 
 from weir.api.connectors import Sink, SinkContext, SinkWriter, Source, SourceReader
+from weir.connectors.collect import CollectSink
 from weir.connectors.file_source import FileSource
 from weir.connectors.stream import (
     FileSink,
@@ -68,6 +71,7 @@ __all__ = [
     "SinkWriter",
     "Source",
     "SourceReader",
+    "CollectSink",
     "FileSink",
     "FileSource",
     "SequenceSource",
