@@ -250,3 +250,143 @@ def test_a_job_reads_a_directory_end_to_end(tmp_path: Path) -> None:
     expected = Counter(f"k{n % 7}" for n in range(i))
     for key, total in expected.items():
         assert sorted(n for k, _, n in out if k == key) == list(range(1, total + 1))
+
+
+# ---------------------------------------------------------------------- watching
+
+
+def poll_all(readers: list[SourceReader[Any]], batch: int, rounds: int = 3) -> list[Any]:
+    """Poll every (watching) reader until ``rounds`` polls in a row gave nothing."""
+    out: list[Any] = []
+    quiet = 0
+    while quiet < rounds:
+        got = [r.poll(batch) for r in readers]
+        assert all(g is not None for g in got), "a watching source never ends"
+        new = [x for g in got for x in g or ()]
+        out.extend(new)
+        quiet = 0 if new else quiet + 1
+    return out
+
+
+def test_watching_takes_new_files_its_subtask_owns(tmp_path: Path) -> None:
+    from weir.connectors.file_source import owner
+
+    source = FileSource(tmp_path, monitor_interval=1e-6)
+    readers = [source.reader(i, 2, None) for i in range(2)]
+    assert poll_all(readers, 10) == []
+    for f in range(6):
+        write(tmp_path / f".f{f}", json.dumps({"f": f}) + "\n")
+        (tmp_path / f".f{f}").rename(tmp_path / f"f{f}")  # complete when it appears
+    assert sorted(r["f"] for r in poll_all(readers, 10)) == list(range(6))
+    for i, reader in enumerate(readers):
+        assert all(owner(p[0], 2) == i and p[2:] == [True] for p in reader.positions())
+    write(tmp_path / "f0", json.dumps({"f": 0}) + "\n" + json.dumps({"f": 99}) + "\n")
+    assert poll_all(readers, 10) == []  # read once: what is added later is not seen
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(first=st.lists(st.integers(0, 5), max_size=6), later=st.lists(st.integers(0, 5),
+       max_size=6), before=st.integers(1, 4), after=st.integers(1, 5), data=st.data())
+def test_watching_positions_restore_by_union_at_any_parallelism(
+    first: list[int], later: list[int], before: int, after: int, data: st.DataObject
+) -> None:
+    """Files appear before and after a checkpoint taken mid-read; files read to their
+    end are then deleted; restored at another parallelism (every reader gets every
+    position), every line of every file is read exactly once."""
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        expected: list[Any] = []
+
+        def add(files: list[int], tag: str) -> None:
+            for f, lines in enumerate(files):
+                records = [{"file": f"{tag}{f}", "line": n} for n in range(lines)]
+                expected.extend(records)
+                write(directory / f"{tag}{f}", "".join(json.dumps(r) + "\n" for r in records))
+
+        add(first, "a")
+        source = FileSource(directory, monitor_interval=1e-6)
+        read: list[Any] = []
+        checkpointed: list[Any] = []
+        for subtask in range(before):
+            reader = source.reader(subtask, before, None)
+            for _ in range(data.draw(st.integers(0, 6), label="polls")):
+                read.extend(reader.poll(data.draw(st.integers(1, 4), label="max")) or ())
+            checkpointed.extend(reader.positions())
+            reader.close()
+        for name, _, *done in checkpointed:
+            if done:
+                (directory / name).unlink()  # read: may go
+        add(later, "b")
+        restored = msgpack.unpackb(msgpack.packb(checkpointed))
+        readers = [source.reader(i, after, restored) for i in range(after)]
+        read.extend(poll_all(readers, data.draw(st.integers(1, 5), label="batch")))
+        assert sorted(map(json.dumps, read)) == sorted(map(json.dumps, expected))
+
+
+def test_watching_needs_a_directory_and_a_positive_interval(tmp_path: Path) -> None:
+    file = write(tmp_path / "one.jsonl", "{}\n")
+    with pytest.raises(ConfigurationError, match="monitor_interval"):
+        FileSource(file, monitor_interval=1.0)
+    with pytest.raises(ConfigurationError, match="monitor_interval"):
+        FileSource(tmp_path, monitor_interval=0)
+    from datetime import timedelta
+
+    assert FileSource(tmp_path, monitor_interval=timedelta(milliseconds=250)
+                      ).monitor_interval == 0.25
+
+
+@pytest.mark.usefixtures("_by_value")
+def test_a_job_watches_a_directory_and_resumes_at_another_parallelism(tmp_path: Path) -> None:
+    """Files dropped into a watched directory while the job runs are counted; a
+    stop-with-savepoint, more files, and a resume at p = 3 count each record once."""
+    import time
+
+    from weir.connectors import CollectSink
+
+    data = tmp_path / "in"
+    data.mkdir()
+    total = [0]
+
+    def drop(files: int) -> None:
+        for _ in range(files):
+            name = f"events-{total[0]:06d}.jsonl"
+            with open(data / f".{name}", "w", encoding="utf-8") as out:
+                for _ in range(50):
+                    out.write(json.dumps({"key": f"k{total[0] % 7}", "i": total[0]}) + "\n")
+                    total[0] += 1
+            (data / f".{name}").rename(data / name)
+
+    def run(parallelism: int, name: str, restore_from: Any = None) -> Any:
+        env = StreamEnvironment(parallelism=parallelism, max_parallelism=16,
+                                checkpoint_storage=tmp_path / f"chk-{name}",
+                                checkpointing=CheckpointConfig(interval_ms=50))
+        (env.from_source(FileSource(data, monitor_interval=0.02), uid="files")
+            .key_by(lambda r: r["key"])
+            .process(CountPerKey(), uid="count")
+            .sink_to(CollectSink(tmp_path / "out.db", key=lambda r: r[1]), uid="sink"))
+        return env.execute_async(name, restore_from=restore_from)
+
+    def until_all(sink: Any) -> None:
+        deadline = time.monotonic() + 60
+        while len(sink.collected()) < total[0]:
+            assert time.monotonic() < deadline, (len(sink.collected()), total[0])
+            time.sleep(0.02)
+
+    sink = CollectSink(tmp_path / "out.db", key=lambda r: r[1])
+    client = run(2, "first")
+    drop(3)
+    until_all(sink)
+    drop(4)
+    until_all(sink)
+    savepoint = client.stop_with_savepoint(tmp_path / "sp")
+    drop(5)
+    resumed = run(3, "resumed", savepoint)
+    until_all(sink)
+    drop(2)
+    until_all(sink)
+    resumed.cancel()
+    out = sink.collected()
+    assert sorted(out) == list(range(total[0]))  # every record, once per i
+    expected = Counter(f"k{n % 7}" for n in range(total[0]))
+    for key, count in expected.items():  # counts went on from the savepoint: 1..count
+        assert sorted(n for k, _, n in out.values() if k == key) == list(range(1, count + 1))

@@ -42,7 +42,7 @@ class SourceReader(ABC, Generic[T]):
     @abstractmethod
     def positions(self) -> list[Any]:
         """Where each of its positions stands now (checkpointed; restored by even
-        split)."""
+        split, or by union for a source with ``union_positions``)."""
 
     def close(self) -> None:
         """Release what the reader holds."""
@@ -50,6 +50,10 @@ class SourceReader(ABC, Generic[T]):
 
 class Source(ABC, Generic[T]):
     """A replayable source."""
+
+    #: how its readers' positions are restored: False (default) by even split, each
+    #: reader a share; True by union, every reader all of them (to keep its own)
+    union_positions: bool = False
 
     @abstractmethod
     def reader(self, subtask: int, parallelism: int, positions: list[Any] | None

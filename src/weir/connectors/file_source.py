@@ -1,4 +1,5 @@
-"""A replayable, bounded file source for the continuous runtime (:mod:`weir.stream`).
+"""A replayable file source for the continuous runtime (:mod:`weir.stream`): bounded,
+or watching a directory for new files.
 
 :class:`FileSource` reads a directory (every regular file directly in it whose name does
 not start with ``.`` or ``_``, sorted by name) or a single file, as JSON lines
@@ -18,9 +19,13 @@ position at its end offset, so a restore does not read it again. A last line wit
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any
+
+import mmh3
 
 from weir.api.connectors import Source, SourceReader
 from weir.errors import ConfigurationError, SourceError
@@ -53,8 +58,8 @@ class _FileReader(SourceReader[Any]):
         self._directory = directory
         self._format = format
         self._parse = _PARSERS[format]
-        self._positions: list[list[Any]] = [[str(name), int(offset)]
-                                            for name, offset in positions]
+        self._positions: list[list[Any]] = [[str(p[0]), int(p[1]), *p[2:]]
+                                            for p in positions]
         self._current = 0  # the positions before it are read to their end
         self._file: IO[bytes] | None = None
 
@@ -90,12 +95,16 @@ class _FileReader(SourceReader[Any]):
         out: list[Any] = []
         while len(out) < max_records and self._current < len(self._positions):
             position = self._positions[self._current]
-            name, offset = position
+            name, offset = position[0], position[1]
+            if len(position) > 2:  # (watching: read to its end before)
+                self._current += 1
+                continue
             if self._file is None:
                 self._file = self._open(name, offset)
             line = self._file.readline()
             if not line:  # its end: the position stays at the end offset
                 self._close_file()
+                self._finished(position)
                 self._current += 1
                 continue
             try:
@@ -113,6 +122,9 @@ class _FileReader(SourceReader[Any]):
             return None
         return out
 
+    def _finished(self, position: list[Any]) -> None:
+        """``position``'s file was read to its end."""
+
     def positions(self) -> list[Any]:
         return [list(p) for p in self._positions]
 
@@ -120,9 +132,44 @@ class _FileReader(SourceReader[Any]):
         self._close_file()
 
 
+def owner(name: str, parallelism: int) -> int:
+    """The subtask of ``parallelism`` that reads file ``name`` in watching mode."""
+    return mmh3.hash(name.encode("utf-8"), signed=False) % parallelism
+
+
+class _WatchingReader(_FileReader):
+    def __init__(self, source: FileSource, subtask: int, parallelism: int,
+                 positions: list[Any] | None, interval_s: float) -> None:
+        mine = [p for p in positions or () if owner(str(p[0]), parallelism) == subtask]
+        super().__init__(source.directory, source.format, mine)
+        self._source, self._subtask, self._parallelism = source, subtask, parallelism
+        self._interval_s = interval_s
+        self._next_scan = 0.0  # at once
+
+    def _finished(self, position: list[Any]) -> None:
+        position.append(True)
+
+    def _scan(self) -> None:
+        taken = {p[0] for p in self._positions}
+        self._positions.extend(
+            [name, 0] for name in self._source.files()
+            if name not in taken and owner(name, self._parallelism) == self._subtask)
+
+    def poll(self, max_records: int) -> list[Any] | None:
+        now = time.monotonic()
+        if now >= self._next_scan:
+            self._scan()
+            self._next_scan = now + self._interval_s
+        out = super().poll(max_records)
+        if out is None:  # everything found so far is read: wait a little (never ends)
+            time.sleep(min(0.01, max(self._next_scan - now, 0.0)))
+            return []
+        return out
+
+
 class FileSource(Source[Any]):
-    """A bounded, replayable source of the lines of a directory's files or of one file
-    (see the module doc).
+    """A replayable source of the lines of a directory's files or of one file, bounded
+    or watching the directory for new files (see the module doc).
 
     :param path: a directory (its regular files whose names do not start with ``.`` or
         ``_``, in name order) or a single file.
@@ -134,7 +181,8 @@ class FileSource(Source[Any]):
     :class:`~weir.errors.SourceError` naming the file, the line and its byte offset.
     """
 
-    def __init__(self, path: str | Path, format: str = "jsonl") -> None:
+    def __init__(self, path: str | Path, format: str = "jsonl",
+                 monitor_interval: float | timedelta | None = None) -> None:
         if format not in FORMATS:
             raise ConfigurationError(
                 f"FileSource format must be one of {', '.join(map(repr, FORMATS))}, "
@@ -145,6 +193,16 @@ class FileSource(Source[Any]):
         self.format = format
         self._check_exists()
         self._is_dir = self.path.is_dir()
+        if isinstance(monitor_interval, timedelta):
+            monitor_interval = monitor_interval.total_seconds()
+        #: seconds between directory listings when watching; None: bounded
+        self.monitor_interval = monitor_interval
+        if monitor_interval is not None and (monitor_interval <= 0 or not self._is_dir):
+            raise ConfigurationError(
+                f"FileSource monitor_interval must be positive and its path a directory, "
+                f"got {monitor_interval!r} for {str(self.path)!r}")
+        #: watching: positions are restored by union (each reader keeps the files it owns)
+        self.union_positions = monitor_interval is not None
 
     def _check_exists(self) -> None:
         if not (self.path.is_dir() or self.path.is_file()):
@@ -167,6 +225,9 @@ class FileSource(Source[Any]):
 
     def reader(self, subtask: int, parallelism: int, positions: list[Any] | None
                ) -> SourceReader[Any]:
+        if self.monitor_interval is not None:
+            return _WatchingReader(self, subtask, parallelism, positions,
+                                   self.monitor_interval)
         if positions is None:
             positions = [[name, 0] for name in self.files()[subtask::parallelism]]
         return _FileReader(self.directory, self.format, positions)

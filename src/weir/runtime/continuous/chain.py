@@ -5,8 +5,9 @@ are plain functions; a process function runs in weir's operator core
 (:class:`~weir.runtime.nonkeyed.NonKeyedOperator` or
 :class:`~weir.runtime.operator.KeyedOperator`, the same as in the harness and on
 Spark); a source and a sink keep their positions and committables as operator state of
-their uid (even-split list state for a source's positions, union list state for a
-sink's committables, so every subtask recovers every pending transaction).
+their uid (even-split list state for a source's positions, or union list state when the
+source asks for it; union list state for a sink's committables, so every subtask
+recovers every pending transaction).
 
 :meth:`OperatorChain.wire` joins them into ``push`` functions, one per operator, that
 take ``(record, timestamp)`` and hand each output to the next operator; the last one
@@ -74,7 +75,8 @@ class ChainedOperator:
         self.writer: Any = None
         self.reader: Any = None
         if spec.kind in (OpKind.SOURCE, OpKind.SINK):
-            self.state = _Stateful(union=spec.kind is OpKind.SINK)
+            self.state = _Stateful(union=spec.kind is OpKind.SINK or bool(
+                getattr(spec.fn, "union_positions", False)))
             self.core = NonKeyedOperator(self.state, config)
         elif spec.kind is OpKind.PROCESS:
             self.core = NonKeyedOperator(spec.fn, config)
