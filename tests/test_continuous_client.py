@@ -5,6 +5,7 @@ checkpoint history."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import Counter
@@ -147,8 +148,12 @@ def test_cancel_stops_every_task_and_keeps_checkpoints_only_if_asked(
 ) -> None:
     client = job(tmp_path, 10**9, retain_on_cancel=retain).execute_async("cancelled")
     wait_for(client, "two checkpoints", lambda: completed(client) >= 2)
+    tasks = client.tasks()
+    assert [(t.vertex, t.subtask, t.attempt) for t in tasks] == [
+        ("count", 0, 0), ("count", 1, 0), ("numbers", 0, 0), ("numbers", 1, 0)]
+    assert all(os.path.exists(f"/proc/{t.pid}") for t in tasks)
     result = client.cancel()
-    assert result.cancelled and client.done
+    assert result.cancelled and client.done and client.tasks() == []
     procs = client._job._procs.values()
     assert procs and all(p.poll() is not None for p in procs)
     left = sorted(p.name for p in (tmp_path / "chk").iterdir())

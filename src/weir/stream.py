@@ -53,7 +53,12 @@ from weir.api.restart import RestartStrategy
 from weir.api.watermarks import WatermarkStrategy
 from weir.errors import ConfigurationError
 from weir.runtime.continuous.channels import ChannelConfig
-from weir.runtime.continuous.client import CheckpointStats, CheckpointStatus, JobClient
+from weir.runtime.continuous.client import (
+    CheckpointStats,
+    CheckpointStatus,
+    JobClient,
+    TaskInfo,
+)
 from weir.runtime.continuous.graph import (
     JobGraph,
     LogicalInput,
@@ -69,7 +74,7 @@ __all__ = [
     "BroadcastStream", "ChannelConfig", "CheckpointConfig", "CheckpointStats",
     "CheckpointStatus", "CheckpointingMode", "DataStream", "JobClient", "JobResult",
     "KeyedBroadcastStream", "KeyedStream", "RestartStrategy", "StreamEnvironment",
-    "WatermarkStrategy",
+    "TaskInfo", "WatermarkStrategy",
 ]
 
 

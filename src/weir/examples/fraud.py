@@ -136,6 +136,9 @@ OPEN_SMALL = MapStateDescriptor[str, int]("open-small")
 #: large transactions no small one has matched yet (a small one, earlier in event time,
 #: may still arrive until the watermark passes them): txn_id -> (ts, amount)
 WAITING_LARGE = MapStateDescriptor[str, tuple[int, float]]("waiting-large")
+#: ``limits_at_watermark``: transactions whose limit is checked once the watermark
+#: passes them: txn_id -> [ts, amount, category]
+PENDING_LIMIT = MapStateDescriptor[str, list[Any]]("pending-limit")
 #: broadcast: merchant category -> [(effective_from_ms, limit or None), ...] ascending
 CATEGORY_LIMITS = MapStateDescriptor[str, list[tuple[int, float | None]]]("category-limits")
 NEWEST_KEPT = 5
@@ -206,7 +209,17 @@ class CardFraudDetector(KeyedBroadcastProcessFunction[Txn, Txn, Txn]):
     the five newest transactions (list state with TTL) and per-merchant counts (map
     state with TTL). Which alerts fire (all but their ``detail`` text) and every state
     value are independent of arrival order and batching, so the demo can compare
-    them with a plain-Python oracle."""
+    them with a plain-Python oracle.
+
+    ``limits_at_watermark``: check a transaction's limit when the watermark passes it
+    (an event-time timer) instead of on arrival. On Spark a micro-batch applies its
+    rules before its transactions; on the continuous runtime the rules and the
+    transactions flow at once, and a transaction may arrive before a rule that applies
+    to it. The watermark is the minimum over both inputs, so once it passes a
+    transaction every rule that precedes it has arrived."""
+
+    def __init__(self, limits_at_watermark: bool = False) -> None:
+        self.limits_at_watermark = limits_at_watermark
 
     def open(self, ctx: KeyedContext) -> None:
         self.spend = ctx.get_reducing_state(SPEND)
@@ -215,6 +228,15 @@ class CardFraudDetector(KeyedBroadcastProcessFunction[Txn, Txn, Txn]):
         self.per_merchant = ctx.get_map_state(PER_MERCHANT)
         self.open_small = ctx.get_map_state(OPEN_SMALL)
         self.waiting_large = ctx.get_map_state(WAITING_LARGE)
+        if self.limits_at_watermark:
+            self.pending_limit = ctx.get_map_state(PENDING_LIMIT)
+
+    def _over_limit(self, card: str, txn_id: str, amount: float, ts: int, category: str,
+                    ctx: KeyedContext) -> Iterator[Txn]:
+        limit = limit_at(ctx.get_broadcast_state(CATEGORY_LIMITS).get(category), ts)
+        if limit is not None and amount > limit:
+            yield alert(card, "over-category-limit", txn_id, amount, ts,
+                        f"{category} limit {limit:.2f}")
 
     def process_element(self, txn: Txn, ctx: KeyedContext) -> Iterator[Txn]:
         amount = validate(txn, ctx.timestamp)
@@ -226,11 +248,12 @@ class CardFraudDetector(KeyedBroadcastProcessFunction[Txn, Txn, Txn]):
         self.per_merchant.put(merchant, self.per_merchant.get(merchant, 0) + 1)
         self.newest.update(sorted([*self.newest.get(), [ts, txn_id, amount]])[-NEWEST_KEPT:])
 
-        limit = limit_at(ctx.get_broadcast_state(CATEGORY_LIMITS).get(txn["category"]), ts)
-        if limit is not None and amount > limit:
-            yield alert(card, "over-category-limit", txn_id, amount, ts,
-                        f"{txn['category']} limit {limit:.2f}")
         timers = ctx.timer_service
+        if self.limits_at_watermark:
+            self.pending_limit.put(txn_id, [ts, amount, txn["category"]])
+            timers.register_event_time_timer(ts)
+        else:
+            yield from self._over_limit(card, txn_id, amount, ts, txn["category"], ctx)
         if amount < SMALL:
             for large_id, (large_ts, large_amount) in list(self.waiting_large.items()):
                 if ts < large_ts <= ts + WINDOW_MS:  # the small one arrived after it
@@ -255,13 +278,21 @@ class CardFraudDetector(KeyedBroadcastProcessFunction[Txn, Txn, Txn]):
         """Delete the timer at ``timestamp`` unless a waiting entry still needs it."""
         if any(ts == timestamp for ts, _ in self.waiting_large.values()) or any(
             ts + WINDOW_MS == timestamp for ts in self.open_small.values()
-        ):
+        ) or (self.limits_at_watermark
+              and any(ts == timestamp for ts, _, _ in self.pending_limit.values())):
             return
         ctx.timer_service.delete_event_time_timer(timestamp)
 
-    def on_timer(self, timestamp: int, ctx: KeyedContext) -> None:
+    def on_timer(self, timestamp: int, ctx: KeyedContext) -> Iterator[Txn]:
         """The watermark passed ``timestamp``: no transaction that could still match
-        a closed window can arrive any more (it would be late)."""
+        a closed window can arrive any more (it would be late); with
+        ``limits_at_watermark``, the limits of the transactions it passed are checked."""
+        if self.limits_at_watermark:
+            for txn_id, (ts, amount, category) in sorted(self.pending_limit.items()):
+                if ts <= timestamp:
+                    self.pending_limit.remove(txn_id)
+                    yield from self._over_limit(ctx.current_key, txn_id, amount, ts,
+                                                category, ctx)
         for txn_id, ts in list(self.open_small.items()):
             if ts + WINDOW_MS <= timestamp:
                 self.open_small.remove(txn_id)

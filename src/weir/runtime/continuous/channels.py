@@ -44,7 +44,14 @@ from typing import Any, ClassVar
 import msgpack
 
 from weir.errors import ChannelError, ConfigurationError
-from weir.runtime.continuous.wire import VERSION, Kind, dial, read_frame, write_frame
+from weir.runtime.continuous.wire import (
+    VERSION,
+    Kind,
+    dial,
+    failure,
+    read_frame,
+    write_frame,
+)
 
 __all__ = ["DEFAULT_CONFIG", "ChannelConfig", "OutputChannel", "U32"]
 
@@ -173,7 +180,7 @@ class OutputChannel:
         ``max_backlog``: the flusher never grows the backlog), send, and with ``wait``
         block while ``max_backlog`` buffers wait for credit."""
         if self._error is not None:
-            raise ChannelError(f"{self.where}: {self._error}") from self._error
+            raise failure(self.where, self._error) from self._error
         if self._records and (wait or force or self._queued_data < self.config.max_backlog):
             self._queue.append((Kind.DATA, pickle.dumps(self._records, protocol=5)))
             self._queued_data += 1
@@ -192,7 +199,7 @@ class OutputChannel:
                     self.on_blocked()  # still backpressured: alive, not hung
             self.backpressured_ns += time.perf_counter_ns() - started
             if self._error is not None:
-                raise ChannelError(f"{self.where}: {self._error}") from self._error
+                raise failure(self.where, self._error) from self._error
 
     def _pump(self) -> None:
         """(Locked.) Send queued buffers while credit lasts, events always."""

@@ -21,7 +21,7 @@ from weir.errors import ConfigurationError
 if TYPE_CHECKING:
     from weir.runtime.continuous.master import JobResult, LocalJob
 
-__all__ = ["CheckpointStats", "CheckpointStatus", "Command", "JobClient"]
+__all__ = ["CheckpointStats", "CheckpointStatus", "Command", "JobClient", "TaskInfo"]
 
 
 class CheckpointStatus(enum.Enum):
@@ -63,6 +63,19 @@ class Command:
     future: Future[str] = field(default_factory=Future)
 
 
+@dataclass(frozen=True)
+class TaskInfo:
+    """One running task process of a job on this machine."""
+
+    #: the task's vertex (its chain's first operator's uid) and subtask index
+    vertex: str
+    subtask: int
+    #: its OS process id
+    pid: int
+    #: the job's attempt it belongs to (0, then one more per restart)
+    attempt: int
+
+
 def _seconds(timeout: float | timedelta | None) -> float | None:
     return timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
 
@@ -102,6 +115,14 @@ class JobClient:
     def checkpoints(self) -> list[CheckpointStats]:
         """Every checkpoint and savepoint triggered so far, oldest first."""
         return self._job.checkpoint_stats()
+
+    def tasks(self) -> list[TaskInfo]:
+        """The job's task processes running now, by vertex and subtask (none between
+        attempts and after the end)."""
+        job = self._job
+        attempt, procs = job.attempt, dict(job._procs)
+        return [TaskInfo(vertex, subtask, proc.pid, attempt)
+                for (vertex, subtask), proc in sorted(procs.items()) if proc.poll() is None]
 
     def trigger_savepoint(self, target: str | Path,
                           timeout: float | timedelta | None = 600.0) -> str:

@@ -23,6 +23,7 @@ from weir.runtime.continuous.wire import (
     Kind,
     Listener,
     Refused,
+    failure,
     greet,
     read_frame,
     refuse,
@@ -73,8 +74,8 @@ class InputGate:
         with self._cond:
             while True:
                 if self._error is not None:
-                    raise ChannelError(f"input {self.edge} of subtask {self.consumer}: "
-                                       f"{self._error}") from self._error
+                    raise failure(f"input {self.edge} of subtask {self.consumer}",
+                                  self._error) from self._error
                 n = self.producers
                 for k in range(n):
                     c = (self._next + k) % n

@@ -189,9 +189,8 @@ class LocalJob:
                 f"{exc} — and its restart strategy {self.restart} allows no more "
                 f"restarts after {tracker.restarts}; the latest completed "
                 f"checkpoint is in {self.graph.checkpoint_storage}") from exc
-        log.warning("weir: job %s: %s; restart %d in %.3g s from the latest completed "
-                    "checkpoint", self.graph.job, str(exc).splitlines()[0],
-                    tracker.restarts, delay)
+        log.warning("weir: %s; restart %d in %.3g s from the latest completed checkpoint",
+                    str(exc).splitlines()[0], tracker.restarts, delay)
         self.sleep(delay)
         if not self._cancel.is_set():  # (cancelled while waiting: no next attempt)
             self.attempt += 1

@@ -76,6 +76,13 @@ def frame(kind: Kind, body: bytes | memoryview = b"") -> bytes:
     return _HEADER.pack(len(body) + 1, kind) + bytes(body)
 
 
+def failure(where: str, error: BaseException) -> ChannelError:
+    """``error`` as a :class:`ChannelError` that says where it happened, once (an error
+    whose message starts with ``where`` already keeps its message)."""
+    text = str(error)
+    return ChannelError(text if text.startswith(where) else f"{where}: {text}")
+
+
 def write_frame(sock: socket.socket, kind: Kind, body: bytes | memoryview = b"") -> None:
     """Send one frame (the caller serializes writers of one socket)."""
     sock.sendall(frame(kind, body))

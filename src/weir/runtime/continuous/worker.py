@@ -11,6 +11,8 @@ launched the job (the user's functions travel by value).
 The task registers (a task with inputs with the address of its input gate), waits for the
 coordinator's ``start`` (the data addresses of every task, the checkpoint to restore),
 and runs until it finishes, fails (reported, exit status 1) or loses the coordinator.
+A task that stops because a channel or the coordinator went away (the failure is
+another task's) says so in one line instead of a traceback.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 import pickle
 import sys
 
+from weir.errors import ChannelError
 from weir.runtime.continuous.control import ControlClient
 from weir.runtime.continuous.graph import JobGraph
 from weir.runtime.continuous.task import Task
@@ -43,6 +46,12 @@ def main(argv: list[str]) -> int:
         if start is None or start.get("kind") != "start":
             raise RuntimeError(f"expected start from the coordinator, got {start!r}")
         task.run(start, secret, None if listening is None else listening[1])
+    except ChannelError as exc:  # a peer or the coordinator went away: the job's
+        if task is not None:      # failure is elsewhere, so one line, not a traceback
+            task.fail(exc)
+        print(f"weir: task {vertex}[{subtask}] (attempt {attempt}) stops: "
+              f"{str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
     except BaseException as exc:
         if task is not None:
             task.fail(exc)
