@@ -43,7 +43,7 @@ demo: setup
 	$(PY) -m weir.examples.fraud_demo
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 # The long fault-injection runs: kill -9 of executors and drivers on local-cluster,
 # six seeds over 12 files (make test runs one over 8); speculative and zombie attempts

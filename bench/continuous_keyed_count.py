@@ -11,12 +11,15 @@ count per key, 1,000,000 records over ``--keys`` keys (10,000 and 200,000).
   ``.venv-peers/bin/python`` in a subprocess, on the same records (``0 .. N-1``, key
   ``(n * 7919) % K``) and the same count: PyFlink 2.3 (Python ``KeyedProcessFunction``
   with a ``ValueState``, parallelism 2, thread mode; checkpointing off and exactly-once
-  every 1 s) and Bytewax 0.21 (``stateful_map``, one worker; recovery off, and on with
-  an epoch, so a snapshot, every 1 s).
+  every 1 s) and Bytewax 0.21 (``stateful_map``; one worker, and a cluster of two
+  processes with one worker each, ``bytewax-2``; recovery off, and on with an epoch, so
+  a snapshot, every 1 s).
 
 Times include start-up, as a user's run has it: weir's from ``execute()`` (it starts
-the task processes, about a second) to its end; PyFlink's from starting its JVM to the
-end of ``execute()``; Bytewax's from building the dataflow to the end of ``run_main``.
+the task processes, forked from a zygote that imports weir first) to its end;
+PyFlink's from starting its JVM to the end of ``execute()``; Bytewax's from building the
+dataflow to the end of ``run_main`` (with two processes: from starting the second to
+the end of both).
 Besides, a steady-state rate: the keyed function of every run notes (monotonic time,
 records so far) every ``records / 50`` records; steady records/s = the records all
 keyed subtasks counted in the window where every one of them is between its first and
@@ -29,7 +32,7 @@ checkpoint id (its directory keeps the last one). Every peer and weir first run 
 20,000 records, unmeasured (cold caches, JIT). The load average before and after each
 run is kept: the machines here are shared.
 
-Not yet here (issue 12): latency at a fixed rate.
+Latency at a fixed rate is ``bench/continuous_latency``.
 
 Run: ``.venv/bin/python -m bench.continuous_keyed_count [--quick] [--keys 10000,200000]
 [--no-peers]`` (``make bench-continuous`` installs the peers first).
@@ -61,7 +64,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 PEERS_DIR = ROOT / "bench" / "peers"
 PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
-PEERS = ("pyflink", "bytewax")
+PEERS = ("pyflink", "bytewax", "bytewax-2")  # bytewax-2: a cluster of 2 processes
 COUNT = weir.ValueStateDescriptor[int]("count", weir.IntSerializer())
 Marks = list[tuple[float, int]]
 
@@ -166,9 +169,11 @@ def peer_run(peer: str, records: int, keys: int, interval_ms: int | None, root: 
     the error (the tail of its stderr) when it fails."""
     marks = Path(tempfile.mkdtemp(dir=root))
     flag = "--checkpoint-ms" if peer == "pyflink" else "--snapshot-ms"
-    cmd = [str(PEERS_PYTHON), str(PEERS_DIR / f"{peer}_count.py"), "--records", str(records),
-           "--keys", str(keys), flag, str(interval_ms or 0), "--marks", str(marks),
-           "--mark-every", str(max(1, records // 50))]
+    script, _, processes = peer.partition("-")
+    cmd = [str(PEERS_PYTHON), str(PEERS_DIR / f"{script}_count.py"), "--records",
+           str(records), "--keys", str(keys), flag, str(interval_ms or 0), "--marks",
+           str(marks), "--mark-every", str(max(1, records // 50)),
+           *(["--processes", processes] if processes else [])]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     row: dict[str, Any] = {
         "peer": peer, "interval_ms": interval_ms, "keys": keys, "records": records,
@@ -283,7 +288,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     axes[0][0].legend(fontsize=7, loc="upper right")
     fig.suptitle(f"keyed running count, {doc['params']['records']:,} records:\nweir's "
                  "continuous runtime (p = 2) vs PyFlink (p = 2, thread mode) and Bytewax "
-                 "(1 worker)", fontsize=9)
+                 "(1 worker; bytewax-2: 2 processes)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 

@@ -4,7 +4,10 @@ The numbers ``0 .. N-1`` from a one-partition source (batches of ``--batch`` num
 its position the snapshot), keyed by ``str((n * 7919) % K)`` (Bytewax keys are strings;
 the same keys as weir's bench), into ``stateful_map`` keeping the count (a Python int
 per key in Bytewax's state); its output, one count per record, goes into a sink that
-discards it. One worker (``run_main``: in this process and thread). ``--snapshot-ms``
+discards it. One worker (``run_main``: in this process and thread); ``--processes N``:
+a cluster of N processes with one worker each (``cluster_main`` on loopback; the
+source has N partitions, partition j emits j, j+N, …; this process is process 0 and
+starts the others). ``--snapshot-ms``
 > 0: recovery on (a SQLite recovery partition in a temporary directory, initialised
 first) with an epoch, and so a state snapshot, every that many milliseconds; 0: no
 recovery (Bytewax's default epoch, nothing written).
@@ -22,6 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import socket
+import subprocess
+import sys
 import tempfile
 import time
 from datetime import timedelta
@@ -37,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--snapshot-ms", type=int, default=0, help="0: recovery off")
     p.add_argument("--marks", default=None, help="directory for progress marks")
     p.add_argument("--mark-every", type=int, default=20_000)
+    p.add_argument("--processes", type=int, default=1, help="a cluster of N processes")
+    p.add_argument("--proc-id", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--addresses", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--work", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     try:
         import bytewax.operators as op
@@ -44,23 +54,23 @@ def main(argv: list[str] | None = None) -> int:
         from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
         from bytewax.outputs import DynamicSink, StatelessSinkPartition
         from bytewax.recovery import RecoveryConfig, init_db_dir
-        from bytewax.testing import run_main
+        from bytewax.testing import cluster_main, run_main
     except ImportError as e:
         raise SystemExit(f"bytewax_count: cannot import Bytewax ({e}); run `make peers` and "
                          f"use .venv-peers/bin/python") from e
 
-    records, keys, batch = args.records, args.keys, args.batch
+    records, keys, batch, procs = args.records, args.keys, args.batch, args.processes
 
     class Numbers(StatefulSourcePartition[int, int]):
-        def __init__(self, at: int | None) -> None:
-            self.at = at or 0
+        def __init__(self, first: int, at: int | None) -> None:
+            self.at = first if at is None else at
 
         def next_batch(self) -> list[int]:
             if self.at >= records:
                 raise StopIteration
-            end = min(self.at + batch, records)
-            out = list(range(self.at, end))
-            self.at = end
+            end = min(self.at + batch * procs, records)
+            out = list(range(self.at, end, procs))
+            self.at = out[-1] + procs
             return out
 
         def snapshot(self) -> int:
@@ -68,11 +78,11 @@ def main(argv: list[str] | None = None) -> int:
 
     class Sequence(FixedPartitionedSource[int, int]):
         def list_parts(self) -> list[str]:
-            return ["numbers"]
+            return [f"numbers-{j}" for j in range(procs)]
 
         def build_part(self, step_id: str, for_part: str, resume_state: int | None
                        ) -> Numbers:
-            return Numbers(resume_state)
+            return Numbers(int(for_part.rsplit("-", 1)[1]), resume_state)
 
     class Discard(StatelessSinkPartition[Any]):
         def write_batch(self, items: list[Any]) -> None:
@@ -93,29 +103,60 @@ def main(argv: list[str] | None = None) -> int:
             marks.append((time.monotonic(), seen[0]))
         return c, c
 
-    work = Path(tempfile.mkdtemp(prefix="weir-bench-bytewax-"))
     started = time.perf_counter()
+    main_process = args.addresses is None
+    work = Path(args.work or tempfile.mkdtemp(prefix="weir-bench-bytewax-"))
+    children: list[subprocess.Popen[str]] = []
+    addresses: list[str] = []
+    if procs > 1:
+        addresses = args.addresses.split(",") if args.addresses else [
+            f"127.0.0.1:{_free_port()}" for _ in range(procs)]
+    if main_process:
+        if args.snapshot_ms > 0:
+            init_db_dir(work, procs)
+        for k in range(1, procs):
+            children.append(subprocess.Popen(
+                [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
+                 "--proc-id", str(k), "--addresses", ",".join(addresses),
+                 "--work", str(work)], stdout=subprocess.PIPE, text=True))
     flow = Dataflow("weir_bench_count")
     numbers = op.input("numbers", flow, Sequence())
     keyed = op.key_on("key", numbers, lambda n: str((n * 7919) % keys))
     counts = op.stateful_map("count", keyed, count)
     op.output("discard", counts, DiscardSink())
+    options: dict[str, Any] = {}
     if args.snapshot_ms > 0:
-        init_db_dir(work, 1)
-        run_main(flow, epoch_interval=timedelta(milliseconds=args.snapshot_ms),
-                 recovery_config=RecoveryConfig(work))
+        options = {"epoch_interval": timedelta(milliseconds=args.snapshot_ms),
+                   "recovery_config": RecoveryConfig(work)}
+    if procs > 1:
+        cluster_main(flow, addresses, args.proc_id, **options)
     else:
-        run_main(flow)
+        run_main(flow, **options)
+    if args.marks:
+        (Path(args.marks) / f"bytewax-{args.proc_id}.json").write_text(json.dumps(marks))
+    if not main_process:
+        print(json.dumps({"seen": seen[0]}), flush=True)
+        return 0
+    total = seen[0]
+    for child in children:
+        out, _ = child.communicate()
+        if child.returncode != 0:
+            raise SystemExit(f"bytewax_count: process exited {child.returncode}")
+        total += json.loads(out.strip().splitlines()[-1])["seen"]
     seconds = time.perf_counter() - started
     shutil.rmtree(work, ignore_errors=True)
-    if seen[0] != records:
-        raise SystemExit(f"bytewax_count: counted {seen[0]} records, expected {records}")
-    if args.marks:
-        (Path(args.marks) / "bytewax.json").write_text(json.dumps(marks))
+    if total != records:
+        raise SystemExit(f"bytewax_count: counted {total} records, expected {records}")
     print(json.dumps({"peer": "bytewax", "records": records, "keys": keys,
-                      "seconds": round(seconds, 2),
+                      "processes": procs, "seconds": round(seconds, 2),
                       "records_per_s": round(records / seconds)}), flush=True)
     return 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 if __name__ == "__main__":
