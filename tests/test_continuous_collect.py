@@ -56,6 +56,39 @@ def test_a_record_overwrites_the_one_with_its_key(tmp_path: Path) -> None:
     assert distinct.records() == [[1, 2], [3]]
 
 
+def _open_together(directory: str, rounds: int, barrier: Any, errors: Any) -> None:
+    from weir.connectors import SqliteSink
+
+    for r in range(rounds):
+        barrier.wait()
+        try:
+            CollectSink(f"{directory}/c{r}.db")._connect().close()
+            SqliteSink(f"{directory}/s{r}.db")._connect().close()
+        except Exception as exc:
+            errors.put(repr(exc))
+
+
+def test_task_processes_open_a_new_database_at_the_same_moment(tmp_path: Path) -> None:
+    """Every subtask opens the sink's database when it starts; switching a new
+    database to WAL from several processes at once made SQLite answer "database is
+    locked" without waiting (seen failing a job's first attempt in make test)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    barrier, errors = ctx.Barrier(6), ctx.Queue()
+    procs = [ctx.Process(target=_open_together, args=(str(tmp_path), 25, barrier, errors))
+             for _ in range(6)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * 6
+    failures = []
+    while not errors.empty():
+        failures.append(errors.get())
+    assert failures == []
+
+
 def test_the_newest_count_per_key_survives_a_kill(tmp_path: Path, backend: str) -> None:
     n = 200_000
     sink = CollectSink(tmp_path / "counts.db", key=lambda r: r[0])

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from weir.api.connectors import Sink, SinkContext, SinkWriter
+from weir.connectors.sqlite_db import open_database
 
 __all__ = ["CollectSink"]
 
@@ -85,10 +86,7 @@ class CollectSink(Sink[Any]):
         self.path, self.key, self.table = str(path), key, table
 
     def _connect(self) -> Any:
-        import sqlite3
-
-        conn = sqlite3.connect(self.path, timeout=60.0)
-        conn.execute("PRAGMA journal_mode=WAL")
+        conn = open_database(self.path)
         with conn:
             conn.execute(f"CREATE TABLE IF NOT EXISTS {self.table} "
                          f"(key TEXT PRIMARY KEY, value TEXT NOT NULL)")

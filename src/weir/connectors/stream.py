@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from weir.api.connectors import Sink, SinkContext, SinkWriter, Source, SourceReader
+from weir.connectors.sqlite_db import open_database
 from weir.errors import SinkError
 
 __all__ = ["FileSink", "SequenceSource", "SqliteSink", "read_sqlite_stream_sink",
@@ -226,10 +227,7 @@ class SqliteSink(Sink[Any]):
         self.staging, self.committed = f"{table}_staging", f"{table}_committed"
 
     def _connect(self) -> Any:
-        import sqlite3
-
-        conn = sqlite3.connect(self.path, timeout=60.0)
-        conn.execute("PRAGMA journal_mode=WAL")
+        conn = open_database(self.path)
         with conn:
             conn.execute(f"CREATE TABLE IF NOT EXISTS {self.table} "
                          f"(txn TEXT NOT NULL, value TEXT NOT NULL)")
