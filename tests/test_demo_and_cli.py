@@ -25,9 +25,9 @@ from weir.examples.fraud import (
     InvalidTransaction,
     oracle_alerts,
 )
-from weir.examples.fraud_demo import state_checks
 from weir.examples.fraud_job import WATERMARK_DELAY_MS
 from weir.examples.fraud_stream import Expected, Stream, generate, oracle
+from weir.examples.fraud_verify import state_checks
 from weir.state.keygroups import assign_key_to_parallel_operator, assign_to_key_group
 from weir.testing import KeyedBroadcastOperatorHarness, KeyedOperatorHarness
 

@@ -34,23 +34,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from weir.examples.fraud import CATEGORY_LIMITS, CardFraudDetector, InvalidTransaction, Txn
-from weir.examples.fraud_demo import Check, state_checks
 from weir.examples.fraud_job import WATERMARK_DELAY_MS
 from weir.examples.fraud_stream import MAX_DELAY_MS, Expected, Stream, generate, oracle
+from weir.examples.fraud_verify import (
+    Check,
+    check_alerts,
+    check_dead_letters,
+    in_work_directory,
+    state_checks,
+    verification_table,
+)
 
 UID = "fraud-detector"
 PARALLELISM = 2
@@ -116,26 +119,6 @@ def build(work: Path, events: Path, rules: Path) -> Any:
     return env
 
 
-def check_alerts(rows: list[Txn], expected: Expected) -> Check:
-    """The sink's committed alerts against the oracle's."""
-    counts = Counter((r["txn_id"], r["rule"]) for r in rows)
-    values = {(r["txn_id"], r["rule"]): (r["card_id"], r["amount"], r["ts_ms"]) for r in rows}
-    wrong = len(set(counts) - set(expected.alerts)) + sum(
-        1 for k, v in values.items() if k in expected.alerts and expected.alerts[k] != v)
-    return Check("alerts in the sink", len(expected.alerts), len(rows),
-                 lost=len(set(expected.alerts) - set(counts)),
-                 duplicated=sum(n - 1 for n in counts.values()), wrong=wrong)
-
-
-def check_dead_letters(letters: list[Txn], expected: Expected) -> Check:
-    """The dead letters against the oracle's invalid transactions."""
-    counts = Counter(str(d["record"].get("txn_id")) for d in letters)
-    return Check("dead letters", len(expected.dead), len(letters),
-                 lost=len(expected.dead - set(counts)),
-                 duplicated=sum(n - 1 for n in counts.values()),
-                 wrong=len(set(counts) - expected.dead))
-
-
 def check_state(work: Path, expected: Expected) -> list[Check]:
     """Every card's state, the broadcast state and the timers of the final checkpoint
     (restored into one harness holding every key group) against the oracle."""
@@ -177,19 +160,8 @@ def main(argv: Sequence[str] = ()) -> int:
     """Run the demo; 0 only if every verified count is zero."""
     args = _parse(argv)
     console = Console()
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="weir-fraud-cont-"))
-    if args.work:
-        if work.exists() and any(work.iterdir()):
-            console.print(f"[red]{work} is not empty; give a new or empty --work directory[/]")
-            return 2
-        work.mkdir(parents=True, exist_ok=True)
-    try:
-        return _demo(args, work.resolve(), console)
-    finally:
-        if args.keep:
-            console.print(f"work directory kept: {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+    return in_work_directory(args.work, args.keep, "weir-fraud-cont-", console,
+                             lambda work: _demo(args, work.resolve(), console))
 
 
 def _demo(args: argparse.Namespace, work: Path, console: Console) -> int:
@@ -247,14 +219,8 @@ def _demo(args: argparse.Namespace, work: Path, console: Console) -> int:
         read_sqlite_stream_sink(work / "alerts.db", table="dead_letters"), expected)
     state = check_state(work, expected)
     checks = [alerts, dead, *state]
-    table = Table(title="verification against the plain-Python oracle (no weir)")
-    for col in ("", "oracle", "weir", "lost", "duplicated", "wrong"):
-        table.add_column(col, justify="left" if not col else "right")
-    for c in checks:
-        style = "green" if c.ok else "red"
-        table.add_row(c.what, f"{c.expected:,}", f"{c.got:,}", f"[{style}]{c.lost}",
-                      f"[{style}]{c.duplicated}", f"[{style}]{c.wrong}")
-    console.print(table)
+    console.print(verification_table(
+        checks, "verification against the plain-Python oracle (no weir)"))
     lost = sum(c.lost for c in checks)
     duplicated = sum(c.duplicated for c in checks)
     wrong = alerts.wrong + dead.wrong

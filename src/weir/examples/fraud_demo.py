@@ -29,15 +29,11 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
-import tempfile
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -47,12 +43,6 @@ from rich.table import Table
 
 from weir.examples.fraud import (
     CATEGORY_LIMITS,
-    NEWEST,
-    OPEN_SMALL,
-    PER_MERCHANT,
-    SPEND,
-    TXN_COUNT,
-    WAITING_LARGE,
     CardFraudDetector,
 )
 from weir.examples.fraud_job import (
@@ -69,6 +59,14 @@ from weir.examples.fraud_stream import (
     oracle,
     write_stream,
 )
+from weir.examples.fraud_verify import (
+    Check,
+    check_alerts,
+    check_dead_letters,
+    in_work_directory,
+    state_checks,
+    verification_table,
+)
 from weir.examples.fraud_watch import (
     Checkpoints,
     Crash,
@@ -81,87 +79,6 @@ from weir.examples.fraud_watch import (
 )
 
 # ---------------------------------------------------------------------------- verification
-
-
-@dataclass
-class Check:
-    """One verified quantity: what the oracle expects and what weir produced."""
-
-    what: str
-    expected: int
-    got: int
-    lost: int = 0
-    duplicated: int = 0
-    wrong: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.lost == self.duplicated == self.wrong == 0
-
-
-def check_alerts(paths: Paths, expected: Expected) -> Check:
-    """The sink's committed rows against the oracle's alerts."""
-    from weir.connectors import read_sqlite_sink
-
-    rows = read_sqlite_sink(str(paths.sink), TABLE)
-    counts = Counter((r["txn_id"], r["rule"]) for r in rows)
-    values = {(r["txn_id"], r["rule"]): (r["card_id"], r["amount"], r["ts_ms"]) for r in rows}
-    wrong = len(set(counts) - set(expected.alerts)) + sum(
-        1 for k, v in values.items() if k in expected.alerts and expected.alerts[k] != v
-    )
-    return Check("alerts in the sink", len(expected.alerts), len(rows),
-                 lost=len(set(expected.alerts) - set(counts)),
-                 duplicated=sum(n - 1 for n in counts.values()), wrong=wrong)
-
-
-def check_dead_letters(paths: Paths, expected: Expected) -> Check:
-    """The dead-letter files against the oracle's invalid transactions."""
-    import weir.spark
-
-    letters = weir.spark.read_dead_letters(paths.weir_state.as_uri())
-    counts = Counter(str(d["record"].get("txn_id")) for d in letters)
-    return Check("dead letters", len(expected.dead), len(letters),
-                 lost=len(expected.dead - set(counts)),
-                 duplicated=sum(n - 1 for n in counts.values()),
-                 wrong=len(set(counts) - expected.dead))
-
-
-def state_checks(harness: Any, expected: Expected, watermark: int) -> list[Check]:
-    """Every card's state, the broadcast state and the pending timers of ``harness``
-    (a :class:`~weir.testing.KeyedBroadcastOperatorHarness` holding every key group)
-    against the oracle, given the final ``watermark``."""
-    cards = set(expected.cards) | set(harness.keys(TXN_COUNT))
-    bad_cards = 0
-    for card in cards:
-        want = expected.cards.get(card)
-        if want is None:
-            bad_cards += 1
-            continue
-        got = (
-            harness.state_of(card, TXN_COUNT),
-            round((harness.state_of(card, SPEND) or 0) * 100),
-            harness.state_of(card, PER_MERCHANT),
-            [list(t) for t in harness.state_of(card, NEWEST) or []],
-            harness.state_of(card, OPEN_SMALL),
-            {k: tuple(v) for k, v in harness.state_of(card, WAITING_LARGE).items()},
-        )
-        if got != (want.count, want.spend_cents, dict(want.per_merchant), want.newest,
-                   expected.open_small(card, watermark),
-                   expected.waiting_large(card, watermark)):
-            bad_cards += 1
-    limits = {c: [tuple(v) for v in vs]
-              for c, vs in harness.broadcast_state_of(CATEGORY_LIMITS).items()}
-    want_limits = {c: [tuple(v) for v in vs] for c, vs in expected.limits.items()}
-    bad_limits = sum(1 for c in set(limits) | set(want_limits)
-                     if limits.get(c) != want_limits.get(c))
-    timers = set(harness.event_time_timers())
-    want_timers = expected.timers(watermark)
-    return [
-        Check("card state", len(expected.cards), len(cards), wrong=bad_cards),
-        Check("broadcast state (limits)", len(want_limits), len(limits), wrong=bad_limits),
-        Check("pending event-time timers", len(want_timers), len(timers),
-              lost=len(want_timers - timers), wrong=len(timers - want_timers)),
-    ]
 
 
 @dataclass
@@ -274,21 +191,8 @@ def main(argv: Sequence[str] = ()) -> int:
     """Run the demo; 0 only if every verified count is zero."""
     args = _parse(argv)
     console = Console()
-    if args.work:
-        work = Path(args.work)
-        if work.exists() and any(work.iterdir()):
-            console.print(f"[red]{work} is not empty; give a new or empty --work directory[/]")
-            return 2
-        work.mkdir(parents=True, exist_ok=True)
-    else:
-        work = Path(tempfile.mkdtemp(prefix="weir-fraud-demo-"))
-    try:
-        return _demo(args, Paths(work), console)
-    finally:
-        if args.keep:
-            console.print(f"work directory kept: {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+    return in_work_directory(args.work, args.keep, "weir-fraud-demo-", console,
+                             lambda work: _demo(args, Paths(work), console))
 
 
 def _demo(args: argparse.Namespace, paths: Paths, console: Console) -> int:
@@ -347,18 +251,16 @@ def _demo(args: argparse.Namespace, paths: Paths, console: Console) -> int:
     committed, _ = sink_status(paths.sink)
     console.print(checkpoint_table(checkpoints, len(committed), replay))
 
-    alerts = check_alerts(paths, expected)
-    dead = check_dead_letters(paths, expected)
+    import weir.spark
+    from weir.connectors import read_sqlite_sink
+
+    alerts = check_alerts(read_sqlite_sink(str(paths.sink), TABLE), expected)
+    dead = check_dead_letters(weir.spark.read_dead_letters(paths.weir_state.as_uri()),
+                              expected)
     state = check_state(paths, expected)
     checks = [alerts, dead, *state.checks]
-    table = Table(title="verification against the plain-Python oracle (no weir, no Spark)")
-    for col in ("", "oracle", "weir", "lost", "duplicated", "wrong"):
-        table.add_column(col, justify="left" if not col else "right")
-    for c in checks:
-        style = "green" if c.ok else "red"
-        table.add_row(c.what, f"{c.expected:,}", f"{c.got:,}", f"[{style}]{c.lost}",
-                      f"[{style}]{c.duplicated}", f"[{style}]{c.wrong}")
-    console.print(table)
+    console.print(verification_table(
+        checks, "verification against the plain-Python oracle (no weir, no Spark)"))
     console.print(
         f"final state: savepoint of checkpoint {max(checkpoints.seen, default='?')} "
         f"({_size(state.savepoint_bytes)} in {state.savepoint_files} files, written and "

@@ -46,16 +46,16 @@ def main(argv: list[str]) -> int:
         if start is None or start.get("kind") != "start":
             raise RuntimeError(f"expected start from the coordinator, got {start!r}")
         task.run(start, secret, None if listening is None else listening[1])
-    except ChannelError as exc:  # a peer or the coordinator went away: the job's
-        if task is not None:      # failure is elsewhere, so one line, not a traceback
-            task.fail(exc)
-        print(f"weir: task {vertex}[{subtask}] (attempt {attempt}) stops: "
-              f"{str(exc).splitlines()[0]}", file=sys.stderr)
-        return 1
     except BaseException as exc:
         if task is not None:
             task.fail(exc)
-        raise
+        if not isinstance(exc, ChannelError):
+            raise
+        # a peer or the coordinator went away: the job's failure is elsewhere, so one
+        # line, not a traceback
+        print(f"weir: task {vertex}[{subtask}] (attempt {attempt}) stops: "
+              f"{str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
     finally:
         control.close()
     return 0
