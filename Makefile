@@ -54,7 +54,7 @@ soak: setup
 	WEIR_FAULT_SEEDS=0,1,2,3,4,5 $(PY) -m pytest -q -s tests/test_spark_cluster_faults.py
 	WEIR_SOAK=1 $(PY) -m pytest -q tests/test_spark_speculation.py \
 		tests/test_continuous_acceptance.py tests/test_continuous_job.py \
-		tests/test_continuous_kills.py
+		tests/test_continuous_kills.py tests/test_checkpoint_faults.py
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench

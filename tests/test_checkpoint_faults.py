@@ -11,7 +11,9 @@ checkpoint stores the source offset, and a restarted job replays from there.
    each file write, rename and delete, including the subsumption of checkpoint 1
    (retained=1). A restarted process must recover checkpoint 2 iff its _metadata
    was published, else checkpoint 1, read no temporary/foreign file, match the
-   oracle, and after its start-up clean-up hold no orphan file.
+   oracle, and after its start-up clean-up hold no orphan file. ``make soak`` crashes
+   at every step; ``make test`` at the first step of each kind of file (the second
+   subtask and further SST files repeat it).
 2. Corruption: bit flip, truncation, zero length, missing file and a wrong format
    version of every kind of checkpoint file: automatic recovery warns and falls back
    to checkpoint 1; an explicit restore raises the typed error naming the file.
@@ -450,15 +452,31 @@ def _attempt_checkpoint(
 # ---------------------------------------------------------------- 1. crash points
 
 
+#: make soak crashes at every step; make test at the first step of each kind (the
+#: second subtask's files and a checkpoint's further SST files repeat the first's)
+EVERY_STEP = bool(os.environ.get("WEIR_SOAK"))
+
+
+def _kind(step: tuple[str, str]) -> tuple[str, str]:
+    """A step with subtask indexes, attempt ids, uuids and file numbers blanked."""
+    return step[0], re.sub(r"[0-9a-f]{12,}|\d+", "*", step[1])
+
+
 def _crash_points(
     steps: list[tuple[str, str]], first: int, dedupe: bool
 ) -> list[tuple[int, str]]:
-    """Every (step, when) from step ``first`` on. ``during`` tears a file write; for a
-    rename or delete the injector has nothing to tear, so there it is ``before``
-    again and (with ``dedupe``) is not run twice."""
+    """Each (step, when) from step ``first`` on (see ``EVERY_STEP``). ``during`` tears
+    a file write; for a rename or delete the injector has nothing to tear, so there it
+    is ``before`` again and (with ``dedupe``) is not run twice."""
+    seen: set[tuple[str, str]] = set()
+    chosen = []
+    for k in range(first, len(steps)):
+        if EVERY_STEP or _kind(steps[k]) not in seen:
+            chosen.append(k)
+        seen.add(_kind(steps[k]))
     return [
         (k, when)
-        for k in range(first, len(steps))
+        for k in chosen
         for when in WHEN
         if not dedupe or when != "during" or steps[k][0] == "write"
     ]
