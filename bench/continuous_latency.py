@@ -1,18 +1,29 @@
-"""End-to-end latency of the continuous runtime at a fixed input rate.
+"""End-to-end latency of the continuous runtime at a fixed input rate, beside its peers.
 
-Two source subtasks emit ``--rate`` records/s in total (each record stamped with the
-wall-clock time it was made: every task process is on this machine, one clock), keyed
-over ``--keys`` keys into a running count in ``ValueState`` (p = 2), into a sink whose
-writer notes ``now - stamp`` for every record it receives. Exactly-once checkpoints every
-``--interval-ms`` (1 s) on both backends; the default channel buffer timeout (10 ms).
-The window starts ``--warmup`` s after the job started (process start-up, cold state)
-and covers ``--seconds`` s; reported: p50, p99, p99.9 and max in ms, and the records
-the window saw. The micro-batch runtime's latency at a 1 s trigger is in
-``bench/results/spark_keyed_count_latency.json`` (``bench.spark_keyed_count
+Two source subtasks emit ``--rates`` records/s in total (1,000 and 10,000; each record
+stamped with the wall-clock time it was made: every process is on this machine, one
+clock), keyed over ``--keys`` keys into a running count in ``ValueState`` (p = 2), into a
+sink whose writer notes ``now - stamp`` for every record it receives. Exactly-once
+checkpoints every ``--interval-ms`` (1 s) on both backends; the default channels (10 ms
+buffer timeout, a partial buffer sent as soon as its task is idle).
+
+The peers (``--peers``, on when ``.venv-peers`` exists: ``make peers``) run the same
+shape with the peers' interpreter, each a script under ``bench/peers/``: PyFlink 2.3
+(``pyflink_latency.py``: thread mode, p = 2, exactly-once checkpoints every 1 s, tuned
+for latency with a 10 ms buffer timeout and 10 ms Python bundles) and Bytewax 0.21
+(``bytewax_latency.py``: one worker, and two processes as ``bytewax-2``; recovery on with
+a 1 s epoch).
+
+The window starts ``--warmup`` s after the first record was stamped (process start-up,
+cold state) and covers ``--seconds`` s; reported: p50, p99, p99.9 and max in ms, and
+the records the window saw. A runtime that cannot keep up with a rate shows it as a
+latency that grows over the window. The micro-batch runtime's latency at a 1 s trigger
+is in ``bench/results/spark_keyed_count_latency.json`` (``bench.spark_keyed_count
 --latency``).
 
-Run: ``.venv/bin/python -m bench.continuous_latency [--quick]``. Results:
-``bench/results/continuous_latency.json`` and ``.png``; a markdown table.
+Run: ``.venv/bin/python -m bench.continuous_latency [--quick] [--rates 1000,10000]
+[--no-peers]``. Results: ``bench/results/continuous_latency.json`` and ``.png``; a
+markdown table.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +42,7 @@ from typing import Any
 from pyspark import cloudpickle
 
 import weir
+from bench.continuous_keyed_count import PEERS, PEERS_DIR, PEERS_PYTHON, ROOT, peer_versions
 from weir.api.connectors import Sink, SinkContext, SinkWriter, Source, SourceReader
 from weir.stream import CheckpointConfig, RestartStrategy, StreamEnvironment
 
@@ -124,61 +137,114 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-def run(backend: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    out = work / f"latency-{backend}"
-    out.mkdir()
-    env = StreamEnvironment(parallelism=2, max_parallelism=128, state_backend=backend,
-                            checkpoint_storage=work / f"chk-{backend}",
-                            checkpointing=CheckpointConfig(interval_ms=args.interval_ms),
-                            restart_strategy=RestartStrategy.no_restart())
-    total = args.warmup + args.seconds
-    (env.from_source(Stamped(args.rate / 2, total, args.keys), uid="stamped")
-        .key_by(lambda r: int(r[1]) % args.keys)
-        .process(Count(args.keys), uid="count")
-        .sink_to(LatencySink(str(out)), uid="latency"))
-    started = time.time()
-    result = env.execute(f"latency-{backend}", timeout=total + 120)
-    notes = [n for f in out.glob("*.json") for n in json.loads(f.read_text())]
-    begin = started + args.warmup
+def summary(notes: list[tuple[float, float]], args: argparse.Namespace) -> dict[str, Any]:
+    """Percentiles of the latencies of the records stamped in the window: from
+    ``--warmup`` s after the first stamp, for ``--seconds`` s."""
+    if not notes:
+        return {"records_in_window": 0, "error": "no record reached the sink"}
+    begin = min(stamp for stamp, _ in notes) + args.warmup
     window = sorted(lat * 1000 for stamp, lat in notes if begin <= stamp < begin + args.seconds)
+    if not window:
+        return {"records_in_window": 0, "error": "no record in the window"}
     return {
-        "backend": backend, "rate": args.rate, "keys": args.keys,
-        "interval_ms": args.interval_ms, "records_in_window": len(window),
-        "checkpoints_completed": len(result.completed),
+        "records_in_window": len(window),
         "p50_ms": round(percentile(window, 0.50), 2),
         "p99_ms": round(percentile(window, 0.99), 2),
         "p999_ms": round(percentile(window, 0.999), 2),
         "max_ms": round(window[-1], 2),
-        "load_after": os.getloadavg(),
     }
+
+
+def read_notes(directory: Path) -> list[tuple[float, float]]:
+    return [(n[0], n[1]) for f in directory.glob("*.json") for n in json.loads(f.read_text())]
+
+
+def run(backend: str, rate: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    out = work / f"latency-{backend}-{rate}"
+    out.mkdir()
+    env = StreamEnvironment(parallelism=2, max_parallelism=128, state_backend=backend,
+                            checkpoint_storage=work / f"chk-{backend}-{rate}",
+                            checkpointing=CheckpointConfig(interval_ms=args.interval_ms),
+                            restart_strategy=RestartStrategy.no_restart())
+    total = args.warmup + args.seconds
+    (env.from_source(Stamped(rate / 2, total, args.keys), uid="stamped")
+        .key_by(lambda r: int(r[1]) % args.keys)
+        .process(Count(args.keys), uid="count")
+        .sink_to(LatencySink(str(out)), uid="latency"))
+    result = env.execute(f"latency-{backend}", timeout=total + 120)
+    return {"peer": f"weir-{backend}", "rate": rate, "keys": args.keys,
+            "interval_ms": args.interval_ms,
+            "checkpoints_completed": len(result.completed),
+            **summary(read_notes(out), args), "load_after": os.getloadavg()}
+
+
+def peer_run(peer: str, rate: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """``bench/peers/<peer>_latency.py`` with the peers' interpreter."""
+    notes = work / f"notes-{peer}-{rate}"
+    notes.mkdir()
+    script, _, processes = peer.partition("-")
+    flag = "--checkpoint-ms" if script == "pyflink" else "--snapshot-ms"
+    cmd = [str(PEERS_PYTHON), str(PEERS_DIR / f"{script}_latency.py"), "--rate", str(rate),
+           "--seconds", str(args.warmup + args.seconds), "--keys", str(args.keys), flag,
+           str(args.interval_ms), "--notes", str(notes),
+           *(["--processes", processes] if processes else [])]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    row: dict[str, Any] = {"peer": peer, "rate": rate, "keys": args.keys,
+                           "interval_ms": args.interval_ms, "command": " ".join(cmd[1:])}
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT,
+                              timeout=args.warmup + args.seconds + 300)
+    except subprocess.TimeoutExpired:
+        return {**row, "records_in_window": 0, "error": "timed out"}
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-15:])
+        return {**row, "records_in_window": 0, "error": f"exit {done.returncode}: {tail}"}
+    return {**row, **summary(read_notes(notes), args), "load_after": os.getloadavg()}
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x.replace("_", "")) for x in s.split(",") if x.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rate", type=int, default=10_000, help="records/s in total")
+    parser.add_argument("--rates", type=_ints, default=[1_000, 10_000],
+                        help="records/s in total, comma-separated (default 1000,10000)")
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--interval-ms", type=int, default=1_000)
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--quick", action="store_true", help="5 s window")
+    parser.add_argument("--peers", action=argparse.BooleanOptionalAction,
+                        default=PEERS_PYTHON.exists(),
+                        help="run PyFlink and Bytewax too (default: when .venv-peers exists)")
     args = parser.parse_args(argv)
     if args.quick:
         args.warmup, args.seconds = 3.0, 5.0
+    if args.peers and not PEERS_PYTHON.exists():
+        parser.error(f"--peers: {PEERS_PYTHON} is missing; run `make peers` first")
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     rows = []
     with tempfile.TemporaryDirectory(prefix="weir-latency-") as tmp:
-        for backend in ("hashmap", "rocksdb"):
-            rows.append(run(backend, args, Path(tmp)))
-    print("| backend | rate | checkpoints | records measured | p50 ms | p99 ms | "
-          "p99.9 ms | max ms |\n|---|---:|---|---:|---:|---:|---:|---:|")
+        for rate in args.rates:
+            for backend in ("hashmap", "rocksdb"):
+                rows.append(run(backend, rate, args, Path(tmp)))
+            for peer in PEERS if args.peers else ():
+                rows.append(peer_run(peer, rate, args, Path(tmp)))
+                if "error" in rows[-1]:
+                    print(f"{peer} failed: {rows[-1]['error']}", file=sys.stderr)
+    print("| runtime | rate | records measured | p50 ms | p99 ms | p99.9 ms | max ms |\n"
+          "|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['backend']} | {r['rate']:,}/s | every {r['interval_ms']} ms "
-              f"({r['checkpoints_completed']} done) | {r['records_in_window']:,} | "
-              f"{r['p50_ms']} | {r['p99_ms']} | {r['p999_ms']} | {r['max_ms']} |")
+        cells = [r.get(k, "-") for k in ("p50_ms", "p99_ms", "p999_ms", "max_ms")]
+        print(f"| {r['peer']} | {r['rate']:,}/s | {r['records_in_window']:,} | "
+              + " | ".join(str(c) for c in cells) + " |")
     RESULTS.mkdir(exist_ok=True)
     name = "continuous_latency_quick" if args.quick else "continuous_latency"
     (RESULTS / f"{name}.json").write_text(json.dumps({
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                    "peers": peer_versions() if args.peers else None},
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "args": vars(args), "rows": rows}, indent=2))
     plot(rows, RESULTS / f"{name}.png")
     return 0
@@ -190,16 +256,19 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    names = ["p50_ms", "p99_ms", "p999_ms", "max_ms"]
-    for i, r in enumerate(rows):
-        ax.bar([x + i * 0.4 for x in range(len(names))], [r[n] for n in names], width=0.4,
-               label=r["backend"])
-    ax.set_xticks([x + 0.2 for x in range(len(names))], ["p50", "p99", "p99.9", "max"])
-    ax.set_ylabel("end-to-end latency (ms)")
-    ax.set_title(f"continuous runtime, {rows[0]['rate']:,} records/s, exactly-once, "
-                 f"checkpoints every {rows[0]['interval_ms']} ms", fontsize=8)
-    ax.legend()
+    rates = sorted({r["rate"] for r in rows})
+    fig, axes = plt.subplots(1, len(rates), figsize=(5 * len(rates), 3.5), squeeze=False)
+    for ax, rate in zip(axes[0], rates, strict=True):
+        at = [r for r in rows if r["rate"] == rate and "p50_ms" in r]
+        xs = range(len(at))
+        ax.bar([x - 0.2 for x in xs], [r["p50_ms"] for r in at], width=0.4, label="p50")
+        ax.bar([x + 0.2 for x in xs], [r["p99_ms"] for r in at], width=0.4, label="p99")
+        ax.set_xticks(list(xs), [r["peer"] for r in at], rotation=20, fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel("end-to-end latency (ms)")
+        ax.set_title(f"{rate:,} records/s, checkpoints every "
+                     f"{rows[0]['interval_ms']} ms", fontsize=8)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from pyspark import cloudpickle
 
 import weir
 from continuous_helpers import Running, keyed_graph
+from weir import connectors as wc
 from weir.api.checkpointing import CheckpointConfig
 from weir.connectors.stream import SequenceSource, read_stream_sink
 from weir.runtime.continuous.graph import JobGraph
@@ -198,3 +200,78 @@ def test_the_sqlite_sink_is_exactly_once_across_a_sigkill(tmp_path: Path) -> Non
     assert job.result.restarts == 1
     numbers = Counter(r[1] for r in read_sqlite_stream_sink(db, table="counts"))
     assert set(numbers) == set(range(n)) and max(numbers.values()) == 1
+
+
+class Once(wc.Source[int]):
+    """Emits 0, then nothing until ``arrived`` exists (or ``wait_s`` passed), then ends;
+    notes in ``seen`` whether the record arrived while it waited."""
+
+    def __init__(self, arrived: Path, seen: Path, wait_s: float) -> None:
+        self.arrived, self.seen, self.wait_s = arrived, seen, wait_s
+
+    def reader(self, subtask: int, parallelism: int, positions: list[Any] | None
+               ) -> wc.SourceReader[int]:
+        source, sent, started = self, [subtask > 0], [0.0]
+
+        class Reader(wc.SourceReader[int]):
+            def poll(self, max_records: int) -> list[int] | None:
+                if not sent[0]:
+                    sent[0], started[0] = True, time.monotonic()
+                    return [0]
+                if source.arrived.exists() or subtask > 0:
+                    source.seen.write_text("yes" if subtask == 0 else "")
+                    return None
+                if time.monotonic() - started[0] > source.wait_s:
+                    source.seen.write_text("no")
+                    return None
+                time.sleep(0.001)
+                return []
+
+            def positions(self) -> list[Any]:
+                return []
+
+        return Reader()
+
+
+class Arrival(wc.Sink[Any]):
+    """Creates ``arrived`` when a record reaches the sink."""
+
+    def __init__(self, arrived: Path) -> None:
+        self.arrived = arrived
+
+    def writer(self, context: wc.SinkContext
+               ) -> wc.SinkWriter[Any]:
+        arrived = self.arrived
+
+        class Writer(wc.SinkWriter[Any]):
+            def write(self, record: Any) -> None:
+                arrived.touch()
+
+            def prepare_commit(self, checkpoint_id: int) -> Any:
+                return None
+
+        return Writer()
+
+    def commit(self, committables: list[Any]) -> None:
+        pass
+
+    def abort_attempts(self, context: wc.SinkContext, keep: list[Any]) -> None:
+        pass
+
+
+@pytest.mark.parametrize("flush_when_idle", [True, False])
+def test_a_record_goes_on_as_soon_as_its_task_is_idle_not_after_the_buffer_timeout(
+    tmp_path: Path, flush_when_idle: bool
+) -> None:
+    """A one-record buffer with a one-minute buffer timeout: sent at once when its task
+    has nothing else to do (the default), held until the timeout (or the end) without."""
+    from weir.runtime.continuous.channels import ChannelConfig
+
+    arrived, seen = tmp_path / "arrived", tmp_path / "seen"
+    graph = keyed_graph(
+        tmp_path, source=Once(arrived, seen, wait_s=30 if flush_when_idle else 2),
+        function=Count(), key_selector=lambda v: v % 50, sink=Arrival(arrived),
+        channel=ChannelConfig(buffer_timeout_ms=60_000, flush_when_idle=flush_when_idle))
+    LocalJob(graph, CheckpointConfig()).run(timeout_s=120)
+    assert seen.read_text() == ("yes" if flush_when_idle else "no")
+    assert arrived.exists()  # (the end of input sends it in any case)

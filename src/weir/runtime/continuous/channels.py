@@ -3,9 +3,10 @@ flow control, between OS processes over TCP (wire format: :mod:`.wire`).
 
 **Sender** (:class:`OutputChannel`, one per edge and consumer subtask). Records collect
 in a buffer of up to ``buffer_records``; a full buffer, or a partial one when the
-flusher's ``buffer_timeout_ms`` passes (Flink's ``OutputFlusher``; 0: every record), is
-queued. A queued buffer is sent only against a credit and tells the receiver how many
-buffers wait behind it (the backlog). Events (barriers, watermarks, end of partition)
+flusher's ``buffer_timeout_ms`` passes (Flink's ``OutputFlusher``; 0: every record) or
+(``flush_when_idle``) when its task finds no input waiting, is queued. A queued buffer
+is sent only against a credit and tells the receiver how many buffers wait behind it
+(the backlog). Events (barriers, watermarks, end of partition)
 travel in order with the buffers and need no credit. When ``max_backlog`` buffers wait
 for credit, :meth:`OutputChannel.emit` blocks: backpressure, all the way up to the
 sources. A sender holds at most ``max_backlog`` + 1 buffers.
@@ -67,6 +68,10 @@ class ChannelConfig:
     #: a partial buffer is sent after at most this long; 0: after every record
     #: [execution.buffer-timeout, 100 ms in Flink; small here for latency]
     buffer_timeout_ms: float = 10.0
+    #: a partial buffer is also sent as soon as its task has nothing else to do (no
+    #: input waiting, or a source with nothing ready): at a low rate a record waits for
+    #: no timeout, while under load buffers still fill (no Flink equivalent)
+    flush_when_idle: bool = True
     #: credits of each input channel of its own [exclusive buffers per channel: 2]
     exclusive_buffers: int = 2
     #: credits a gate lends to channels with a backlog [floating buffers per gate: 8]
@@ -145,6 +150,13 @@ class OutputChannel:
         """Queue the partial buffer (and send what credit allows)."""
         with self._cond:
             self._finish(wait=wait)
+
+    def flush_idle(self) -> None:
+        """Queue the partial buffer, if any, without waiting: the task has nothing else
+        to do (``ChannelConfig.flush_when_idle``)."""
+        if self._records:
+            with self._cond:
+                self._finish(wait=False)
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Send the end of partition after everything queued, wait until all of it is

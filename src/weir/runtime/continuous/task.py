@@ -297,6 +297,7 @@ class Task:
                 out.flush(wait=False)
             self.control.send({"kind": "source_end"})
 
+        idle_flush = self.outs if self.graph.channel.flush_when_idle else []
         while True:
             message = self.control.receive(0.05 if exhausted else 0)
             while message is not None:
@@ -325,6 +326,9 @@ class Task:
                 continue
             if records:
                 last_record = time.monotonic()
+            else:  # nothing ready: send what waits (ChannelConfig.flush_when_idle)
+                for out in idle_flush:
+                    out.flush_idle()
             if stamp is None:
                 for record in records:
                     feed(record, None)
@@ -392,13 +396,18 @@ class Task:
                 self.chain.fire_watermark(current)
                 self.forward_event({"kind": "watermark", "ts": current})
 
+        idle_flush = self.outs if self.graph.channel.flush_when_idle else []
         next_tick = time.monotonic()
         while not gate.finished:
             message = self.control.receive(0)
             while message is not None:
                 self.notified(message)
                 message = self.control.receive(0)
-            got = gate.poll(0.02)
+            got = gate.poll(0)
+            if got is None:  # no input waiting: send what waits, then wait for input
+                for out in idle_flush:
+                    out.flush_idle()
+                got = gate.poll(0.02)
             if got is not None:
                 channel, kind, item = got
                 if kind is Kind.DATA:

@@ -1,0 +1,133 @@
+"""Checkpoint overhead of the continuous runtime (PERFORMANCE.md workload 3): the keyed
+count of ``bench/continuous_keyed_count`` (``--records`` records over ``--keys`` keys,
+p = 2, into a two-phase-commit ``FileSink``) with exactly-once checkpoints every 1 s,
+every 10 s, and none during the run (the final checkpoint only), on both backends.
+
+One run of a few seconds on shared cores varies by more than the overhead it would
+measure, so the three settings run ``--repeat`` times in turn (rotating which goes
+first) and each is summarised by the median of its steady records/s (the window where
+every keyed subtask is past its first progress note and before its last:
+``bench.continuous_keyed_count.read_marks``). Overhead = 1 - median(with checkpoints) /
+median(none). Target (PERFORMANCE.md): ≤ 5% at 1 s.
+
+Run: ``.venv/bin/python -m bench.continuous_checkpoint_overhead [--quick]
+[--records N] [--keys 10000,200000] [--repeat R]``. Results:
+``bench/results/continuous_checkpoint_overhead.json`` and ``.png``; a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pyspark import cloudpickle
+
+from bench import continuous_keyed_count as kc
+
+INTERVALS: tuple[int | None, ...] = (None, 10_000, 1_000)
+
+
+def _label(interval: int | None) -> str:
+    return "none" if interval is None else f"{interval // 1000} s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--records", type=int, default=2_000_000)
+    p.add_argument("--keys", type=kc._int_list, default=[10_000, 200_000])
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--backends", default="hashmap,rocksdb")
+    p.add_argument("--quick", action="store_true", help="500k records, 10k keys, 2 repeats")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.records, args.keys, args.repeat = 500_000, [10_000], 2
+    backends = [b for b in args.backends.split(",") if b]
+    cloudpickle.register_pickle_by_value(kc)
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="weir-bench-overhead-") as tmp:
+        root = Path(tmp)
+        kc.weir_run(20_000, 1000, "hashmap", None, root)  # warm caches, unmeasured
+        for keys in args.keys:
+            for backend in backends:
+                for rep in range(args.repeat):
+                    order = INTERVALS[rep % 3:] + INTERVALS[:rep % 3]
+                    for interval in order:
+                        row = kc.weir_run(args.records, keys, backend, interval, root)
+                        runs.append({**row, "repeat": rep})
+                        print(f"{backend} {keys:,} keys, checkpoints {_label(interval)}: "
+                              f"{row['steady_records_per_s']:,} records/s steady, "
+                              f"{row['completed']} checkpoints", file=sys.stderr)
+    summary = summarise(runs)
+    print("| backend | keys | checkpoints | median steady records/s | runs | overhead |\n"
+          "|---|---:|---|---:|---|---:|")
+    for s in summary:
+        print(f"| {s['backend']} | {s['keys']:,} | {s['checkpoints']} | "
+              f"{s['median_records_per_s']:,} | "
+              f"{', '.join(f'{r:,}' for r in s['runs_records_per_s'])} | "
+              f"{s['overhead_pct']:+.1f}% |")
+    doc = {"benchmark": "continuous_checkpoint_overhead",
+           "machine": {"python": platform.python_version(), "platform": platform.platform(),
+                       "cpus": os.cpu_count()},
+           "params": {"records": args.records, "keys": args.keys, "repeat": args.repeat,
+                      "parallelism": 2, "backends": backends},
+           "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "summary": summary, "runs": runs}
+    stem = "continuous_checkpoint_overhead" + ("_quick" if args.quick else "")
+    kc.RESULTS.mkdir(exist_ok=True)
+    (kc.RESULTS / f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    plot(summary, kc.RESULTS / f"{stem}.png")
+    return 0
+
+
+def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    groups = sorted({(r["peer"].removeprefix("weir-"), r["keys"]) for r in runs})
+    for backend, keys in groups:
+        base = None
+        for interval in INTERVALS:
+            rates = [r["steady_records_per_s"] for r in runs
+                     if r["peer"] == f"weir-{backend}" and r["keys"] == keys
+                     and r["interval_ms"] == interval and r["steady_records_per_s"]]
+            median = round(statistics.median(rates))
+            base = median if interval is None else base
+            assert base is not None
+            out.append({"backend": backend, "keys": keys, "checkpoints": _label(interval),
+                        "interval_ms": interval, "median_records_per_s": median,
+                        "runs_records_per_s": rates,
+                        "overhead_pct": round(100 * (1 - median / base), 1)})
+    return out
+
+
+def plot(summary: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(s["backend"], s["keys"]) for s in summary})
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.8 / len(INTERVALS)
+    for i, interval in enumerate(INTERVALS):
+        values = [next(s["median_records_per_s"] for s in summary
+                       if (s["backend"], s["keys"]) == g and s["interval_ms"] == interval)
+                  for g in groups]
+        ax.bar([x + i * width for x in range(len(groups))], values, width=width,
+               label=f"checkpoints: {_label(interval)}")
+    ax.set_xticks([x + width for x in range(len(groups))],
+                  [f"{b}\n{k:,} keys" for b, k in groups], fontsize=8)
+    ax.set_ylabel("median steady records/s")
+    ax.set_title("continuous runtime: checkpoint overhead (p = 2)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
