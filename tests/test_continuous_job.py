@@ -218,8 +218,10 @@ class Once(wc.Source[int]):
                 if not sent[0]:
                     sent[0], started[0] = True, time.monotonic()
                     return [0]
-                if source.arrived.exists() or subtask > 0:
-                    source.seen.write_text("yes" if subtask == 0 else "")
+                if subtask > 0:  # (subtask 0 alone emits and notes)
+                    return None
+                if source.arrived.exists():
+                    source.seen.write_text("yes")
                     return None
                 if time.monotonic() - started[0] > source.wait_s:
                     source.seen.write_text("no")

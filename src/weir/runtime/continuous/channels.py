@@ -4,7 +4,7 @@ flow control, between OS processes over TCP (wire format: :mod:`.wire`).
 **Sender** (:class:`OutputChannel`, one per edge and consumer subtask). Records collect
 in a buffer of up to ``buffer_records``; a full buffer, or a partial one when the
 flusher's ``buffer_timeout_ms`` passes (Flink's ``OutputFlusher``; 0: every record) or
-(``flush_when_idle``) when its task finds no input waiting, is queued. A queued buffer
+(``flush_when_idle``) when its task finds no more input ready, is queued. A queued buffer
 is sent only against a credit and tells the receiver how many buffers wait behind it
 (the backlog). Events (barriers, watermarks, end of partition)
 travel in order with the buffers and need no credit. When ``max_backlog`` buffers wait
@@ -69,8 +69,8 @@ class ChannelConfig:
     #: [execution.buffer-timeout, 100 ms in Flink; small here for latency]
     buffer_timeout_ms: float = 10.0
     #: a partial buffer is also sent as soon as its task has nothing else to do (no
-    #: input waiting, or a source with nothing ready): at a low rate a record waits for
-    #: no timeout, while under load buffers still fill (no Flink equivalent)
+    #: input waiting, or its source returned less than a full batch): at a low rate a
+    #: record waits for no timeout, while under load buffers still fill (not in Flink)
     flush_when_idle: bool = True
     #: credits of each input channel of its own [exclusive buffers per channel: 2]
     exclusive_buffers: int = 2

@@ -326,9 +326,6 @@ class Task:
                 continue
             if records:
                 last_record = time.monotonic()
-            else:  # nothing ready: send what waits (ChannelConfig.flush_when_idle)
-                for out in idle_flush:
-                    out.flush_idle()
             if stamp is None:
                 for record in records:
                     feed(record, None)
@@ -353,6 +350,9 @@ class Task:
                             self.forward_event({"kind": "idle"})
                     elif largest > MIN_WATERMARK:  # (a watermark ends idleness downstream)
                         send_watermark(largest - strategy.max_out_of_orderness_ms - 1)
+            if len(records) < batch:  # the reader has no more ready: send what waits
+                for out in idle_flush:  # (ChannelConfig.flush_when_idle)
+                    out.flush_idle()
 
     def _take_inputs(self, gate: InputGate) -> None:
         task = self
