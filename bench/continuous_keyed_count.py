@@ -4,8 +4,9 @@ count per key, 1,000,000 records over ``--keys`` keys (10,000 and 200,000).
 * weir: p = 2 (two source tasks, two keyed tasks: four processes), on both backends,
   with exactly-once checkpoints every second and with none during the run (the final
   checkpoint only): the checkpoint overhead;
-* the raw limit: one Python process counting the same records in a dict (no channels,
-  no state backend, no checkpoints);
+* the raw limits: one Python process counting the same records in a dict, and in a
+  bare ``rocksdict`` (a get and a put per record, WAL off) — no channels, no state
+  backend, no checkpoints;
 * the peers (``--peers``, on when ``.venv-peers`` exists: ``make peers`` installs them
   there, never into ``.venv``), each a script under ``bench/peers/`` run with
   ``.venv-peers/bin/python`` in a subprocess, on the same records (``0 .. N-1``, key
@@ -161,6 +162,31 @@ def raw_limit(records: int, keys: int) -> dict[str, Any]:
             "keys": keys, "records": records, "seconds": round(seconds, 2),
             "records_per_s": round(records / seconds), "steady_records_per_s": None,
             "completed": 0, "load": [load, _load()]}
+
+
+def raw_limit_rocksdb(records: int, keys: int, root: Path) -> dict[str, Any]:
+    """One process, a bare ``rocksdict`` (WAL off, its default options): a get and a
+    put of an 8-byte count per record, the floor of the RocksDB backend's work."""
+    import rocksdict
+
+    db = rocksdict.Rdict(tempfile.mkdtemp(dir=root), rocksdict.Options(raw_mode=True))
+    write = rocksdict.WriteOptions()
+    write.disable_wal = True  # type: ignore[method-assign,assignment]
+    db.set_write_options(write)
+    names = [k.to_bytes(8, "big") for k in range(keys)]
+    get, put = db.get, db.put
+    load = _load()
+    started = time.perf_counter()
+    for n in range(records):
+        key = names[(n * 7919) % keys]
+        old = get(key)
+        put(key, (1 if old is None else int.from_bytes(old, "big") + 1).to_bytes(8, "big"))
+    seconds = time.perf_counter() - started
+    db.close()
+    return {"peer": "rocksdict (raw limit, 1 process)", "checkpoints": "none",
+            "interval_ms": None, "keys": keys, "records": records,
+            "seconds": round(seconds, 2), "records_per_s": round(records / seconds),
+            "steady_records_per_s": None, "completed": 0, "load": [load, _load()]}
 
 
 def peer_run(peer: str, records: int, keys: int, interval_ms: int | None, root: Path,
@@ -324,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                 peer_run(peer, args.warmup_records, 1000, None, root, args.peer_timeout)
         for keys in key_counts:
             runs.append(raw_limit(records, keys))
+            runs.append(raw_limit_rocksdb(records, keys, root))
             for backend in ("hashmap", "rocksdb"):
                 for interval in (None, 1000):
                     runs.append(weir_run(records, keys, backend, interval, root))

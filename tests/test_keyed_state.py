@@ -371,6 +371,27 @@ def test_unencodable_value_raises_serialization_error_naming_state_and_type(h, k
     assert "object" in str(info.value)
 
 
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_an_int_beyond_64_bits_fails_the_snapshot_naming_the_state(backend, asynchronous):
+    """A write checks a value's type once per type (the hash map encodes at snapshot
+    time), so a later int that does not fit IntSerializer fails the snapshot with the
+    typed error, whichever way the snapshot encodes."""
+    counts = ValueStateDescriptor("counts", weir.IntSerializer())
+    with KeyedOperatorHarness(Actions(), key_of, state_backend=backend) as h:
+        do(h, "a", lambda c: c.get_state(counts).update(1))
+        if backend == "rocksdb":  # (encoded at the write)
+            with pytest.raises(weir.StateSerializationError, match="'counts'"):
+                do(h, "b", lambda c: c.get_state(counts).update(1 << 70))
+            return
+        do(h, "b", lambda c: c.get_state(counts).update(1 << 70))
+        op = h._op
+        with pytest.raises(weir.StateSerializationError, match="'counts'.*int"):
+            if asynchronous:  # frozen now, encoded later
+                op.prepare_snapshot(1, 0)()
+            else:  # encoded from the live state
+                [list(entries) for _, entries in op.backend.snapshot_sources()]
+
+
 def test_key_owned_by_another_subtask_raises_key_group_error(backend):
     foreign = next(
         k for k in range(1000) if assign_key_to_parallel_operator(k, 128, 2) == 1

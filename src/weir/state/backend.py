@@ -32,11 +32,12 @@ from __future__ import annotations
 import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import islice
 from typing import Any
 
 import msgpack
 
-from weir.api.serializers import Serializer
+from weir.api.serializers import _FLOAT64, _INT64, FloatSerializer, IntSerializer, Serializer
 from weir.errors import StateError, StateSerializationError
 from weir.state.keycontext import NO_KEY, KeyContext
 from weir.state.snapshot import NativeRocksDBState
@@ -132,6 +133,36 @@ def encode_checked(name: str, serializer: Serializer[Any], value: Any) -> bytes:
             f"{type(serializer).__name__} ({exc}); give the descriptor a serializer for this "
             f"type (e.g. serializer=weir.PickleSerializer())"
         ) from exc
+
+
+#: values encoded per step of :func:`encode_values` (bounds the encoded bytes held)
+_ENCODE_CHUNK = 1 << 14
+
+
+def encode_values(
+    name: str, serializer: Serializer[Any], values: Mapping[bytes, Any]
+) -> Iterator[tuple[bytes, bytes]]:
+    """``(key, encoded value)`` of every entry of ``values`` (a hash-map table's dict,
+    or a frozen copy of it), in its order; the same bytes as :func:`encode_checked` per
+    value. The values passed the table's ``WriteCheck``, so their types are ones the
+    serializer accepted: the fixed-width serializers run as their bare packers,
+    ``_ENCODE_CHUNK`` values at a time by ``map`` (a snapshot's hot loop: a third of
+    the per-entry cost of calling ``encode_checked``). A value that still cannot be
+    encoded (an int beyond 64 bits) is encoded again through ``encode_checked`` for
+    its typed error."""
+    kind = type(serializer)
+    encode: Callable[[Any], bytes] = (
+        _INT64.pack if kind is IntSerializer
+        else _FLOAT64.pack if kind is FloatSerializer  # (ints too, as its encode)
+        else serializer.encode
+    )
+    keys, rest = iter(values), iter(values.values())
+    while chunk := list(islice(rest, _ENCODE_CHUNK)):
+        try:
+            encoded = list(map(encode, chunk))
+        except Exception:
+            encoded = [encode_checked(name, serializer, v) for v in chunk]
+        yield from zip(list(islice(keys, len(chunk))), encoded, strict=True)
 
 
 def decode_checked(name: str, serializer: Serializer[Any], data: bytes) -> Any:

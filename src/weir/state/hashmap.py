@@ -25,6 +25,7 @@ from weir.state.backend import (
     WriteCheck,
     decode_checked,
     encode_checked,
+    encode_values,
     frame,
     split_map_key,
     unframe,
@@ -175,15 +176,12 @@ class _ValueTable(ValueCore, _HashMapTable, ValueTable, ValueState[Any]):
         return [] if value is None else [(key, self._encode(value))]
 
     def snapshot_entries(self) -> Iterator[tuple[bytes, bytes]]:
-        encode = self._encode
-        for key, value in self._data.items():
-            yield key, encode(value)
+        return encode_values(self.name, self._serializer, self._data)
 
     def freeze(self) -> Iterable[tuple[bytes, bytes]]:
         if not self._values_immutable():
             return list(self.snapshot_entries())
-        copy, encode = self._data.copy(), self._encode
-        return ((key, encode(value)) for key, value in copy.items())
+        return encode_values(self.name, self._serializer, self._data.copy())
 
     def load(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
         data, decode = self._data, self._decode

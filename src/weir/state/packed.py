@@ -119,7 +119,8 @@ def pack_sources(
     start with their 2-byte key group) packed by key group, after the full-snapshot
     filter of the state in ``filters`` (None drops an entry, bytes replace its
     value). Holds the encoded entries only, never a tuple per entry."""
-    slots: dict[int, dict[str, list[Any]]] = {}  # group -> name -> [packer, entries]
+    # group -> name -> [packer, its pack, entries]
+    slots: dict[int, dict[str, list[Any]]] = {}
     for name, entries in sources:
         keep = filters.get(name)
         mine: dict[int, list[Any]] = {}  # this state's slots, by group
@@ -132,19 +133,22 @@ def pack_sources(
             group = (key[0] << 8) | key[1]
             slot = mine.get(group)
             if slot is None:
-                slot = mine[group] = slots.setdefault(group, {}).setdefault(
-                    name, [msgpack.Packer(use_bin_type=True, autoreset=False), 0])
-            pack = slot[0].pack
+                per_state = slots.setdefault(group, {})
+                if name not in per_state:
+                    packer = msgpack.Packer(use_bin_type=True, autoreset=False)
+                    per_state[name] = [packer, packer.pack, 0]
+                slot = mine[group] = per_state[name]
+            pack = slot[1]
             pack(key)
             pack(data)
-            slot[1] += 1
+            slot[2] += 1
     parts: list[bytes] = []
     index: dict[int, tuple[int, int]] = {}
     offset = total = 0
     for group in sorted(slots):
         per_state = slots.pop(group)
         blob = [_packb_map_header(len(per_state))]
-        for name, (packer, count) in per_state.items():
+        for name, (packer, _, count) in per_state.items():
             blob += (_packb(name), _packb_array_header(2 * count), packer.getbuffer())
             total += count
         packed = b"".join(blob)
