@@ -92,6 +92,7 @@ $(PEERS_STAMP): bench/peers/requirements.txt
 bench-continuous: setup peers
 	$(PY) -m bench.continuous_keyed_count
 	$(PY) -m bench.continuous_latency
+	$(PY) -m bench.continuous_checkpoint_overhead
 
 
 clean:

@@ -385,7 +385,7 @@ def test_an_int_beyond_64_bits_fails_the_snapshot_naming_the_state(backend, asyn
             return
         do(h, "b", lambda c: c.get_state(counts).update(1 << 70))
         op = h._op
-        with pytest.raises(weir.StateSerializationError, match="'counts'.*int"):
+        with pytest.raises(weir.StateSerializationError, match=r"'counts'.*int"):
             if asynchronous:  # frozen now, encoded later
                 op.prepare_snapshot(1, 0)()
             else:  # encoded from the live state

@@ -42,6 +42,7 @@ import dataclasses
 import datetime
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -69,13 +70,23 @@ from weir.runtime.continuous.graph import (
     compile_graph,
 )
 from weir.runtime.continuous.master import JobResult, LocalJob
+from weir.runtime.continuous.spark_launcher import SparkLauncher
 
 __all__ = [
     "BroadcastStream", "ChannelConfig", "CheckpointConfig", "CheckpointStats",
     "CheckpointStatus", "CheckpointingMode", "DataStream", "JobClient", "JobResult",
-    "KeyedBroadcastStream", "KeyedStream", "RestartStrategy", "StreamEnvironment",
+    "KeyedBroadcastStream", "KeyedStream", "RestartStrategy", "Runner", "StreamEnvironment",
     "TaskInfo", "WatermarkStrategy",
 ]
+
+
+class Runner(StrEnum):
+    """Where a continuous job's tasks run."""
+
+    #: one OS process per task on this machine
+    LOCAL = "local"
+    #: one task of a Spark barrier-mode stage per weir task
+    SPARK = "spark"
 
 
 class StreamEnvironment:
@@ -126,7 +137,8 @@ class StreamEnvironment:
     def execute(self, job_name: str = "job", *,
                 timeout: float | datetime.timedelta = 3600.0,
                 restore_from: str | Path | None = None,
-                allow_non_restored_state: bool = False) -> JobResult:
+                allow_non_restored_state: bool = False,
+                runner: Runner | str = Runner.LOCAL, spark: Any = None) -> JobResult:
         """Run the job until its bounded sources end (restarting after failures as the
         restart strategy allows); what it did. Raises
         :class:`~weir.errors.JobFailedError` when it gives up.
@@ -135,25 +147,40 @@ class StreamEnvironment:
         storage; with none there, from ``restore_from`` — a savepoint or checkpoint
         written by any runtime (the harness, Spark, this one, ``weir.write_savepoint``)
         at any parallelism, matched to the operators by uid; state of an operator the
-        job does not have is an error unless ``allow_non_restored_state``."""
-        return self._job(job_name, restore_from, allow_non_restored_state).run(
-            timeout_s=_seconds(timeout))
+        job does not have is an error unless ``allow_non_restored_state``.
+
+        ``runner``: :attr:`Runner.LOCAL` (a process per task on this machine) or
+        :attr:`Runner.SPARK` (the tasks as one barrier-mode stage of the SparkSession
+        ``spark``; one task slot per task)."""
+        return self._job(job_name, restore_from, allow_non_restored_state, runner,
+                         spark).run(timeout_s=_seconds(timeout))
 
     def execute_async(self, job_name: str = "job", *,
                       timeout: float | datetime.timedelta = 365 * 86400.0,
                       restore_from: str | Path | None = None,
-                      allow_non_restored_state: bool = False) -> JobClient:
+                      allow_non_restored_state: bool = False,
+                      runner: Runner | str = Runner.LOCAL, spark: Any = None) -> JobClient:
         """Start the job in the background (as :meth:`execute`); a
         :class:`JobClient` to take savepoints, stop it with a savepoint, cancel it,
         watch its checkpoints and wait for it."""
-        job = self._job(job_name, restore_from, allow_non_restored_state)
+        job = self._job(job_name, restore_from, allow_non_restored_state, runner, spark)
         return JobClient(job, _seconds(timeout))
 
     def _job(self, job_name: str, restore_from: str | Path | None,
-             allow_non_restored_state: bool) -> LocalJob:
+             allow_non_restored_state: bool, runner: Runner | str, spark: Any) -> LocalJob:
+        try:
+            runner = Runner(runner)
+        except ValueError:
+            raise ConfigurationError(f"runner must be 'local' or 'spark', got {runner!r}"
+                                     ) from None
+        if (runner is Runner.SPARK) != (spark is not None):
+            raise ConfigurationError("runner='spark' needs spark=<a SparkSession>, and "
+                                     "spark= is only for runner='spark'")
+        launcher = SparkLauncher(spark) if runner is Runner.SPARK else None
         return LocalJob(self.job_graph(job_name), self.checkpointing,
                         restart=self.restart_strategy, restore_from=restore_from,
-                        allow_non_restored_state=allow_non_restored_state)
+                        allow_non_restored_state=allow_non_restored_state,
+                        launcher=launcher)
 
     def job_graph(self, job_name: str = "job") -> JobGraph:
         """What :meth:`execute` would run: the operators chained into vertices (one task

@@ -120,8 +120,8 @@ class JobClient:
         """The job's task processes running now, by vertex and subtask (none between
         attempts and after the end)."""
         job = self._job
-        attempt, procs = job.attempt, dict(job._procs)
-        return [TaskInfo(vertex, subtask, proc.pid, attempt)
+        attempt, procs, pids = job.attempt, dict(job._procs), dict(job.task_pids)
+        return [TaskInfo(vertex, subtask, pids.get((vertex, subtask)) or proc.pid, attempt)
                 for (vertex, subtask), proc in sorted(procs.items()) if proc.poll() is None]
 
     def trigger_savepoint(self, target: str | Path,

@@ -77,6 +77,7 @@ from weir.runtime.continuous.scheduling import (
     RequestKind,
     StartCheckpoint,
 )
+from weir.runtime.continuous.spark_launcher import SparkLauncher, SparkStage
 from weir.runtime.continuous.task import task_address
 
 __all__ = ["JobResult", "LocalJob"]
@@ -107,8 +108,11 @@ class LocalJob:
                  restart: RestartStrategy | None = None, workdir: str | Path | None = None,
                  retained: int = 3, sleep: Callable[[float], None] | None = None,
                  restore_from: str | Path | None = None,
-                 allow_non_restored_state: bool = False) -> None:
+                 allow_non_restored_state: bool = False,
+                 launcher: SparkLauncher | None = None) -> None:
         self.graph, self.checkpointing = graph, checkpointing
+        #: where the tasks run: None, processes forked here; else a Spark barrier stage
+        self.launcher = launcher
         self.restore_from = None if restore_from is None else str(restore_from)
         self.allow_non_restored_state = allow_non_restored_state
         #: Flink's default with checkpointing on: exponential delay
@@ -120,7 +124,10 @@ class LocalJob:
         self.coordinator = CheckpointCoordinator(graph.checkpoint_storage, retained=retained)
         self.attempt = 0
         self._inbox: queue.Queue[tuple[TaskId, dict[str, Any]]] = queue.Queue()
-        self._procs: dict[TaskId, zygote.TaskProcess] = {}
+        self._procs: dict[TaskId, zygote.TaskProcess | SparkStage] = {}
+        #: the OS process id each task of the attempt registered with (on Spark: on
+        #: its executor's host)
+        self.task_pids: dict[TaskId, int] = {}
         self._pending: dict[int, tuple[PendingCheckpoint, set[TaskId]]] = {}
         self._finished: set[TaskId] = set()
         self._heard: dict[TaskId, float] = {}  # when each task was last heard from
@@ -216,6 +223,7 @@ class LocalJob:
         if self._commands or self._cancel.is_set():
             self._inbox.put((CLIENT, {"kind": "command"}))
         self._procs, self._finished, self._heard = {}, set(), {}
+        self.task_pids = {}
         secret = os.urandom(32)
         inbox = self._inbox
         server = ControlServer(lambda t, m: inbox.put((t, m)), secret=secret,
@@ -239,12 +247,20 @@ class LocalJob:
     # -- phases
 
     def _launch(self, server: ControlServer, secret: bytes) -> None:
-        graph_file = self.workdir / "graph.pickle"
         graph = dataclasses.replace(
             self.graph, at_least_once=self.checkpointing.mode is CheckpointingMode.AT_LEAST_ONCE)
-        graph_file.write_bytes(cloudpickle.dumps(graph))  # type: ignore[no-untyped-call]
-        env = {**os.environ, "WEIR_JOB_SECRET": secret.hex(),
-               "WEIR_COORDINATOR": f"{server.address[0]}:{server.address[1]}"}
+        pickled: bytes = cloudpickle.dumps(graph)  # type: ignore[no-untyped-call]
+        job_env = {"WEIR_JOB_SECRET": secret.hex(),
+                   "WEIR_COORDINATOR": f"{server.address[0]}:{server.address[1]}"}
+        if self.launcher is not None:
+            inbox = self._inbox
+            self._procs.update(self.launcher.launch(
+                pickled, job_env, list(self.graph.tasks()), self.graph.job, self.attempt,
+                lambda task, message: inbox.put((task, message))))
+            return
+        graph_file = self.workdir / "graph.pickle"
+        graph_file.write_bytes(pickled)
+        env = {**os.environ, **job_env}
         for vertex, subtask in self.graph.tasks():
             self._procs[(vertex, subtask)] = zygote.launch(
                 [str(graph_file), vertex, str(subtask), str(self.attempt)], env)
@@ -310,6 +326,7 @@ class LocalJob:
             got = self._next(deadline)
             if got is not None and got[1]["kind"] == "registered":
                 registered.add(got[0])
+                self.task_pids[got[0]] = int(got[1].get("pid") or 0)
                 if got[1]["address"] is not None:
                     addresses[task_address(*got[0])] = got[1]["address"]
         start = {"kind": "start", "addresses": addresses, "restore": self._restore_url()}

@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
     try:
         task = Task(graph, vertex, subtask, int(attempt), control)
         listening = task.listen(secret)
-        control.send({"kind": "registered",
+        control.send({"kind": "registered", "pid": os.getpid(),
                       "address": None if listening is None else list(listening[0].address)})
         start = control.receive(None)
         if start is None or start.get("kind") != "start":

@@ -1,0 +1,148 @@
+"""The continuous runtime on Spark: a job's tasks as one barrier-mode stage of the test
+run's SparkSession (``local[2]``): exactly-once output and state, a weir task process
+killed with SIGKILL on its executor (the stage is cancelled and resubmitted from the
+latest completed checkpoint), a cancelled job that leaves no process behind and frees
+its slots, and a job with more tasks than the application has slots refused at once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark import cloudpickle
+
+import weir
+from weir.connectors import FileSink, SequenceSource
+from weir.connectors.stream import read_stream_sink
+from weir.errors import ConfigurationError
+from weir.stream import CheckpointConfig, RestartStrategy, StreamEnvironment
+
+pytestmark = pytest.mark.spark
+
+COUNT = weir.ValueStateDescriptor[int]("count", weir.IntSerializer())
+KEYS = 50
+
+
+class Count(weir.KeyedProcessFunction[int, list[Any]]):
+    """Running count per key (n % 50): emits [key, n, count]."""
+
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(COUNT)
+
+    def process_element(self, value: int, ctx: Any) -> Any:
+        n = (self.count.value() or 0) + 1
+        self.count.update(n)
+        yield [value % KEYS, value, n]
+
+
+@pytest.fixture(autouse=True)
+def _by_value() -> None:
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def environment(tmp_path: Path, n: int, rate: float | None, parallelism: int = 1,
+                restarts: int = 0) -> StreamEnvironment:
+    env = StreamEnvironment(
+        parallelism=parallelism, max_parallelism=32, checkpoint_storage=tmp_path / "chk",
+        checkpointing=CheckpointConfig(interval_ms=100),
+        restart_strategy=RestartStrategy.fixed_delay(attempts=restarts, delay=0))
+    (env.from_source(SequenceSource(n, rate), uid="numbers")
+        .key_by(lambda v: v % KEYS)
+        .process(Count(), uid="count")
+        .sink_to(FileSink(tmp_path / "out"), uid="sink"))
+    return env
+
+
+def check_exactly_once(out: Path, n: int) -> None:
+    rows = read_stream_sink(out)
+    numbers = Counter(r[1] for r in rows)
+    lost = set(range(n)) - set(numbers)
+    duplicated = [v for v, c in numbers.items() if c > 1]
+    assert (len(lost), len(duplicated)) == (0, 0), (sorted(lost)[:5], duplicated[:5])
+    per_key: dict[int, list[int]] = {}
+    for key, _, count in sorted(rows, key=lambda r: r[1]):
+        per_key.setdefault(key, []).append(count)
+    assert all(counts == list(range(1, len(counts) + 1)) for counts in per_key.values())
+
+
+def tasks_left(timeout_s: float = 20.0) -> list[str]:
+    """Command lines of weir task processes started by Spark tasks (their graph lies in
+    a ``weir-task-*`` directory) still alive after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"weir.runtime.continuous.worker" in argv and any(
+                    b"/weir-task-" in a for a in argv):
+                left.append(b" ".join(argv).decode(errors="replace"))
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def test_a_job_runs_as_a_barrier_stage_exactly_once(spark: Any, tmp_path: Path) -> None:
+    n = 20_000
+    result = environment(tmp_path, n, None).execute(
+        "on-spark", runner="spark", spark=spark, timeout=300)
+    assert result.completed and result.restarts == 0
+    check_exactly_once(tmp_path / "out", n)
+    assert tasks_left() == []
+
+
+def test_a_task_killed_on_its_executor_restarts_the_stage_from_the_checkpoint(
+        spark: Any, tmp_path: Path) -> None:
+    n = 60_000
+    job = environment(tmp_path, n, rate=10_000, restarts=1).execute_async(
+        "killed-on-spark", runner="spark", spark=spark, timeout=300)
+    deadline = time.monotonic() + 120
+    while len(job.checkpoints()) < 3 or not job.tasks():
+        assert time.monotonic() < deadline, "no checkpoint completed"
+        time.sleep(0.05)
+    victim = next(t for t in job.tasks() if t.vertex == "count")
+    os.kill(victim.pid, signal.SIGKILL)
+    result = job.wait()
+    assert result.restarts == 1, result.failures
+    assert "count[0]" in result.failures[0]
+    check_exactly_once(tmp_path / "out", n)
+    assert tasks_left() == []  # the killed attempt's other tasks too
+
+
+def test_a_cancelled_job_leaves_no_task_behind_and_frees_its_slots(
+        spark: Any, tmp_path: Path) -> None:
+    job = environment(tmp_path, 10_000_000, rate=5_000).execute_async(
+        "cancelled-on-spark", runner="spark", spark=spark, timeout=300)
+    deadline = time.monotonic() + 120
+    while len(job.checkpoints()) < 2:
+        assert time.monotonic() < deadline, "no checkpoint completed"
+        time.sleep(0.05)
+    assert job.cancel().cancelled
+    assert tasks_left() == []
+    # the slots are free: a job that needs them all runs now
+    assert environment(tmp_path / "next", 1_000, None).execute(
+        "after-cancel", runner="spark", spark=spark, timeout=120).completed
+
+
+def test_more_tasks_than_slots_is_refused_at_once(spark: Any, tmp_path: Path) -> None:
+    started = time.monotonic()
+    with pytest.raises(ConfigurationError, match=r"needs 4 task slots .* has 2"):
+        environment(tmp_path, 10, None, parallelism=2).execute(
+            "too-big", runner="spark", spark=spark, timeout=60)
+    assert time.monotonic() - started < 10
+
+
+def test_runner_and_session_go_together(tmp_path: Path) -> None:
+    env = environment(tmp_path, 10, None)
+    with pytest.raises(ConfigurationError, match="needs spark="):
+        env.execute("x", runner="spark")
+    with pytest.raises(ConfigurationError, match="'local' or 'spark'"):
+        env.execute("x", runner="yarn")
