@@ -21,9 +21,12 @@ latency that grows over the window. The micro-batch runtime's latency at a 1 s t
 is in ``bench/results/spark_keyed_count_latency.json`` (``bench.spark_keyed_count
 --latency``).
 
+``--runner spark``: weir's tasks run as a barrier-mode stage of a ``local[4]``
+SparkSession (``runner="spark"``); results in ``continuous_latency_spark.json``.
+
 Run: ``.venv/bin/python -m bench.continuous_latency [--quick] [--rates 1000,10000]
-[--no-peers]``. Results: ``bench/results/continuous_latency.json`` and ``.png``; a
-markdown table.
+[--no-peers] [--runner spark]``. Results: ``bench/results/continuous_latency.json``
+and ``.png``; a markdown table.
 """
 
 from __future__ import annotations
@@ -168,11 +171,13 @@ def run(backend: str, rate: int, args: argparse.Namespace, work: Path) -> dict[s
                             restart_strategy=RestartStrategy.no_restart())
     total = args.warmup + args.seconds
     (env.from_source(Stamped(rate / 2, total, args.keys), uid="stamped")
-        .key_by(lambda r: int(r[1]) % args.keys)
+        .key_by(lambda r, keys=args.keys: int(r[1]) % keys)
         .process(Count(args.keys), uid="count")
         .sink_to(LatencySink(str(out)), uid="latency"))
-    result = env.execute(f"latency-{backend}", timeout=total + 120)
-    return {"peer": f"weir-{backend}", "rate": rate, "keys": args.keys,
+    result = env.execute(f"latency-{backend}", timeout=total + 120,
+                         runner=args.runner, spark=args.spark)
+    name = f"weir-{backend}" + ("-on-spark" if args.runner == "spark" else "")
+    return {"peer": name, "rate": rate, "keys": args.keys,
             "interval_ms": args.interval_ms,
             "checkpoints_completed": len(result.completed),
             **summary(read_notes(out), args), "load_after": os.getloadavg()}
@@ -215,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--quick", action="store_true", help="5 s window")
+    parser.add_argument("--runner", choices=("local", "spark"), default="local",
+                        help="spark: weir's tasks as a barrier stage of a local[4] "
+                             "SparkSession (the peers are unchanged)")
     parser.add_argument("--peers", action=argparse.BooleanOptionalAction,
                         default=PEERS_PYTHON.exists(),
                         help="run PyFlink and Bytewax too (default: when .venv-peers exists)")
@@ -224,6 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.peers and not PEERS_PYTHON.exists():
         parser.error(f"--peers: {PEERS_PYTHON} is missing; run `make peers` first")
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    args.spark = None
+    if args.runner == "spark":
+        from pyspark.sql import SparkSession
+
+        os.environ["PYSPARK_PYTHON"] = sys.executable  # executors import weir from here
+        args.spark = (SparkSession.builder.master("local[4]").appName("weir-latency")
+                      .config("spark.ui.enabled", "false").getOrCreate())
     rows = []
     with tempfile.TemporaryDirectory(prefix="weir-latency-") as tmp:
         for rate in args.rates:
@@ -240,12 +255,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['peer']} | {r['rate']:,}/s | {r['records_in_window']:,} | "
               + " | ".join(str(c) for c in cells) + " |")
     RESULTS.mkdir(exist_ok=True)
-    name = "continuous_latency_quick" if args.quick else "continuous_latency"
+    name = "continuous_latency" + ("_spark" if args.runner == "spark" else "") + (
+        "_quick" if args.quick else "")
     (RESULTS / f"{name}.json").write_text(json.dumps({
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                     "peers": peer_versions() if args.peers else None},
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "args": vars(args), "rows": rows}, indent=2))
+        "args": {k: v for k, v in vars(args).items() if k != "spark"}, "rows": rows},
+        indent=2))
     plot(rows, RESULTS / f"{name}.png")
     return 0
 

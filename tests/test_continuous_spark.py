@@ -146,3 +146,20 @@ def test_runner_and_session_go_together(tmp_path: Path) -> None:
         env.execute("x", runner="spark")
     with pytest.raises(ConfigurationError, match="'local' or 'spark'"):
         env.execute("x", runner="yarn")
+
+
+def test_a_failed_stage_reports_its_tasks_python_error_and_the_fix() -> None:
+    from weir.runtime.continuous.spark_launcher import _cause
+
+    spark_error = Exception(
+        "An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collect.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure\n"
+        "org.apache.spark.api.python.PythonException: [PYTHON_EXCEPTION] An exception was "
+        "thrown from the Python worker: Traceback (most recent call last):\n"
+        '  File "<frozen runpy>", line 1\n'
+        "ModuleNotFoundError: No module named 'weir'\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException")
+    cause = _cause(spark_error)
+    assert cause.startswith("ModuleNotFoundError: No module named 'weir'")
+    assert "PYSPARK_PYTHON" in cause
+    assert _cause(RuntimeError("slots: none")) == "slots: none"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -107,10 +108,9 @@ class SparkStage:
         except Exception as exc:
             self.code = 1
             if not self._killed:
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 report(tasks[0], {"kind": "failed", "error": (
                     f"the Spark barrier stage running the job's tasks failed: "
-                    f"{type(exc).__name__}: {first}")})
+                    f"{_cause(exc)}")})
 
     def poll(self) -> int | None:
         """None while the stage runs; then 0 if every task exited with 0."""
@@ -127,6 +127,20 @@ class SparkStage:
         """Cancel the stage (every task of the attempt)."""
         self._killed = True
         self.sc.cancelJobGroup(self.group)
+
+
+def _cause(exc: BaseException) -> str:
+    """What a failed stage says: the Python error of its tasks when Spark carries one
+    (a ``Py4JJavaError``'s first line says only which call failed), with the fix for
+    executors whose Python cannot import weir."""
+    text = str(exc)
+    errors = re.findall(r"^(\w[\w.]*(?:Error|Exception): .*)$", text, re.MULTILINE)
+    python = next((e for e in errors if not e.startswith(("py4j", "org.", "java."))), None)
+    cause = python or (text.strip().splitlines() or [type(exc).__name__])[0]
+    if "No module named 'weir'" in cause:
+        cause += (" (the executors' Python cannot import weir: set spark.pyspark.python or "
+                  "PYSPARK_PYTHON to an interpreter that has it, before the session starts)")
+    return cause
 
 
 def _task_runner(graph: bytes, env: dict[str, str], tasks: list[TaskId], attempt: int
