@@ -43,18 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--snapshot-ms", type=int, default=0, help="0: recovery off")
     p.add_argument("--marks", default=None, help="directory for progress marks")
     p.add_argument("--mark-every", type=int, default=20_000)
-    p.add_argument("--processes", type=int, default=1, help="a cluster of N processes")
-    p.add_argument("--proc-id", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--addresses", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--work", default=None, help=argparse.SUPPRESS)
+    add_cluster_arguments(p)
     args = p.parse_args(argv)
     try:
         import bytewax.operators as op
         from bytewax.dataflow import Dataflow
         from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
         from bytewax.outputs import DynamicSink, StatelessSinkPartition
-        from bytewax.recovery import RecoveryConfig, init_db_dir
-        from bytewax.testing import cluster_main, run_main
     except ImportError as e:
         raise SystemExit(f"bytewax_count: cannot import Bytewax ({e}); run `make peers` and "
                          f"use .venv-peers/bin/python") from e
@@ -104,37 +99,15 @@ def main(argv: list[str] | None = None) -> int:
         return c, c
 
     started = time.perf_counter()
-    main_process = args.addresses is None
-    work = Path(args.work or tempfile.mkdtemp(prefix="weir-bench-bytewax-"))
-    children: list[subprocess.Popen[str]] = []
-    addresses: list[str] = []
-    if procs > 1:
-        addresses = args.addresses.split(",") if args.addresses else [
-            f"127.0.0.1:{_free_port()}" for _ in range(procs)]
-    if main_process:
-        if args.snapshot_ms > 0:
-            init_db_dir(work, procs)
-        for k in range(1, procs):
-            children.append(subprocess.Popen(
-                [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
-                 "--proc-id", str(k), "--addresses", ",".join(addresses),
-                 "--work", str(work)], stdout=subprocess.PIPE, text=True))
     flow = Dataflow("weir_bench_count")
     numbers = op.input("numbers", flow, Sequence())
     keyed = op.key_on("key", numbers, lambda n: str((n * 7919) % keys))
     counts = op.stateful_map("count", keyed, count)
     op.output("discard", counts, DiscardSink())
-    options: dict[str, Any] = {}
-    if args.snapshot_ms > 0:
-        options = {"epoch_interval": timedelta(milliseconds=args.snapshot_ms),
-                   "recovery_config": RecoveryConfig(work)}
-    if procs > 1:
-        cluster_main(flow, addresses, args.proc_id, **options)
-    else:
-        run_main(flow, **options)
+    children, work = run_dataflow(flow, args, argv, __file__, subprocess.PIPE)
     if args.marks:
         (Path(args.marks) / f"bytewax-{args.proc_id}.json").write_text(json.dumps(marks))
-    if not main_process:
+    if args.addresses is not None:  # one of the other processes
         print(json.dumps({"seen": seen[0]}), flush=True)
         return 0
     total = seen[0]
@@ -151,6 +124,50 @@ def main(argv: list[str] | None = None) -> int:
                       "processes": procs, "seconds": round(seconds, 2),
                       "records_per_s": round(records / seconds)}), flush=True)
     return 0
+
+
+def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
+    """``--processes`` and the arguments the main process gives the others."""
+    p.add_argument("--processes", type=int, default=1, help="a cluster of N processes")
+    p.add_argument("--proc-id", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--addresses", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--work", default=None, help=argparse.SUPPRESS)
+
+
+def run_dataflow(flow: Any, args: argparse.Namespace, argv: list[str] | None, script: str,
+                 stdout: int | None = None) -> tuple[list[subprocess.Popen[str]], Path]:
+    """Run ``flow`` as process ``args.proc_id`` of ``args.processes`` (``cluster_main`` on
+    loopback; ``run_main`` for one), with recovery on and an epoch every
+    ``args.snapshot_ms`` when > 0. The main process first starts the others (``script``
+    again with this run's arguments, their output to ``stdout``). Returns those others
+    (none but in the main process) and the recovery directory."""
+    from bytewax.recovery import RecoveryConfig, init_db_dir
+    from bytewax.testing import cluster_main, run_main
+
+    procs = args.processes
+    work = Path(args.work or tempfile.mkdtemp(prefix="weir-bench-bytewax-"))
+    addresses: list[str] = []
+    if procs > 1:
+        addresses = args.addresses.split(",") if args.addresses else [
+            f"127.0.0.1:{_free_port()}" for _ in range(procs)]
+    children: list[subprocess.Popen[str]] = []
+    if args.addresses is None:  # the main process
+        if args.snapshot_ms > 0:
+            init_db_dir(work, procs)
+        for k in range(1, procs):
+            children.append(subprocess.Popen(
+                [sys.executable, script, *(argv if argv is not None else sys.argv[1:]),
+                 "--proc-id", str(k), "--addresses", ",".join(addresses),
+                 "--work", str(work)], stdout=stdout, text=True))
+    options: dict[str, Any] = {}
+    if args.snapshot_ms > 0:
+        options = {"epoch_interval": timedelta(milliseconds=args.snapshot_ms),
+                   "recovery_config": RecoveryConfig(work)}
+    if procs > 1:
+        cluster_main(flow, addresses, args.proc_id, **options)
+    else:
+        run_main(flow, **options)
+    return children, work
 
 
 def _free_port() -> int:

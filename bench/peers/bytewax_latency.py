@@ -19,18 +19,15 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
-import sys
-import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 try:
-    from bytewax_count import _free_port
+    from bytewax_count import add_cluster_arguments, run_dataflow
 except ImportError:  # imported as bench.peers.bytewax_latency
-    from bench.peers.bytewax_count import _free_port
+    from bench.peers.bytewax_count import add_cluster_arguments, run_dataflow
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,18 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keys", type=int, default=10_000)
     p.add_argument("--snapshot-ms", type=int, default=1000, help="0: recovery off")
     p.add_argument("--notes", required=True, help="directory for the latency notes")
-    p.add_argument("--processes", type=int, default=1, help="a cluster of N processes")
-    p.add_argument("--proc-id", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--addresses", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--work", default=None, help=argparse.SUPPRESS)
+    add_cluster_arguments(p)
     args = p.parse_args(argv)
     try:
         import bytewax.operators as op
         from bytewax.dataflow import Dataflow
         from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
         from bytewax.outputs import DynamicSink, StatelessSinkPartition
-        from bytewax.recovery import RecoveryConfig, init_db_dir
-        from bytewax.testing import cluster_main, run_main
     except ImportError as e:
         raise SystemExit(f"bytewax_latency: cannot import Bytewax ({e}); run `make peers` "
                          f"and use .venv-peers/bin/python") from e
@@ -107,39 +99,17 @@ def main(argv: list[str] | None = None) -> int:
     def count(state: int | None, record: list[float]) -> tuple[int, list[float]]:
         return (1 if state is None else state + 1), record
 
-    main_process = args.addresses is None
-    work = Path(args.work or tempfile.mkdtemp(prefix="weir-bench-bytewax-"))
-    children: list[subprocess.Popen[str]] = []
-    addresses: list[str] = []
-    if procs > 1:
-        addresses = args.addresses.split(",") if args.addresses else [
-            f"127.0.0.1:{_free_port()}" for _ in range(procs)]
-    if main_process:
-        if args.snapshot_ms > 0:
-            init_db_dir(work, procs)
-        for k in range(1, procs):
-            children.append(subprocess.Popen(
-                [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
-                 "--proc-id", str(k), "--addresses", ",".join(addresses),
-                 "--work", str(work)], text=True))
     flow = Dataflow("weir_bench_latency")
     stamped = op.input("stamped", flow, Source())
     keyed = op.key_on("key", stamped, lambda r: str(int(r[1]) % keys))
     counts = op.stateful_map("count", keyed, count)
     op.output("latency", counts, LatencySink())
-    options: dict[str, Any] = {}
-    if args.snapshot_ms > 0:
-        options = {"epoch_interval": timedelta(milliseconds=args.snapshot_ms),
-                   "recovery_config": RecoveryConfig(work)}
-    if procs > 1:
-        cluster_main(flow, addresses, args.proc_id, **options)
-    else:
-        run_main(flow, **options)
+    children, work = run_dataflow(flow, args, argv, __file__)
     (Path(args.notes) / f"bytewax-{args.proc_id}.json").write_text(json.dumps(notes))
     for child in children:
         if child.wait() != 0:
             raise SystemExit(f"bytewax_latency: process exited {child.returncode}")
-    if main_process:
+    if args.addresses is None:  # the main process
         shutil.rmtree(work, ignore_errors=True)
     return 0
 

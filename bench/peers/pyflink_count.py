@@ -44,17 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mark-every", type=int, default=20_000)
     args = p.parse_args(argv)
 
-    # thread mode: the JVM embeds CPython, which must find pyflink (and cloudpickle) here
-    site = sysconfig.get_paths()["purelib"]
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        x for x in (site, os.environ.get("PYTHONPATH")) if x)
     try:
-        from pyflink.common import Configuration, Types, WatermarkStrategy
+        from pyflink.common import Types, WatermarkStrategy
         from pyflink.datastream import (
-            CheckpointingMode,
             KeyedProcessFunction,
             RuntimeContext,
-            StreamExecutionEnvironment,
         )
         from pyflink.datastream.connectors.base import Sink
         from pyflink.datastream.connectors.number_seq import NumberSequenceSource
@@ -93,22 +87,13 @@ def main(argv: list[str] | None = None) -> int:
 
     keys = args.keys
     checkpoints = Path(tempfile.mkdtemp(prefix="weir-bench-pyflink-"))
-    config = Configuration()
-    config.set_string("python.execution-mode", "thread")
-    config.set_string("parallelism.default", str(args.parallelism))
-    config.set_string("python.executable", sys.executable)
-    config.set_string("python.client.executable", sys.executable)
-    if args.checkpoint_ms > 0:
-        config.set_string("execution.checkpointing.dir", checkpoints.as_uri())
-        config.set_string("execution.checkpointing.externalized-checkpoint-retention",
-                          "RETAIN_ON_CANCELLATION")
-
     started = time.perf_counter()
-    env = StreamExecutionEnvironment.get_execution_environment(config)
+    env = thread_mode_environment(
+        args.parallelism, args.checkpoint_ms, checkpoints,
+        # (kept, so the last checkpoint's id can be read from its directory)
+        {"execution.checkpointing.externalized-checkpoint-retention":
+         "RETAIN_ON_CANCELLATION"} if args.checkpoint_ms > 0 else {})
     startup = time.perf_counter() - started
-    env.set_parallelism(args.parallelism)
-    if args.checkpoint_ms > 0:
-        env.enable_checkpointing(args.checkpoint_ms, CheckpointingMode.EXACTLY_ONCE)
     discard = Sink(get_gateway().jvm.org.apache.flink.streaming.api.functions.sink.v2
                    .DiscardingSink())
     (env.from_source(NumberSequenceSource(0, args.records - 1),
@@ -132,6 +117,33 @@ def main(argv: list[str] | None = None) -> int:
                       "records_per_s": round(args.records / seconds),
                       "startup_s": round(startup, 2), "checkpoints": last}), flush=True)
     return 0
+
+
+def thread_mode_environment(parallelism: int, checkpoint_ms: int, checkpoints: Path,
+                            settings: dict[str, str]) -> Any:
+    """PyFlink's ``StreamExecutionEnvironment`` in thread mode at ``parallelism``, with
+    the Flink ``settings`` and, when ``checkpoint_ms`` > 0, exactly-once checkpoints at
+    that interval into ``checkpoints``. Thread mode embeds CPython in the JVM, which gets
+    ``PYTHONPATH`` to this interpreter's site-packages to find pyflink there."""
+    from pyflink.common import Configuration
+    from pyflink.datastream import CheckpointingMode, StreamExecutionEnvironment
+
+    site = sysconfig.get_paths()["purelib"]
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        x for x in (site, os.environ.get("PYTHONPATH")) if x)
+    config = Configuration()
+    for key, value in {"python.execution-mode": "thread",
+                       "parallelism.default": str(parallelism),
+                       "python.executable": sys.executable,
+                       "python.client.executable": sys.executable, **settings}.items():
+        config.set_string(key, value)
+    if checkpoint_ms > 0:
+        config.set_string("execution.checkpointing.dir", checkpoints.as_uri())
+    env = StreamExecutionEnvironment.get_execution_environment(config)
+    env.set_parallelism(parallelism)
+    if checkpoint_ms > 0:
+        env.enable_checkpointing(checkpoint_ms, CheckpointingMode.EXACTLY_ONCE)
+    return env
 
 
 if __name__ == "__main__":

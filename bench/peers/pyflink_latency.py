@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+try:
+    from pyflink_count import thread_mode_environment
+except ImportError:  # imported as bench.peers.pyflink_latency
+    from bench.peers.pyflink_count import thread_mode_environment
 
 #: Flink's network buffer timeout and Python bundle time, ms (see the module doc)
 LATENCY_MS = 10
@@ -44,17 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--notes", required=True, help="directory for the latency notes")
     args = p.parse_args(argv)
 
-    site = sysconfig.get_paths()["purelib"]
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        x for x in (site, os.environ.get("PYTHONPATH")) if x)
     try:
-        from pyflink.common import Configuration, Types, WatermarkStrategy
+        from pyflink.common import Types, WatermarkStrategy
         from pyflink.datastream import (
-            CheckpointingMode,
             KeyedProcessFunction,
             MapFunction,
             RuntimeContext,
-            StreamExecutionEnvironment,
         )
         from pyflink.datastream.connectors.base import Sink
         from pyflink.datastream.connectors.number_seq import NumberSequenceSource
@@ -111,20 +109,11 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(json.dumps(self.notes))
 
     checkpoints = Path(tempfile.mkdtemp(prefix="weir-bench-pyflink-"))
-    config = Configuration()
-    config.set_string("python.execution-mode", "thread")
-    config.set_string("parallelism.default", str(args.parallelism))
-    config.set_string("python.executable", sys.executable)
-    config.set_string("python.client.executable", sys.executable)
-    config.set_string("execution.buffer-timeout.interval", f"{LATENCY_MS} ms")
-    config.set_string("python.fn-execution.bundle.time", str(LATENCY_MS))
-    if args.checkpoint_ms > 0:
-        config.set_string("execution.checkpointing.dir", checkpoints.as_uri())
-    env = StreamExecutionEnvironment.get_execution_environment(config)
-    env.set_parallelism(args.parallelism)
+    env = thread_mode_environment(
+        args.parallelism, args.checkpoint_ms, checkpoints,
+        {"execution.buffer-timeout.interval": f"{LATENCY_MS} ms",
+         "python.fn-execution.bundle.time": str(LATENCY_MS)})
     env.set_buffer_timeout(LATENCY_MS)
-    if args.checkpoint_ms > 0:
-        env.enable_checkpointing(args.checkpoint_ms, CheckpointingMode.EXACTLY_ONCE)
     discard = Sink(get_gateway().jvm.org.apache.flink.streaming.api.functions.sink.v2
                    .DiscardingSink())
     count = int(args.rate * seconds)
