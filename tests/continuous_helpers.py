@@ -1,22 +1,69 @@
-"""Job graphs for the continuous runtime's tests: the keyed shape most of them run."""
+"""Job graphs for the continuous runtime's tests: the keyed shape most of them run, its
+running count, and the exactly-once check of its output and state. A test module that
+runs ``Count`` registers this module for pickling by value (``by_value``): task
+processes do not import the tests."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import signal
+import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+from pyspark import cloudpickle
+
+import weir
 from weir.api.connectors import Sink, Source
 from weir.api.watermarks import WatermarkStrategy
-from weir.connectors.stream import FileSink
+from weir.connectors.stream import FileSink, read_stream_sink
 from weir.runtime.continuous.graph import JobGraph
 from weir.runtime.continuous.master import LocalJob
 from weir.stream import StreamEnvironment
+
+COUNT = weir.ValueStateDescriptor[int]("count", weir.IntSerializer())
+
+
+class Count(weir.KeyedProcessFunction[int, list[Any]]):
+    """Running count per key (n % 50): emits [key, n, count]."""
+
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(COUNT)
+
+    def process_element(self, value: int, ctx: Any) -> Any:
+        n = (self.count.value() or 0) + 1
+        self.count.update(n)
+        yield [value % 50, value, n]
+
+
+def by_value(module: ModuleType) -> None:
+    """Pickle ``module``'s functions, and this one's, by value into the job graph."""
+    cloudpickle.register_pickle_by_value(module)
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def check_exactly_once(tmp_path: Path, n: int) -> None:
+    """``Count`` over ``0 .. n-1`` into ``tmp_path/out`` with checkpoints in
+    ``tmp_path/chk``: every number once in the output, every key's counts 1..n/50, the
+    state, and every transaction committed."""
+    out = read_stream_sink(tmp_path / "out")
+    numbers = [r[1] for r in out]
+    lost = set(range(n)) - set(numbers)
+    duplicated = [v for v, c in Counter(numbers).items() if c > 1]
+    assert (len(lost), len(duplicated)) == (0, 0), (len(lost), len(duplicated))
+    per_key: dict[int, list[int]] = {}
+    for key, _, count in out:
+        per_key.setdefault(key, []).append(count)
+    assert all(sorted(c) == list(range(1, n // 50 + 1)) for c in per_key.values())
+    state = weir.read_state(str(tmp_path / "chk")).keyed_state("count", "count")
+    assert dict(zip(state["key"], state["value"], strict=True)) == {k: n // 50 for k in range(50)}
+    assert not list((tmp_path / "out" / ".pending").iterdir())
 
 
 def keyed_graph(tmp_path: Path, *, source: Source[Any], function: Any,

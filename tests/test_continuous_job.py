@@ -12,34 +12,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark import cloudpickle
 
 import weir
-from continuous_helpers import Running, keyed_graph
+from continuous_helpers import Count, Running, by_value, check_exactly_once, keyed_graph
 from weir import connectors as wc
 from weir.api.checkpointing import CheckpointConfig
 from weir.connectors.stream import SequenceSource, read_stream_sink
 from weir.runtime.continuous.graph import JobGraph
 from weir.runtime.continuous.master import LocalJob
 
-COUNT = weir.ValueStateDescriptor[int]("count", weir.IntSerializer())
-
-
-class Count(weir.KeyedProcessFunction[int, list[Any]]):
-    """Running count per key (n % 50): emits [key, n, count]."""
-
-    def open(self, ctx: Any) -> None:
-        self.count = ctx.get_state(COUNT)
-
-    def process_element(self, value: int, ctx: Any) -> Any:
-        n = (self.count.value() or 0) + 1
-        self.count.update(n)
-        yield [value % 50, value, n]
-
 
 @pytest.fixture(autouse=True)
 def _by_value() -> None:
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    by_value(sys.modules[__name__])
 
 
 def spec(tmp_path: Path, backend: str, n: int, rate: float | None = None,
@@ -53,19 +38,8 @@ def test_a_bounded_job_is_exactly_once_across_processes(tmp_path: Path, backend:
     n = 150_000
     result = LocalJob(spec(tmp_path, backend, n), CheckpointConfig(interval_ms=20)).run(
         timeout_s=120)
-    out = read_stream_sink(tmp_path / "out")
-    numbers = [r[1] for r in out]
-    lost = set(range(n)) - set(numbers)
-    duplicated = [v for v, c in Counter(numbers).items() if c > 1]
-    assert (len(lost), len(duplicated)) == (0, 0)
-    per_key: dict[int, list[int]] = {}
-    for key, _, count in out:
-        per_key.setdefault(key, []).append(count)
-    assert all(sorted(c) == list(range(1, n // 50 + 1)) for c in per_key.values())
+    check_exactly_once(tmp_path, n)  # output, counts, state, every transaction committed
     assert len(result.completed) >= 3 and result.completed == sorted(result.completed)
-    state = weir.read_state(str(tmp_path / "chk")).keyed_state("count", "count")
-    assert dict(zip(state["key"], state["value"], strict=True)) == {k: n // 50 for k in range(50)}
-    assert not list((tmp_path / "out" / ".pending").iterdir())  # every transaction committed
 
 
 def test_a_killed_task_fails_the_job_at_once_and_leaves_no_process(tmp_path: Path) -> None:
@@ -85,22 +59,6 @@ def test_a_killed_task_fails_the_job_at_once_and_leaves_no_process(tmp_path: Pat
     assert len(failure) == 1 and isinstance(failure[0], JobFailedError)
     assert "count[1] disappeared" in str(failure[0]) and "no more restarts" in str(failure[0])
     assert all(p.poll() is not None for p in job._procs.values())  # no process left
-
-
-def check_exactly_once(tmp_path: Path, n: int) -> None:
-    """Every number once in the output, every key's counts 1..n/50, and the state."""
-    out = read_stream_sink(tmp_path / "out")
-    numbers = [r[1] for r in out]
-    lost = set(range(n)) - set(numbers)
-    duplicated = [v for v, c in Counter(numbers).items() if c > 1]
-    assert (len(lost), len(duplicated)) == (0, 0), (len(lost), len(duplicated))
-    per_key: dict[int, list[int]] = {}
-    for key, _, count in out:
-        per_key.setdefault(key, []).append(count)
-    assert all(sorted(c) == list(range(1, n // 50 + 1)) for c in per_key.values())
-    state = weir.read_state(str(tmp_path / "chk")).keyed_state("count", "count")
-    assert dict(zip(state["key"], state["value"], strict=True)) == {k: n // 50 for k in range(50)}
-    assert not list((tmp_path / "out" / ".pending").iterdir())
 
 
 #: make soak only: make test kills tasks in test_continuous_kills (seeded, three kills,

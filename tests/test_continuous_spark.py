@@ -10,14 +10,12 @@ import os
 import signal
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark import cloudpickle
 
-import weir
+from continuous_helpers import Count, by_value, check_exactly_once
 from weir.connectors import FileSink, SequenceSource
 from weir.connectors.stream import read_stream_sink
 from weir.errors import ConfigurationError
@@ -25,25 +23,12 @@ from weir.stream import CheckpointConfig, RestartStrategy, StreamEnvironment
 
 pytestmark = pytest.mark.spark
 
-COUNT = weir.ValueStateDescriptor[int]("count", weir.IntSerializer())
-KEYS = 50
-
-
-class Count(weir.KeyedProcessFunction[int, list[Any]]):
-    """Running count per key (n % 50): emits [key, n, count]."""
-
-    def open(self, ctx: Any) -> None:
-        self.count = ctx.get_state(COUNT)
-
-    def process_element(self, value: int, ctx: Any) -> Any:
-        n = (self.count.value() or 0) + 1
-        self.count.update(n)
-        yield [value % KEYS, value, n]
+KEYS = 50  # (Count's)
 
 
 @pytest.fixture(autouse=True)
 def _by_value() -> None:
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    by_value(sys.modules[__name__])
 
 
 def environment(tmp_path: Path, n: int, rate: float | None, parallelism: int = 1,
@@ -59,14 +44,10 @@ def environment(tmp_path: Path, n: int, rate: float | None, parallelism: int = 1
     return env
 
 
-def check_exactly_once(out: Path, n: int) -> None:
-    rows = read_stream_sink(out)
-    numbers = Counter(r[1] for r in rows)
-    lost = set(range(n)) - set(numbers)
-    duplicated = [v for v, c in numbers.items() if c > 1]
-    assert (len(lost), len(duplicated)) == (0, 0), (sorted(lost)[:5], duplicated[:5])
+def check_in_order(out: Path) -> None:
+    """With one source subtask, each key's counts follow the numbers."""
     per_key: dict[int, list[int]] = {}
-    for key, _, count in sorted(rows, key=lambda r: r[1]):
+    for key, _, count in sorted(read_stream_sink(out), key=lambda r: r[1]):
         per_key.setdefault(key, []).append(count)
     assert all(counts == list(range(1, len(counts) + 1)) for counts in per_key.values())
 
@@ -95,7 +76,8 @@ def test_a_job_runs_as_a_barrier_stage_exactly_once(spark: Any, tmp_path: Path) 
     result = environment(tmp_path, n, None).execute(
         "on-spark", runner="spark", spark=spark, timeout=300)
     assert result.completed and result.restarts == 0
-    check_exactly_once(tmp_path / "out", n)
+    check_exactly_once(tmp_path, n)
+    check_in_order(tmp_path / "out")
     assert tasks_left() == []
 
 
@@ -113,7 +95,8 @@ def test_a_task_killed_on_its_executor_restarts_the_stage_from_the_checkpoint(
     result = job.wait()
     assert result.restarts == 1, result.failures
     assert "count[0]" in result.failures[0]
-    check_exactly_once(tmp_path / "out", n)
+    check_exactly_once(tmp_path, n)
+    check_in_order(tmp_path / "out")
     assert tasks_left() == []  # the killed attempt's other tasks too
 
 
