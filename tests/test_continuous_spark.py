@@ -146,3 +146,25 @@ def test_a_failed_stage_reports_its_tasks_python_error_and_the_fix() -> None:
     assert cause.startswith("ModuleNotFoundError: No module named 'weir'")
     assert "PYSPARK_PYTHON" in cause
     assert _cause(RuntimeError("slots: none")) == "slots: none"
+
+
+def test_tasks_lists_a_spark_hosted_task_only_once_it_registered_its_pid() -> None:
+    """Before registering, a task on Spark has no pid here (its stage's is 0): listing
+    it would hand out a pid that signals this process's own group."""
+    import threading
+    from types import SimpleNamespace
+
+    from weir.stream import JobClient
+
+    release = threading.Event()
+    stage = SimpleNamespace(pid=0, poll=lambda: None)
+    job = SimpleNamespace(graph=SimpleNamespace(job="stub"), attempt=0,
+                          _procs={("count", 0): stage}, task_pids={},
+                          run=lambda timeout_s: release.wait(timeout_s))
+    client = JobClient(job, 30)  # type: ignore[arg-type]
+    try:
+        assert client.tasks() == []
+        job.task_pids[("count", 0)] = 4242
+        assert [(t.vertex, t.subtask, t.pid) for t in client.tasks()] == [("count", 0, 4242)]
+    finally:
+        release.set()

@@ -118,11 +118,13 @@ class JobClient:
 
     def tasks(self) -> list[TaskInfo]:
         """The job's task processes running now, by vertex and subtask (none between
-        attempts and after the end)."""
+        attempts and after the end; on Spark, only those that registered their pid)."""
         job = self._job
         attempt, procs, pids = job.attempt, dict(job._procs), dict(job.task_pids)
-        return [TaskInfo(vertex, subtask, pids.get((vertex, subtask)) or proc.pid, attempt)
-                for (vertex, subtask), proc in sorted(procs.items()) if proc.poll() is None]
+        running = [(task, pids.get(task) or proc.pid)  # (a Spark stage has pid 0)
+                   for task, proc in sorted(procs.items()) if proc.poll() is None]
+        return [TaskInfo(vertex, subtask, pid, attempt)
+                for (vertex, subtask), pid in running if pid > 0]
 
     def trigger_savepoint(self, target: str | Path,
                           timeout: float | timedelta | None = 600.0) -> str:
