@@ -123,6 +123,46 @@ def test_more_tasks_than_slots_is_refused_at_once(spark: Any, tmp_path: Path) ->
     assert time.monotonic() - started < 10
 
 
+def test_checkpoint_storage_the_executors_do_not_share_is_refused_without_restarts(
+        spark: Any, tmp_path: Path) -> None:
+    """``memory://`` is a filesystem of each process: the Python workers do not see the
+    driver's — as executors on other hosts do not see the driver's local disk."""
+    env = environment(tmp_path, 10, None, restarts=3)
+    env.checkpoint_storage = "memory://weir-not-shared"
+    started = time.monotonic()
+    with pytest.raises(ConfigurationError,
+                       match=r"checkpoint storage memory://weir-not-shared is not shared"):
+        env.execute("not-shared", runner="spark", spark=spark, timeout=120)
+    assert time.monotonic() - started < 30  # no restarts, no waiting
+    assert tasks_left() == []
+
+
+@pytest.mark.parametrize(("master", "conf", "limit"), [
+    ("local", {}, 1),
+    ("local[3]", {}, 3),
+    ("local[4, 2]", {}, 4),
+    ("local[*]", {}, os.cpu_count()),
+    ("local-cluster[2,2,1024]", {}, 4),
+    ("local-cluster[2, 4, 1024]", {"spark.task.cpus": "2"}, 4),
+    ("yarn", {"spark.executor.instances": "3", "spark.executor.cores": "2"}, 6),
+    ("spark://h:7077", {"spark.cores.max": "8"}, 8),
+    ("k8s://h", {}, None),
+])
+def test_the_most_slots_an_application_can_have(master: str, conf: dict[str, str],
+                                                 limit: int | None) -> None:
+    from weir.runtime.continuous.spark_launcher import _slot_limit
+
+    assert _slot_limit(master, conf) == limit
+
+
+def test_on_a_local_master_everything_listens_on_loopback(spark: Any) -> None:
+    from weir.runtime.continuous.spark_launcher import SparkLauncher
+
+    launcher = SparkLauncher(spark)
+    assert launcher.local and launcher.host == "127.0.0.1"
+    assert launcher.slots() == 2 == launcher.slot_limit()
+
+
 def test_runner_and_session_go_together(tmp_path: Path) -> None:
     env = environment(tmp_path, 10, None)
     with pytest.raises(ConfigurationError, match="needs spark="):

@@ -221,21 +221,27 @@ class Driver:
     """One run of the job as a child process (stdout/stderr to files in its work dir)."""
 
     def __init__(self, paths: Any, run: int, pauses: list[str], *, job_path: Path = JOB_PATH,
-                 master: str = MASTER) -> None:
+                 master: str = MASTER, args: list[str] | None = None,
+                 local_ip: str | None = "127.0.0.1") -> None:
         """Start ``job_path`` (``fault_job.py``, or another job with its command line)
-        on ``master``."""
+        on ``master``; ``args`` replace the backend and pause arguments; ``local_ip``:
+        the address Spark binds (``SPARK_LOCAL_IP``; None: Spark's choice, the
+        machine's address)."""
         import pyspark
 
         self.paths = paths
         self.log = paths.work / f"run{run}.out"
         self.err = paths.work / f"run{run}.err"
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_SUBMIT")}
-        env.update(SPARK_HOME=os.path.dirname(pyspark.__file__),
-                   PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
+        env.update(SPARK_HOME=os.path.dirname(pyspark.__file__), PYSPARK_PYTHON=sys.executable)
+        env.pop("SPARK_LOCAL_IP", None)
+        if local_ip is not None:
+            env["SPARK_LOCAL_IP"] = local_ip
         paths.status.unlink(missing_ok=True)
-        cmd = [sys.executable, str(job_path), "--work", str(paths.work),
-               "--backend", ",".join(BACKENDS), "--master", master,
-               *(a for p in pauses for a in ("--pause", p))]
+        cmd = [sys.executable, str(job_path), "--work", str(paths.work), "--master", master,
+               *(args if args is not None else [
+                   "--backend", ",".join(BACKENDS),
+                   *(a for p in pauses for a in ("--pause", p))])]
         with open(self.log, "wb") as out, open(self.err, "wb") as err:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env,
                                          start_new_session=True)

@@ -227,7 +227,8 @@ class LocalJob:
         secret = os.urandom(32)
         inbox = self._inbox
         server = ControlServer(lambda t, m: inbox.put((t, m)), secret=secret,
-                               job=self.graph.job)
+                               job=self.graph.job,
+                               host="127.0.0.1" if self.launcher is None else self.launcher.host)
         finished = False
         try:
             self._launch(server, secret)
@@ -256,7 +257,7 @@ class LocalJob:
             inbox = self._inbox
             self._procs.update(self.launcher.launch(
                 pickled, job_env, list(self.graph.tasks()), self.graph.job, self.attempt,
-                lambda task, message: inbox.put((task, message))))
+                lambda task, message: inbox.put((task, message)), self.graph.checkpoint_storage))
             return
         graph_file = self.workdir / "graph.pickle"
         graph_file.write_bytes(pickled)
@@ -285,6 +286,8 @@ class LocalJob:
                   {k: v for k, v in message.items() if k != "parts"})
         if message["kind"] == "disconnected" and task in self._finished:
             return None  # it finished and closed its connection
+        if message["kind"] == "failed" and message.get("fatal"):
+            raise ConfigurationError(f"job {self.graph.job!r}: {message['error']}")
         if message["kind"] in ("failed", "disconnected"):
             raise root_cause(item, self._inbox, self._finished, self.graph.job)
         return item

@@ -7,7 +7,29 @@ one partition per weir task, all scheduled at once): Spark task ``i`` starts wei
 ``i`` (``python -m weir.runtime.continuous.worker``) in a process of its own on its
 executor and waits for it. A weir task registers its channel address with the
 coordinator, which hands every address out in the ``start`` message — the address
-exchange Spark's ``allGather`` would do, through the coordinator the tasks need anyway.
+exchange Spark's ``allGather`` would do, through the coordinator the tasks need anyway
+(CONTINUOUS.md: "or the coordinator lives on the driver", as TorchDistributor does).
+
+**Addresses.** On a ``local[N]`` master everything listens on loopback. On any other
+master (``local-cluster[...]``, standalone, YARN, Kubernetes) the coordinator listens
+on the driver's address the executors reach (``spark.driver.host``) and each task's
+channels on its executor's address (``BarrierTaskContext.getTaskInfos()``). Every
+connection proves the job's secret (32 random bytes per attempt, HMAC challenge,
+:mod:`.wire`) before it is served; the secret reaches the executors inside the
+stage's closure, so on an untrusted network turn on Spark's RPC encryption
+(``spark.authenticate``, ``spark.network.crypto.enabled``).
+
+**Checkpoint storage** must be one place for the driver and every executor (a shared
+filesystem, ``s3://``, ``hdfs://``): before a task starts, it looks for a file the
+driver has just written there, and a task that cannot see it fails the job at once
+with :class:`~weir.errors.ConfigurationError` (no restart: a local path on a
+multi-host cluster does not heal).
+
+**Slots.** All of a job's tasks need a task slot at the same time. A job with more
+tasks than the application can ever have is refused at once; while executors are
+still registering (or a lost one is being replaced, before a restart) the launcher
+waits up to ``slot_wait_s`` for the slots, then refuses (Spark itself would re-check
+for ten minutes). Dynamic allocation is refused (barrier mode does not support it).
 
 The stage runs in a thread of the driver under a job group of its own. When the
 attempt ends — finished, or failed and to be restarted under the job's restart
@@ -16,11 +38,6 @@ Python workers; each weir task process dies with the Python worker that started 
 (``PR_SET_PDEATHSIG``) and, failing that, once the coordinator it talks to closes its
 connection. Spark does not retry a failed barrier result stage; a restart is a new
 stage (Flink's global restart).
-
-All of a job's tasks need a task slot at the same time: a job with more tasks than the
-application has slots is refused at once (Spark would re-check for ten minutes). The
-coordinator and the channels listen on loopback, so the executors must be on this host
-(``local[N]``, ``local-cluster[...]``); other masters are refused with a clear error.
 """
 
 from __future__ import annotations
@@ -33,10 +50,12 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import ConfigurationError
 
 __all__ = ["SparkLauncher"]
@@ -47,34 +66,109 @@ TaskId = tuple[str, int]
 class SparkLauncher:
     """Starts an attempt's tasks as one barrier stage of ``spark``'s application."""
 
-    def __init__(self, spark: Any) -> None:
+    def __init__(self, spark: Any, *, slot_wait_s: float = 60.0) -> None:
         self.sc = spark.sparkContext
-        master = str(self.sc.master)
-        if not master.startswith(("local[", "local-cluster[")) and master != "local":
+        self.master = str(self.sc.master)
+        #: a local master's executor is this process's JVM: everything on loopback
+        self.local = re.fullmatch(r"local(\[.*\])?", self.master) is not None
+        #: how long a launch waits for executors to register before it refuses
+        self.slot_wait_s = slot_wait_s
+        conf = self.sc.getConf()
+        if str(conf.get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
             raise ConfigurationError(
-                f"the continuous runtime on Spark runs on local[N] and local-cluster[...] "
-                f"masters for now (the coordinator and the channels listen on loopback); "
-                f"this session's master is {master!r}: use runner='local' or a local master")
+                "the continuous runtime on Spark needs a fixed set of executors (a barrier "
+                "stage cannot run with dynamic allocation): start the session with "
+                "spark.dynamicAllocation.enabled=false")
+
+    @property
+    def host(self) -> str:
+        """Where the coordinator listens: loopback on a local master, else the driver's
+        address that the executors reach (``spark.driver.host``)."""
+        if self.local:
+            return "127.0.0.1"
+        return str(self.sc.getConf().get("spark.driver.host"))
 
     def slots(self) -> int:
-        """Task slots of the application (what a barrier stage may use at once)."""
-        return int(self.sc.defaultParallelism)
+        """Task slots the application has now (what a barrier stage may use at once:
+        Spark's own check, ``maxNumConcurrentTasks``)."""
+        try:
+            jsc = self.sc._jsc.sc()
+            profile = jsc.resourceProfileManager().defaultResourceProfile()
+            return int(jsc.maxNumConcurrentTasks(profile))
+        except Exception:  # (an internal API: if it moves, Spark's public figure)
+            return int(self.sc.defaultParallelism)
+
+    def slot_limit(self) -> int | None:
+        """The most slots the application can have, from its master and configuration;
+        None when they do not say (executors may still come)."""
+        return _slot_limit(self.master, self.sc.getConf())
+
+    def await_slots(self, need: int, job: str, tasks: list[TaskId]) -> None:
+        """Return once the application has ``need`` slots; refuse at once when it can
+        never have them, and after ``slot_wait_s`` when they did not come."""
+        have, limit = self.slots(), self.slot_limit()
+        if have < need and (limit is None or limit >= need):
+            deadline = time.monotonic() + self.slot_wait_s
+            while have < need and time.monotonic() < deadline:
+                time.sleep(0.25)
+                have = self.slots()
+        if have >= need:
+            return
+        waited = "" if limit is not None and limit < need else (
+            f" after waiting {self.slot_wait_s:g} s for executors")
+        raise ConfigurationError(
+            f"job {job!r} needs {need} task slots at once (one per task: "
+            f"{', '.join(f'{v}[{s}]' for v, s in tasks)}) and the Spark application "
+            f"has {have}{waited}"
+            + ("" if limit is None else f" (at most {limit} with master {self.master!r})")
+            + f"; give it more cores (local[{need}], more executors or executor cores) "
+            f"or lower the job's parallelism")
 
     def launch(self, graph: bytes, env: dict[str, str], tasks: list[TaskId], job: str,
-               attempt: int, report: Callable[[TaskId, dict[str, Any]], None]
-               ) -> dict[TaskId, SparkStage]:
+               attempt: int, report: Callable[[TaskId, dict[str, Any]], None],
+               storage: str) -> dict[TaskId, SparkStage]:
         """Submit the stage running ``tasks`` (``graph``: the pickled job graph; ``env``:
-        the coordinator's address and the job's secret); the stage's handle per task.
+        the coordinator's address and the job's secret; ``storage``: the checkpoint
+        storage's URL, which every task checks it shares); the stage's handle per task.
         A stage that fails on Spark's side is reported through ``report`` as the
-        failure of the first task."""
-        if len(tasks) > self.slots():
-            raise ConfigurationError(
-                f"job {job!r} needs {len(tasks)} task slots at once (one per task: "
-                f"{', '.join(f'{v}[{s}]' for v, s in tasks)}) and the Spark application "
-                f"has {self.slots()}; give it more cores (local[{len(tasks)}], more "
-                f"executors or executor cores) or lower the job's parallelism")
-        stage = SparkStage(self.sc, graph, env, tasks, job, attempt, report)
+        failure of the first task (``fatal`` when restarting cannot help)."""
+        self.await_slots(len(tasks), job, tasks)
+        probe = _Probe(storage)
+        stage = SparkStage(self.sc, _task_runner(graph, env, tasks, attempt, self.local,
+                                                 probe.url, probe.name),
+                           len(tasks), tasks[0], job, attempt, report, probe.remove)
         return dict.fromkeys(tasks, stage)
+
+
+class _Probe:
+    """A file the driver writes into the checkpoint storage for the tasks to find."""
+
+    def __init__(self, storage: str) -> None:
+        self.url = storage
+        self.name = f"_weir-probe-{uuid.uuid4().hex}"
+        self._storage = CheckpointStorage(storage)
+        self._storage.write(self.name, b"written by the driver of a continuous job")
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):
+            self._storage.delete(self.name)
+
+
+def _slot_limit(master: str, conf: Any) -> int | None:
+    per_task = max(int(conf.get("spark.task.cpus", "1")), 1)
+    local = re.fullmatch(r"local(?:\[\s*(\*|\d+)\s*(?:,\s*\d+\s*)?\])?", master)
+    if local:
+        n = local.group(1)
+        return 1 if n is None else (os.cpu_count() or 1) if n == "*" else int(n)
+    cluster = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master)
+    if cluster:
+        return int(cluster.group(1)) * int(cluster.group(2)) // per_task
+    instances, cores = conf.get("spark.executor.instances"), conf.get("spark.executor.cores")
+    if instances and cores:
+        return int(instances) * int(cores) // per_task
+    if conf.get("spark.cores.max"):
+        return int(conf.get("spark.cores.max")) // per_task
+    return None
 
 
 class SparkStage:
@@ -84,33 +178,41 @@ class SparkStage:
     #: no OS process of this one's own (its tasks run on executors)
     pid = 0
 
-    def __init__(self, sc: Any, graph: bytes, env: dict[str, str], tasks: list[TaskId],
-                 job: str, attempt: int,
-                 report: Callable[[TaskId, dict[str, Any]], None]) -> None:
+    def __init__(self, sc: Any, runner: Callable[[Iterator[Any]], Iterator[int]],
+                 partitions: int, first: TaskId, job: str, attempt: int,
+                 report: Callable[[TaskId, dict[str, Any]], None],
+                 on_end: Callable[[], None]) -> None:
         self.sc = sc
         self.group = f"weir-{job}-{attempt}-{uuid.uuid4().hex[:8]}"
         self.code: int | None = None
         self._killed = False
         self._thread = threading.Thread(
-            target=self._run, args=(graph, env, tasks, job, attempt, report),
+            target=self._run, args=(runner, partitions, first, job, attempt, report, on_end),
             name=f"spark stage {self.group}", daemon=True)
         self._thread.start()
 
-    def _run(self, graph: bytes, env: dict[str, str], tasks: list[TaskId], job: str,
-             attempt: int, report: Callable[[TaskId, dict[str, Any]], None]) -> None:
+    def _run(self, runner: Callable[[Iterator[Any]], Iterator[int]], partitions: int,
+             first: TaskId, job: str, attempt: int,
+             report: Callable[[TaskId, dict[str, Any]], None],
+             on_end: Callable[[], None]) -> None:
         sc = self.sc
         sc.setJobGroup(self.group, f"weir continuous job {job}, attempt {attempt}",
                        interruptOnCancel=True)
         try:
-            codes = (sc.parallelize(range(len(tasks)), len(tasks)).barrier()
-                     .mapPartitions(_task_runner(graph, env, tasks, attempt)).collect())
+            codes = (sc.parallelize(range(partitions), partitions).barrier()
+                     .mapPartitions(runner).collect())
             self.code = next((c for c in codes if c != 0), 0)
         except Exception as exc:
             self.code = 1
             if not self._killed:
-                report(tasks[0], {"kind": "failed", "error": (
-                    f"the Spark barrier stage running the job's tasks failed: "
-                    f"{_cause(exc)}")})
+                cause = _cause(exc)
+                report(first, {
+                    "kind": "failed",
+                    "error": f"the Spark barrier stage running the job's tasks failed: {cause}",
+                    # a task's set-up refused (storage not shared): no restart heals it
+                    "fatal": cause.startswith(("ConfigurationError", "weir.errors."))})
+        finally:
+            on_end()
 
     def poll(self) -> int | None:
         """None while the stage runs; then 0 if every task exited with 0."""
@@ -143,14 +245,28 @@ def _cause(exc: BaseException) -> str:
     return cause
 
 
-def _task_runner(graph: bytes, env: dict[str, str], tasks: list[TaskId], attempt: int
+def _task_runner(graph: bytes, env: dict[str, str], tasks: list[TaskId], attempt: int,
+                 local: bool, storage: str, probe: str
                  ) -> Callable[[Iterator[Any]], Iterator[int]]:
-    """The function of the stage's partitions: partition ``i`` runs weir task ``i``."""
+    """The function of the stage's partitions: partition ``i`` runs weir task ``i``
+    (listening on loopback when ``local``, else on its executor's address), once it
+    found the driver's ``probe`` file in the checkpoint ``storage``."""
 
     def run(_: Iterator[Any]) -> Iterator[int]:
         from pyspark import BarrierTaskContext
 
-        vertex, subtask = tasks[BarrierTaskContext.get().partitionId()]
+        context = BarrierTaskContext.get()
+        partition = context.partitionId()
+        vertex, subtask = tasks[partition]
+        host = "127.0.0.1" if local else (
+            context.getTaskInfos()[partition].address.rsplit(":", 1)[0].strip("[]"))
+        if not CheckpointStorage(storage).exists(probe):
+            raise ConfigurationError(
+                f"checkpoint storage {storage} is not shared between the driver and the "
+                f"executor on {host} (task {vertex}[{subtask}] does not see the file "
+                f"{probe} the driver just wrote there): a continuous job on a cluster "
+                f"needs checkpoint storage that the driver and every executor share — a "
+                f"shared filesystem mounted at the same path, s3://, hdfs://")
         workdir = tempfile.mkdtemp(prefix=f"weir-task-{vertex}-{subtask}-")
         try:
             path = os.path.join(workdir, "graph.pickle")
@@ -159,7 +275,8 @@ def _task_runner(graph: bytes, env: dict[str, str], tasks: list[TaskId], attempt
             proc = subprocess.Popen(
                 [sys.executable, "-m", "weir.runtime.continuous.worker", path, vertex,
                  str(subtask), str(attempt)],
-                env={**os.environ, **env}, preexec_fn=_die_with_parent)
+                env={**os.environ, **env, "WEIR_BIND_HOST": host},
+                preexec_fn=_die_with_parent)
             try:
                 code = proc.wait()
             finally:

@@ -92,11 +92,13 @@ class Task:
 
     # -- set-up
 
-    def listen(self, secret: bytes) -> tuple[ChannelServer, InputGate] | None:
-        """The input gate (on a new channel server) of a task with inputs."""
+    def listen(self, secret: bytes, host: str = "127.0.0.1"
+               ) -> tuple[ChannelServer, InputGate] | None:
+        """The input gate (on a new channel server listening on ``host``) of a task with
+        inputs."""
         if not self.inputs:
             return None
-        server = ChannelServer(secret=secret, job=self.graph.job)
+        server = ChannelServer(secret=secret, job=self.graph.job, host=host)
         inputs = []
         for edge in self.inputs:
             producers = edge.producers_of(self.subtask,

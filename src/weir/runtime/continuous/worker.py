@@ -4,7 +4,8 @@
 
 with the coordinator's address in ``WEIR_COORDINATOR`` (``host:port``) and the job's
 shared secret in ``WEIR_JOB_SECRET`` (hex; never on the command line, where other
-users of the machine could read it). The graph file is the job's
+users of the machine could read it); its channels listen on ``WEIR_BIND_HOST``
+(loopback when unset). The graph file is the job's
 :class:`~weir.runtime.continuous.graph.JobGraph`, pickled by the driver that
 launched the job (the user's functions travel by value).
 
@@ -39,7 +40,7 @@ def main(argv: list[str]) -> int:
     task: Task | None = None
     try:
         task = Task(graph, vertex, subtask, int(attempt), control)
-        listening = task.listen(secret)
+        listening = task.listen(secret, os.environ.get("WEIR_BIND_HOST", "127.0.0.1"))
         control.send({"kind": "registered", "pid": os.getpid(),
                       "address": None if listening is None else list(listening[0].address)})
         start = control.receive(None)
