@@ -4,7 +4,9 @@ shuffle (the key is the source subtask, and channels keep order); a function tha
 fails once each at processing, at a snapshot, at a restore, at processing again and at
 close, armed as checkpoints complete; a strict-order oracle over the committed output:
 lost = duplicates = out-of-order = 0 with exactly 5 failures, and the running count
-per key equal to the oracle."""
+per key equal to the oracle. On the local runner (parallelism 2) and on Spark (the test
+run's ``local[2]`` session: parallelism 1, two tasks), where each failure is a task
+raising inside a barrier stage."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from continuous_helpers import keyed_graph
 from weir.api.checkpointing import CheckpointConfig
 from weir.connectors.stream import SequenceSource, read_stream_sink
 from weir.runtime.continuous.master import LocalJob
+from weir.runtime.continuous.spark_launcher import SparkLauncher
 
 P = 2
 SEEN = weir.ValueStateDescriptor[int]("seen", weir.IntSerializer())
@@ -102,8 +105,9 @@ SOAK_BACKENDS = ["hashmap", "rocksdb"] if os.environ.get("WEIR_SOAK") else ["roc
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", SOAK_BACKENDS)
+@pytest.mark.parametrize("runner", ["local", pytest.param("spark", marks=pytest.mark.spark)])
 def test_five_failures_at_every_stage_lose_duplicate_or_reorder_nothing(
-    tmp_path: Path, backend: str
+    tmp_path: Path, backend: str, runner: str, request: pytest.FixtureRequest
 ) -> None:
     n = 100_000
     markers = tmp_path / "markers"
@@ -111,10 +115,13 @@ def test_five_failures_at_every_stage_lose_duplicate_or_reorder_nothing(
     (markers / "close").touch()  # armed from the start: fires at the end of the job
     spec = keyed_graph(tmp_path, source=SequenceSource(n, 20_000), source_uid="source",
                        key_selector=lambda v: v % P, function=Failing(str(markers)),
-                       function_uid="failing", parallelism=P, backend=backend,
-                       max_parallelism=16, job="acceptance")
+                       function_uid="failing", parallelism=P if runner == "local" else 1,
+                       backend=backend, max_parallelism=16, job="acceptance")
+    launcher = (None if runner == "local"
+                else SparkLauncher(request.getfixturevalue("spark")))
     job = LocalJob(spec, CheckpointConfig(interval_ms=50),
-                   restart=weir.RestartStrategy.fixed_delay(attempts=5, delay=0))
+                   restart=weir.RestartStrategy.fixed_delay(attempts=5, delay=0),
+                   launcher=launcher)
     errors: list[BaseException] = []
 
     def run() -> None:
