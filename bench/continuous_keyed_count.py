@@ -35,8 +35,12 @@ run is kept: the machines here are shared.
 
 Latency at a fixed rate is ``bench/continuous_latency``.
 
+``--runner spark``: weir runs also on Spark (``runner="spark"``: the same four tasks as
+a barrier stage of a ``local[4]`` SparkSession, rows ``weir-<backend>-on-spark``),
+beside the local runner in the same run; results in ``continuous_keyed_count_spark``.
+
 Run: ``.venv/bin/python -m bench.continuous_keyed_count [--quick] [--keys 10000,200000]
-[--no-peers]`` (``make bench-continuous`` installs the peers first).
+[--no-peers] [--runner spark]`` (``make bench-continuous`` installs the peers first).
 Results: ``bench/results/continuous_keyed_count.json`` and ``.png``; a markdown table.
 """
 
@@ -125,8 +129,9 @@ def _load() -> float:
 
 
 def weir_run(records: int, keys: int, backend: str, interval_ms: int | None,
-             root: Path) -> dict[str, Any]:
-    """One continuous job; its throughput and checkpoints."""
+             root: Path, spark: Any = None) -> dict[str, Any]:
+    """One continuous job (on ``spark``'s executors if given); its throughput and
+    checkpoints."""
     work = Path(tempfile.mkdtemp(dir=root))
     marks = work / "marks"
     marks.mkdir()
@@ -140,9 +145,10 @@ def weir_run(records: int, keys: int, backend: str, interval_ms: int | None,
         .sink_to(FileSink(work / "out"), uid="sink"))
     load = _load()
     started = time.perf_counter()
-    result = env.execute("bench")
+    result = env.execute("bench", runner="local" if spark is None else "spark", spark=spark)
     seconds = time.perf_counter() - started
-    return {"peer": f"weir-{backend}", "checkpoints": "1 s" if interval_ms else "final only",
+    return {"peer": f"weir-{backend}" + ("" if spark is None else "-on-spark"),
+            "checkpoints": "1 s" if interval_ms else "final only",
             "interval_ms": interval_ms, "keys": keys, "records": records,
             "seconds": round(seconds, 2), "records_per_s": round(records / seconds),
             "steady_records_per_s": read_marks(marks), "completed": len(result.completed),
@@ -280,7 +286,8 @@ def plot(doc: dict[str, Any], path: Path) -> None:
 
     runs = [r for r in doc["runs"] if "error" not in r]
     key_counts = sorted({r["keys"] for r in runs})
-    names = [n for n in ("weir-hashmap", "weir-rocksdb", *PEERS)
+    names = [n for n in ("weir-hashmap", "weir-rocksdb", "weir-hashmap-on-spark",
+                         "weir-rocksdb-on-spark", *PEERS)
              if any(r["peer"] == n for r in runs)]
     fig, axes = plt.subplots(1, len(key_counts), figsize=(5.5 * len(key_counts), 4.5),
                              sharey=True, squeeze=False)
@@ -335,17 +342,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peer-timeout", type=float, default=1200, help="seconds per peer run")
     p.add_argument("--warmup-records", type=int, default=20_000,
                    help="an unmeasured run of weir and of each peer first (0: none)")
+    p.add_argument("--runner", choices=("local", "spark"), default="local",
+                   help="spark: weir also on a local[4] SparkSession, beside the local runner")
     args = p.parse_args(argv)
     key_counts = [10_000] if args.quick else args.keys
     records = 200_000 if args.quick else args.records
     if args.peers and not PEERS_PYTHON.exists():
         p.error(f"--peers: {PEERS_PYTHON} is missing; run `make peers` first")
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    spark = None
+    if args.runner == "spark":
+        from bench.spark_keyed_count import spark_session
+
+        spark = spark_session("2g", "local[4]")
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="weir-bench-continuous-") as tmp:
         root = Path(tmp)
         if args.warmup_records:
             weir_run(args.warmup_records, 1000, "hashmap", None, root)
+            if spark is not None:
+                weir_run(args.warmup_records, 1000, "hashmap", None, root, spark)
             for peer in PEERS if args.peers else ():
                 peer_run(peer, args.warmup_records, 1000, None, root, args.peer_timeout)
         for keys in key_counts:
@@ -354,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
             for backend in ("hashmap", "rocksdb"):
                 for interval in (None, 1000):
                     runs.append(weir_run(records, keys, backend, interval, root))
+                    if spark is not None:
+                        runs.append(weir_run(records, keys, backend, interval, root, spark))
             for peer in PEERS if args.peers else ():
                 for interval in (None, 1000):
                     row = peer_run(peer, records, keys, interval, root, args.peer_timeout)
@@ -366,11 +384,13 @@ def main(argv: list[str] | None = None) -> int:
                        "cpus": os.cpu_count(),
                        "peers": peer_versions() if args.peers else None},
            "params": {"records": records, "keys": key_counts, "parallelism": 2,
+                      "runner": args.runner,
                       "peers": list(PEERS) if args.peers else [],
                       "warmup_records": args.warmup_records},
            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": runs}
     print_table(runs)
-    stem = "continuous_keyed_count_quick" if args.quick else "continuous_keyed_count"
+    stem = "continuous_keyed_count" + ("_spark" if spark is not None else "") + (
+        "_quick" if args.quick else "")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
     plot(doc, RESULTS / f"{stem}.png")

@@ -22,7 +22,13 @@ is in ``bench/results/spark_keyed_count_latency.json`` (``bench.spark_keyed_coun
 --latency``).
 
 ``--runner spark``: weir's tasks run as a barrier-mode stage of a ``local[4]``
-SparkSession (``runner="spark"``); results in ``continuous_latency_spark.json``.
+SparkSession (``runner="spark"``); results in ``continuous_latency_spark.json``. On the
+same session and at the same rates and keys (``--micro-batch``, on by default there),
+the micro-batch runtimes as ``bench.spark_keyed_count --latency`` measures them (parquet
+files dropped 10 times a second, each row stamped when its file was made; latency =
+when ``foreachBatch`` sees the row minus the stamp): ``weir.spark.process`` (hash map) and
+Spark's ``transformWithState`` (RocksDB state store), each with a processing-time
+trigger of 1 s and of 100 ms (rows ``<peer>-trigger-<ms>ms``).
 
 Run: ``.venv/bin/python -m bench.continuous_latency [--quick] [--rates 1000,10000]
 [--no-peers] [--runner spark]``. Results: ``bench/results/continuous_latency.json``
@@ -207,6 +213,29 @@ def peer_run(peer: str, rate: int, args: argparse.Namespace, work: Path) -> dict
     return {**row, **summary(read_notes(notes), args), "load_after": os.getloadavg()}
 
 
+#: (peer of bench.spark_keyed_count, processing-time trigger ms) for --micro-batch
+MICRO_BATCH = (("weir-hashmap", 1000), ("weir-hashmap", 100), ("tws-row", 1000),
+               ("tws-row", 100))
+
+
+def micro_batch_run(peer: str, trigger_ms: int, rate: int, args: argparse.Namespace,
+                    work: Path) -> dict[str, Any]:
+    """A micro-batch runtime on the same session (``bench.spark_keyed_count``'s latency
+    run, the trigger set to ``trigger_ms``)."""
+    from bench.spark_keyed_count import run_latency
+
+    settings = argparse.Namespace(
+        latency_keys=args.keys, latency_source="files", files_per_second=10,
+        latency_warmup=args.warmup, latency_seconds=args.seconds, latency_grace=60.0,
+        latency_trigger_ms=trigger_ms, verbose=False)
+    r = run_latency(args.spark, peer, rate, settings, work)
+    row = {"peer": f"{peer}-trigger-{trigger_ms}ms", "rate": rate, "keys": args.keys,
+           "trigger_ms": trigger_ms, "records_in_window": r.get("rows_measured", 0),
+           **{k: r[k] for k in ("p50_ms", "p99_ms", "p999_ms", "max_ms", "kept_up",
+                                "batch_ms_p50", "error") if k in r}}
+    return row
+
+
 def _ints(s: str) -> list[int]:
     return [int(x.replace("_", "")) for x in s.split(",") if x.strip()]
 
@@ -223,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runner", choices=("local", "spark"), default="local",
                         help="spark: weir's tasks as a barrier stage of a local[4] "
                              "SparkSession (the peers are unchanged)")
+    parser.add_argument("--micro-batch", action=argparse.BooleanOptionalAction, default=None,
+                        help="with --runner spark (default there): the micro-batch "
+                             "runtimes on the same session")
     parser.add_argument("--peers", action=argparse.BooleanOptionalAction,
                         default=PEERS_PYTHON.exists(),
                         help="run PyFlink and Bytewax too (default: when .venv-peers exists)")
@@ -233,12 +265,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--peers: {PEERS_PYTHON} is missing; run `make peers` first")
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     args.spark = None
+    if args.micro_batch is None:
+        args.micro_batch = args.runner == "spark"
+    if args.micro_batch and args.runner != "spark":
+        parser.error("--micro-batch runs on the Spark session of --runner spark")
     if args.runner == "spark":
-        from pyspark.sql import SparkSession
+        from bench.spark_keyed_count import spark_session
 
-        os.environ["PYSPARK_PYTHON"] = sys.executable  # executors import weir from here
-        args.spark = (SparkSession.builder.master("local[4]").appName("weir-latency")
-                      .config("spark.ui.enabled", "false").getOrCreate())
+        # the executors import weir from this interpreter; transformWithState's store:
+        # RocksDB
+        args.spark = spark_session("2g", "local[4]")
     rows = []
     with tempfile.TemporaryDirectory(prefix="weir-latency-") as tmp:
         for rate in args.rates:
@@ -248,6 +284,10 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(peer_run(peer, rate, args, Path(tmp)))
                 if "error" in rows[-1]:
                     print(f"{peer} failed: {rows[-1]['error']}", file=sys.stderr)
+            for peer, trigger_ms in MICRO_BATCH if args.micro_batch else ():
+                rows.append(micro_batch_run(peer, trigger_ms, rate, args, Path(tmp)))
+                if "error" in rows[-1]:
+                    print(f"{rows[-1]['peer']} failed: {rows[-1]['error']}", file=sys.stderr)
     print("| runtime | rate | records measured | p50 ms | p99 ms | p99.9 ms | max ms |\n"
           "|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:

@@ -276,14 +276,14 @@ def build(peer: str, events: Any, with_ts: bool, weir_dir: str) -> Any:
 
 # --------------------------------------------------------------------------- session
 
-def spark_session(driver_memory: str) -> Any:
+def spark_session(driver_memory: str, master: str = "local[2]") -> Any:
     # the Python workers must run this interpreter (the venv has pyarrow, protobuf)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
     session = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master(master)
         .appName("weir-bench-keyed-count")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -613,7 +613,8 @@ def run_latency(spark: Any, peer: str, rate: int, args: argparse.Namespace, work
         query = (
             out.writeStream.foreachBatch(sink).outputMode("update")
             .option("checkpointLocation", str(work / f"ckpt-{tag}"))
-            .trigger(processingTime="1 second").start()
+            .trigger(processingTime=f"{getattr(args, 'latency_trigger_ms', 1000)} milliseconds")
+            .start()
         )
         if dropper is not None:
             dropper.start()
@@ -688,6 +689,7 @@ def run_latency(spark: Any, peer: str, rate: int, args: argparse.Namespace, work
         "complete": status == "ok" and len(values) >= 0.99 * expected,
         "p50_ms": round(float(np.percentile(values, 50)), 1),
         "p99_ms": round(float(np.percentile(values, 99)), 1),
+        "p999_ms": round(float(np.percentile(values, 99.9)), 1),
         "max_ms": round(float(values.max()), 1),
         "drift_ms": round(drift, 1) if drift is not None else None,
         "kept_up": status == "ok" and drift is not None and drift < 1000.0,
