@@ -53,19 +53,20 @@ def check_in_order(out: Path) -> None:
 
 
 def tasks_left(timeout_s: float = 20.0) -> list[str]:
-    """Command lines of weir task processes started by Spark tasks (their graph lies in
-    a ``weir-task-*`` directory) still alive after ``timeout_s``."""
+    """Weir task processes started by Spark tasks (named ``weir <task>``, below a Spark
+    Python worker) still alive after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
         left = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
+                name = Path(f"/proc/{pid}/comm").read_text().strip()
+                ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+                parent = Path(f"/proc/{ppid}/cmdline").read_bytes()
+            except (OSError, IndexError):
                 continue
-            if b"weir.runtime.continuous.worker" in argv and any(
-                    b"/weir-task-" in a for a in argv):
-                left.append(b" ".join(argv).decode(errors="replace"))
+            if name.startswith("weir ") and b"pyspark" in parent:
+                left.append(f"{pid} {name}")
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)

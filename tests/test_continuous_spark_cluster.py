@@ -68,13 +68,14 @@ class Paths:
         return self.work / "status.json"
 
 
-def task_processes(driver: faults.Driver) -> dict[int, int]:
-    """The weir task processes of ``driver``'s application: pid -> attempt."""
-    found = {}
+def task_processes(driver: faults.Driver) -> set[int]:
+    """The weir task processes of ``driver``'s application (named ``weir <task>``)."""
+    found = set()
     for pid in faults._descendants(driver.proc.pid):
-        argv = faults._cmdline(pid)
-        if "weir.runtime.continuous.worker" in argv and faults._alive(pid):
-            found[pid] = int(argv[-1])
+        with contextlib.suppress(OSError):
+            name = Path(f"/proc/{pid}/comm").read_text()
+            if name.startswith("weir ") and faults._alive(pid):
+                found.add(pid)
     return found
 
 
@@ -103,16 +104,18 @@ def in_flight(chk: Path) -> bool:
     return any(not (d / "_metadata").exists() for d in chk.glob("chk-*"))
 
 
-def running(driver: faults.Driver, attempt: int) -> dict[int, int]:
-    """Wait until ``attempt`` runs all its tasks and completed a checkpoint; its tasks."""
+def running(driver: faults.Driver, seen: set[int]) -> set[int]:
+    """Wait until a new attempt runs all its tasks (none in ``seen``, which gets them)
+    and completed a checkpoint; its tasks."""
     chk = driver.paths.work / "chk"
     before = latest_completed(chk)
-    driver.wait_for(f"attempt {attempt} with all tasks", lambda: [
-        p for p, a in task_processes(driver).items() if a == attempt][TASKS - 1:])
-    driver.wait_for(f"a checkpoint of attempt {attempt}",
-                    lambda: latest_completed(chk) > before)
+    tasks: set[int] = driver.wait_for(
+        f"an attempt with all {TASKS} tasks",
+        lambda: new if len(new := task_processes(driver) - seen) == TASKS else None)
+    seen |= tasks
+    driver.wait_for("a checkpoint of the new attempt", lambda: latest_completed(chk) > before)
     driver.track()
-    return {p: a for p, a in task_processes(driver).items() if a == attempt}
+    return tasks
 
 
 def kill(driver: faults.Driver, pid: int) -> bool:
@@ -161,20 +164,21 @@ def test_kill_9_executor_python_worker_and_driver(tmp_path: Path, backend: str) 
     kills: Counter[str] = Counter()
     try:
         app = first.wait_for("the session", lambda: first.status().get("app_id"))
-        tasks = running(first, 0)
+        seen: set[int] = set()
+        tasks = running(first, seen)
         # off loopback: the tasks with inputs listen on their executor's address
         addresses = set().union(*(listening(p) for p in tasks))
         assert addresses and "127.0.0.1" not in addresses, addresses
         executor = faults._executor_above(next(iter(tasks)), app)
         kills["executor"] += kill(first, executor)
 
-        tasks = running(first, 1)
+        tasks = running(first, seen)
         first.wait_for("a checkpoint in flight", lambda: in_flight(tmp_path / "chk"))
         worker = faults._stat(next(iter(tasks)))[1]  # the Spark Python worker above it
         assert "python" in os.path.basename(faults._cmdline(worker)[0]), worker
         kills["python worker"] += kill(first, worker)
 
-        running(first, 2)
+        running(first, seen)
         status = first.status()
         jvm, python = int(status["jvm_pid"]), int(status["driver_pid"])
         first.track()

@@ -3,12 +3,13 @@
 ``StreamEnvironment.execute(..., runner="spark", spark=session)`` runs the job's driver
 (the checkpoint coordinator, :mod:`.master`) in this process as on the local runner,
 and its tasks as the Spark tasks of one barrier stage (``rdd.barrier().mapPartitions``,
-one partition per weir task, all scheduled at once): Spark task ``i`` starts weir task
-``i`` (``python -m weir.runtime.continuous.worker``) in a process of its own on its
-executor and waits for it. A weir task registers its channel address with the
-coordinator, which hands every address out in the ``start`` message — the address
-exchange Spark's ``allGather`` would do, through the coordinator the tasks need anyway
-(CONTINUOUS.md: "or the coordinator lives on the driver", as TorchDistributor does).
+one partition per weir task, all scheduled at once): Spark task ``i`` runs weir task
+``i`` in a process of its own on its executor — a fork of its Python worker, which keeps
+the imported task code for the next stage (``python -m weir.runtime.continuous.worker``
+if that worker has threads) — and waits for it. A weir task registers its channel
+address with the coordinator, which hands every address out in the ``start`` message —
+the address exchange Spark's ``allGather`` would do, through the coordinator the tasks
+need anyway (CONTINUOUS.md: "or the coordinator lives on the driver", as TorchDistributor does).
 
 **Addresses.** On a ``local[N]`` master everything listens on loopback. On any other
 master (``local-cluster[...]``, standalone, YARN, Kubernetes) the coordinator listens
@@ -46,11 +47,13 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -272,22 +275,61 @@ def _task_runner(graph: bytes, env: dict[str, str], tasks: list[TaskId], attempt
             path = os.path.join(workdir, "graph.pickle")
             with open(path, "wb") as f:
                 f.write(graph)
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "weir.runtime.continuous.worker", path, vertex,
-                 str(subtask), str(attempt)],
-                env={**os.environ, **env, "WEIR_BIND_HOST": host},
-                preexec_fn=_die_with_parent)
-            try:
-                code = proc.wait()
-            finally:
-                if proc.poll() is None:  # this Python worker is being stopped
-                    proc.kill()
-                    proc.wait()
+            argv = [path, vertex, str(subtask), str(attempt)]
+            task_env = {**env, "WEIR_BIND_HOST": host}
+            if threading.active_count() == 1:
+                code = _forked(argv, task_env)
+            else:  # (a fork would copy another thread's locks: a process of its own)
+                code = _spawned(argv, task_env)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         yield code
 
     return run
+
+
+def _forked(argv: list[str], env: dict[str, str]) -> int:
+    """Run the weir task in a fork of this Spark Python worker; its exit status. Spark
+    reuses a Python worker for the next tasks, so the task code it imported once (here,
+    or for an earlier stage) is shared by every fork: a restart's tasks start in
+    milliseconds, not in the half second of a fresh interpreter's imports."""
+    from weir.runtime.continuous import worker
+
+    pid = os.fork()
+    if pid == 0:  # the task: never returns into the Spark worker's code
+        code = 1
+        try:
+            _die_with_parent()
+            os.environ.update(env)
+            code = worker.main(argv)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+    try:
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+        return os.waitstatus_to_exitcode(status)
+    finally:
+        if pid:  # this Python worker is being stopped
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+
+
+def _spawned(argv: list[str], env: dict[str, str]) -> int:
+    """Run the weir task as ``python -m weir.runtime.continuous.worker``."""
+    proc = subprocess.Popen([sys.executable, "-m", "weir.runtime.continuous.worker", *argv],
+                            env={**os.environ, **env}, preexec_fn=_die_with_parent)
+    try:
+        return proc.wait()
+    finally:
+        if proc.poll() is None:  # this Python worker is being stopped
+            proc.kill()
+            proc.wait()
 
 
 def _die_with_parent() -> None:
@@ -296,6 +338,5 @@ def _die_with_parent() -> None:
     when the coordinator closes its connection)."""
     with contextlib.suppress(Exception):
         import ctypes
-        import signal
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)

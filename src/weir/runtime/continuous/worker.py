@@ -13,11 +13,13 @@ The task registers (a task with inputs with the address of its input gate), wait
 coordinator's ``start`` (the data addresses of every task, the checkpoint to restore),
 and runs until it finishes, fails (reported, exit status 1) or loses the coordinator.
 A task that stops because a channel or the coordinator went away (the failure is
-another task's) says so in one line instead of a traceback.
+another task's) says so in one line instead of a traceback. The process is named
+``weir <vertex>[<subtask>]`` (``ps``, ``/proc/<pid>/comm``; 15 bytes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import sys
@@ -31,6 +33,7 @@ from weir.runtime.continuous.task import Task
 def main(argv: list[str]) -> int:
     """Run one task; its exit status."""
     graph_file, vertex, subtask, attempt = argv[0], argv[1], int(argv[2]), int(argv[3])
+    name_process(f"weir {vertex}[{subtask}]")
     with open(graph_file, "rb") as f:
         graph: JobGraph = pickle.load(f)  # written by this job's own driver
     secret = bytes.fromhex(os.environ["WEIR_JOB_SECRET"])
@@ -60,6 +63,15 @@ def main(argv: list[str]) -> int:
     finally:
         control.close()
     return 0
+
+
+def name_process(name: str) -> None:
+    """Show ``name`` (15 bytes at most) as this process's name in ``ps``, ``top`` and
+    ``/proc/<pid>/comm`` (Linux ``prctl(PR_SET_NAME)``; elsewhere nothing)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, name.encode()[:15])
 
 
 if __name__ == "__main__":
