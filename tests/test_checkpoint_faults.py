@@ -1005,12 +1005,14 @@ def test_a_full_disk_fails_the_checkpoint_cleanly_and_the_previous_one_still_res
 
 class _SlowSecondSubtask:
     """Once armed: subtask 1 publishes its first file, then is slow (it goes on only
-    after the checkpoint directory was deleted); subtask 0 then fails with ENOSPC."""
+    once subtask 0 failed); subtask 0 then fails with ENOSPC. (Not until the
+    checkpoint directory is deleted: the abort waits for the uploads still running.)"""
 
     def __init__(self, wrapped: Any) -> None:
         self.wrapped = wrapped
         self.armed = False
         self.first_published = threading.Event()
+        self.failed = threading.Event()
         self.aborted = threading.Event()
 
     def __getattr__(self, name: str) -> Any:
@@ -1019,6 +1021,7 @@ class _SlowSecondSubtask:
     def open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
         if self.armed and "w" in mode and "/0-" in path:
             self.first_published.wait(10)
+            self.failed.set()
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
         return self.wrapped.open(path, mode, **kwargs)
 
@@ -1026,7 +1029,7 @@ class _SlowSecondSubtask:
         result = self.wrapped.mv(path1, path2, **kwargs)
         if self.armed and "/1-" in path2 and not self.first_published.is_set():
             self.first_published.set()
-            self.aborted.wait(10)
+            assert self.failed.wait(10)
         return result
 
     def rm(self, path: str, recursive: bool = False, **kwargs: Any) -> Any:
