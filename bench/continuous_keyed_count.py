@@ -72,11 +72,14 @@ PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
 PEERS = ("pyflink", "bytewax", "bytewax-2")  # bytewax-2: a cluster of 2 processes
 COUNT = weir.ValueStateDescriptor[int]("count", weir.IntSerializer())
 Marks = list[tuple[float, int]]
+#: (monotonic time, records so far, CPU seconds of the whole task process so far)
+CpuMarks = list[tuple[float, int, float]]
 
 
 class Count(weir.KeyedProcessFunction[int, Any]):
     """A running count per key; emits nothing (the sink stays out of the measure).
-    Notes (time, records so far) every ``every`` records into ``marks_dir``."""
+    Notes (time, records so far, the task process's CPU time so far: every thread,
+    the snapshot uploads' too) every ``every`` records into ``marks_dir``."""
 
     def __init__(self, marks_dir: str | None = None, every: int = 20_000) -> None:
         self.marks_dir, self.every = marks_dir, every
@@ -84,13 +87,13 @@ class Count(weir.KeyedProcessFunction[int, Any]):
     def open(self, ctx: Any) -> None:
         self.count = ctx.get_state(COUNT)
         self.n = 0
-        self.marks: Marks = []
+        self.marks: CpuMarks = []
 
     def process_element(self, value: int, ctx: Any) -> None:
         self.count.update((self.count.value() or 0) + 1)
         self.n += 1
         if self.n % self.every == 0:
-            self.marks.append((time.monotonic(), self.n))
+            self.marks.append((time.monotonic(), self.n, time.process_time()))
 
     def close(self) -> None:
         if self.marks_dir:
@@ -120,8 +123,33 @@ def steady_rate(subtasks: Sequence[Marks]) -> float | None:
 
 def read_marks(directory: Path) -> float | None:
     subtasks = [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
-    rate = steady_rate([[(float(t), int(n)) for t, n in m] for m in subtasks if m])
+    rate = steady_rate([[(float(t), int(n)) for t, n, *_ in m] for m in subtasks if m])
     return None if rate is None else round(rate)
+
+
+def read_cpu(directory: Path) -> float | None:
+    """CPU µs per record of the keyed task processes in the steady window (the one of
+    :func:`read_marks`): their CPU time there over the records they counted there.
+    Less noisy than a rate on shared cores: another process's load slows a run but
+    adds little to the CPU time its records take."""
+    subtasks = [[(float(t), int(n), float(c)) for t, n, c in json.loads(p.read_text())]
+                for p in sorted(directory.glob("*.json"))]
+    if not subtasks or any(len(m) < 2 for m in subtasks):
+        return None
+    lo, hi = max(m[0][0] for m in subtasks), min(m[-1][0] for m in subtasks)
+    if hi <= lo:
+        return None
+
+    def at(m: CpuMarks, t: float, field: int) -> float:
+        for a, b in itertools.pairwise(m):
+            if a[0] <= t <= b[0]:
+                share = (t - a[0]) / (b[0] - a[0]) if b[0] > a[0] else 1.0
+                return a[field] + (b[field] - a[field]) * share
+        raise ValueError("time outside the marks")
+
+    records = sum(at(m, hi, 1) - at(m, lo, 1) for m in subtasks)
+    cpu = sum(at(m, hi, 2) - at(m, lo, 2) for m in subtasks)
+    return round(cpu / records * 1e6, 3) if records > 0 else None
 
 
 def _load() -> float:
@@ -151,7 +179,8 @@ def weir_run(records: int, keys: int, backend: str, interval_ms: int | None,
             "checkpoints": "1 s" if interval_ms else "final only",
             "interval_ms": interval_ms, "keys": keys, "records": records,
             "seconds": round(seconds, 2), "records_per_s": round(records / seconds),
-            "steady_records_per_s": read_marks(marks), "completed": len(result.completed),
+            "steady_records_per_s": read_marks(marks), "cpu_us_per_record": read_cpu(marks),
+            "completed": len(result.completed),
             "load": [load, _load()]}
 
 

@@ -58,6 +58,7 @@ from weir.runtime.continuous.client import (
     CheckpointStats,
     CheckpointStatus,
     JobClient,
+    JobResult,
     TaskInfo,
 )
 from weir.runtime.continuous.graph import (
@@ -69,7 +70,7 @@ from weir.runtime.continuous.graph import (
     Partitioner,
     compile_graph,
 )
-from weir.runtime.continuous.master import JobResult, LocalJob
+from weir.runtime.continuous.master import LocalJob
 from weir.runtime.continuous.spark_launcher import SparkLauncher
 
 __all__ = [

@@ -19,9 +19,27 @@ from typing import TYPE_CHECKING, Any
 from weir.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from weir.runtime.continuous.master import JobResult, LocalJob
+    from weir.runtime.continuous.master import LocalJob
 
-__all__ = ["CheckpointStats", "CheckpointStatus", "Command", "JobClient", "TaskInfo"]
+__all__ = [
+    "CheckpointStats", "CheckpointStatus", "Command", "JobClient", "JobResult", "TaskInfo",
+]
+
+
+@dataclass
+class JobResult:
+    """What a finished job did."""
+
+    completed: list[int] = field(default_factory=list)
+    aborted: list[tuple[int, str]] = field(default_factory=list)
+    #: the first line of each failure that caused a restart (or ended the job)
+    failures: list[str] = field(default_factory=list)
+    restarts: int = 0
+    duration_s: float = 0.0
+    #: the job was cancelled (JobClient.cancel)
+    cancelled: bool = False
+    #: the savepoint stop-with-savepoint ended it with
+    savepoint: str | None = None
 
 
 class CheckpointStatus(enum.Enum):

@@ -63,7 +63,12 @@ from weir.checkpoint.coordinator import (
 from weir.checkpoint.format import decode_part
 from weir.errors import CheckpointError, ConfigurationError, JobFailedError, WeirError
 from weir.runtime.continuous import zygote
-from weir.runtime.continuous.client import CheckpointStats, CheckpointStatus, Command
+from weir.runtime.continuous.client import (
+    CheckpointStats,
+    CheckpointStatus,
+    Command,
+    JobResult,
+)
 from weir.runtime.continuous.control import ControlServer, TaskId
 from weir.runtime.continuous.graph import JobGraph
 from weir.runtime.continuous.processes import root_cause, stop_processes
@@ -83,22 +88,6 @@ from weir.runtime.continuous.task import task_address
 __all__ = ["JobResult", "LocalJob"]
 
 log = logging.getLogger("weir")
-
-
-@dataclass
-class JobResult:
-    """What a finished job did."""
-
-    completed: list[int] = field(default_factory=list)
-    aborted: list[tuple[int, str]] = field(default_factory=list)
-    #: the first line of each failure that caused a restart (or ended the job)
-    failures: list[str] = field(default_factory=list)
-    restarts: int = 0
-    duration_s: float = 0.0
-    #: the job was cancelled (JobClient.cancel)
-    cancelled: bool = False
-    #: the savepoint stop-with-savepoint ended it with
-    savepoint: str | None = None
 
 
 class LocalJob:
