@@ -66,3 +66,23 @@ def test_a_packed_snapshot_writes_reads_and_clips_as_the_per_entry_form(
     assert encode_keyed(clipped) == encode_keyed(
         {g: per for g, per in expected.items() if lo <= g <= hi})
     assert decode_keyed(data, index, KeyGroupRange(lo, hi), "f") == dict(clipped)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(_KEYS, st.sampled_from([0, 1, 255, 256, 65535, 65536, 70000])),
+                max_size=8))
+def test_entries_packed_in_c_are_the_bytes_msgpack_packs(entries: list[Any]) -> None:
+    """``pack_entries`` (C, every state without a snapshot filter) writes each key and
+    value as msgpack's own bin 8 / 16 / 32 objects, grouped by key group in order."""
+    import msgpack
+
+    from weir.state._hashcore import pack_entries
+
+    pairs = [(key, bytes(size)) for key, size in entries]
+    want: dict[int, tuple[bytes, int]] = {}
+    for key, data in pairs:
+        group = int.from_bytes(key[:2], "big")
+        packed, count = want.get(group, (b"", 0))
+        want[group] = (packed + msgpack.packb(key) + msgpack.packb(data), count + 1)
+    got = {g: (bytes(buf), n) for g, (buf, n) in pack_entries(iter(pairs)).items()}
+    assert got == want

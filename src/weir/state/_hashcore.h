@@ -1,6 +1,7 @@
-/* What the two files of the extension module weir.state._hashcore share: the key
+/* What the files of the extension module weir.state._hashcore share: the key
  * context's C base KeyCell (_keycell.c defines it and the route pass's helpers;
- * _hashcore.c's tables read the current key from it and registers the module). */
+ * _hashcore.c's tables read the current key from it and registers the module;
+ * _packed.c packs a snapshot's entries). */
 #ifndef WEIR_HASHCORE_H
 #define WEIR_HASHCORE_H
 
@@ -32,5 +33,8 @@ PyObject *weir_py_spark_hash_int(PyObject *module, PyObject *const *args, Py_ssi
 PyObject *weir_py_spark_hash_long(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *weir_py_spark_hash_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *weir_py_common_key_hash(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
+/* pack_entries(entries) -> {key group: (bytearray, count)} (see _packed.c). */
+PyObject *weir_pack_entries(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #endif /* WEIR_HASHCORE_H */

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import msgpack
 
 from weir.errors import CorruptCheckpointError
+from weir.state._hashcore import pack_entries
 
 __all__ = ["Entries", "PackedGroups", "pack_sources", "pairs", "unpack_group"]
 
@@ -111,6 +112,11 @@ class PackedGroups(Mapping[int, Mapping[str, Entries]]):
         return out, index
 
 
+def _packed(chunk: Any) -> Any:
+    """The bytes of one chunk of a slot's packed entries (a buffer, or a Packer's)."""
+    return chunk.getbuffer() if isinstance(chunk, msgpack.Packer) else chunk
+
+
 def pack_sources(
     sources: Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]],
     filters: Mapping[str, Callable[[bytes, bytes], bytes | None]],
@@ -119,37 +125,40 @@ def pack_sources(
     start with their 2-byte key group) packed by key group, after the full-snapshot
     filter of the state in ``filters`` (None drops an entry, bytes replace its
     value). Holds the encoded entries only, never a tuple per entry."""
-    # group -> name -> [packer, its pack, entries]
+    # group -> name -> [chunks of packed entries (buffers from C, msgpack Packers), entries]
     slots: dict[int, dict[str, list[Any]]] = {}
     for name, entries in sources:
         keep = filters.get(name)
-        mine: dict[int, list[Any]] = {}  # this state's slots, by group
+        if keep is None:  # the common case: every entry, packed in C
+            for group, (buf, count) in pack_entries(entries).items():
+                slot = slots.setdefault(group, {}).setdefault(name, [[], 0])
+                slot[0].append(buf)
+                slot[1] += count
+            continue
+        mine: dict[int, list[Any]] = {}  # this state's (packer, slot) by group
         for key, data in entries:
-            if keep is not None:
-                kept = keep(key, data)
-                if kept is None:
-                    continue
-                data = kept
+            kept = keep(key, data)
+            if kept is None:
+                continue
             group = (key[0] << 8) | key[1]
-            slot = mine.get(group)
-            if slot is None:
-                per_state = slots.setdefault(group, {})
-                if name not in per_state:
-                    packer = msgpack.Packer(use_bin_type=True, autoreset=False)
-                    per_state[name] = [packer, packer.pack, 0]
-                slot = mine[group] = per_state[name]
-            pack = slot[1]
+            found = mine.get(group)
+            if found is None:
+                packer = msgpack.Packer(use_bin_type=True, autoreset=False)
+                slot = slots.setdefault(group, {}).setdefault(name, [[], 0])
+                slot[0].append(packer)
+                found = mine[group] = [packer.pack, slot]
+            pack, slot = found
             pack(key)
-            pack(data)
-            slot[2] += 1
+            pack(kept)
+            slot[1] += 1
     parts: list[bytes] = []
     index: dict[int, tuple[int, int]] = {}
     offset = total = 0
     for group in sorted(slots):
         per_state = slots.pop(group)
         blob = [_packb_map_header(len(per_state))]
-        for name, (packer, _, count) in per_state.items():
-            blob += (_packb(name), _packb_array_header(2 * count), packer.getbuffer())
+        for name, (chunks, count) in per_state.items():
+            blob += (_packb(name), _packb_array_header(2 * count), *map(_packed, chunks))
             total += count
         packed = b"".join(blob)
         del blob, per_state
