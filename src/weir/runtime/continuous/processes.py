@@ -1,9 +1,11 @@
-"""The task processes of a job on this machine: stopping them, and naming the root
-cause when one fails."""
+"""The task processes of a job: stopping them, naming the root cause when one fails,
+and what a task process sets on itself (its name, dying with its parent)."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
+import signal
 import subprocess
 import time
 from collections.abc import Iterable
@@ -12,7 +14,7 @@ from typing import Any, Protocol
 from weir.errors import JobFailedError
 from weir.runtime.continuous.control import TaskId
 
-__all__ = ["root_cause", "stop_processes"]
+__all__ = ["die_with_parent", "name_process", "root_cause", "stop_processes"]
 
 
 Report = tuple[TaskId, dict[str, Any]]
@@ -77,3 +79,23 @@ def stop_processes(procs: Iterable[Process], grace_s: float) -> None:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+def _prctl(option: int, arg: Any) -> None:
+    """Linux ``prctl(option, arg)`` on this process; nothing elsewhere."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, arg)
+
+
+def name_process(name: str) -> None:
+    """Show ``name`` (15 bytes at most) as this process's name in ``ps``, ``top`` and
+    ``/proc/<pid>/comm`` (``PR_SET_NAME``)."""
+    _prctl(15, name.encode()[:15])
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent dies (``PR_SET_PDEATHSIG``; elsewhere a
+    task still ends once the coordinator closes its connection)."""
+    _prctl(1, signal.SIGKILL)

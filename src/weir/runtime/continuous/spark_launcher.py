@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -60,6 +61,7 @@ from typing import Any
 
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import ConfigurationError
+from weir.runtime.continuous.processes import die_with_parent
 
 __all__ = ["SparkLauncher"]
 
@@ -270,25 +272,17 @@ def _task_runner(graph: bytes, env: dict[str, str], tasks: list[TaskId], attempt
                 f"{probe} the driver just wrote there): a continuous job on a cluster "
                 f"needs checkpoint storage that the driver and every executor share — a "
                 f"shared filesystem mounted at the same path, s3://, hdfs://")
-        workdir = tempfile.mkdtemp(prefix=f"weir-task-{vertex}-{subtask}-")
-        try:
-            path = os.path.join(workdir, "graph.pickle")
-            with open(path, "wb") as f:
-                f.write(graph)
-            argv = [path, vertex, str(subtask), str(attempt)]
-            task_env = {**env, "WEIR_BIND_HOST": host}
-            if threading.active_count() == 1:
-                code = _forked(argv, task_env)
-            else:  # (a fork would copy another thread's locks: a process of its own)
-                code = _spawned(argv, task_env)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-        yield code
+        env_of_task = {**env, "WEIR_BIND_HOST": host}
+        if threading.active_count() == 1:
+            yield _forked(graph, vertex, subtask, attempt, env_of_task)
+        else:  # (a fork would copy another thread's locks: a process of its own)
+            yield _spawned(graph, vertex, subtask, attempt, env_of_task)
 
     return run
 
 
-def _forked(argv: list[str], env: dict[str, str]) -> int:
+def _forked(graph: bytes, vertex: str, subtask: int, attempt: int,
+            env: dict[str, str]) -> int:
     """Run the weir task in a fork of this Spark Python worker; its exit status. Spark
     reuses a Python worker for the next tasks, so the task code it imported once (here,
     or for an earlier stage) is shared by every fork: a restart's tasks start in
@@ -299,9 +293,9 @@ def _forked(argv: list[str], env: dict[str, str]) -> int:
     if pid == 0:  # the task: never returns into the Spark worker's code
         code = 1
         try:
-            _die_with_parent()
+            die_with_parent()
             os.environ.update(env)
-            code = worker.main(argv)
+            code = worker.run(pickle.loads(graph), vertex, subtask, attempt)
         except BaseException:
             traceback.print_exc()
         finally:
@@ -320,23 +314,24 @@ def _forked(argv: list[str], env: dict[str, str]) -> int:
                 os.waitpid(pid, 0)
 
 
-def _spawned(argv: list[str], env: dict[str, str]) -> int:
-    """Run the weir task as ``python -m weir.runtime.continuous.worker``."""
-    proc = subprocess.Popen([sys.executable, "-m", "weir.runtime.continuous.worker", *argv],
-                            env={**os.environ, **env}, preexec_fn=_die_with_parent)
+def _spawned(graph: bytes, vertex: str, subtask: int, attempt: int,
+             env: dict[str, str]) -> int:
+    """Run the weir task as ``python -m weir.runtime.continuous.worker`` (its graph in
+    a file of a directory of its own)."""
+    workdir = tempfile.mkdtemp(prefix=f"weir-task-{vertex}-{subtask}-")
     try:
-        return proc.wait()
+        path = os.path.join(workdir, "graph.pickle")
+        with open(path, "wb") as f:
+            f.write(graph)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "weir.runtime.continuous.worker", path, vertex,
+             str(subtask), str(attempt)],
+            env={**os.environ, **env}, preexec_fn=die_with_parent)
+        try:
+            return proc.wait()
+        finally:
+            if proc.poll() is None:  # this Python worker is being stopped
+                proc.kill()
+                proc.wait()
     finally:
-        if proc.poll() is None:  # this Python worker is being stopped
-            proc.kill()
-            proc.wait()
-
-
-def _die_with_parent() -> None:
-    """(In the child, before exec.) SIGKILL this process when its parent — the Spark
-    Python worker — dies (Linux ``prctl(PR_SET_PDEATHSIG)``; elsewhere the task ends
-    when the coordinator closes its connection)."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -19,7 +19,6 @@ another task's) says so in one line instead of a traceback. The process is named
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import sys
@@ -27,22 +26,28 @@ import sys
 from weir.errors import ChannelError
 from weir.runtime.continuous.control import ControlClient
 from weir.runtime.continuous.graph import JobGraph
+from weir.runtime.continuous.processes import name_process
 from weir.runtime.continuous.task import Task
 
 
 def main(argv: list[str]) -> int:
-    """Run one task; its exit status."""
-    graph_file, vertex, subtask, attempt = argv[0], argv[1], int(argv[2]), int(argv[3])
-    name_process(f"weir {vertex}[{subtask}]")
-    with open(graph_file, "rb") as f:
+    """Run the task ``argv`` names (graph file, vertex, subtask, attempt); its exit
+    status."""
+    with open(argv[0], "rb") as f:
         graph: JobGraph = pickle.load(f)  # written by this job's own driver
+    return run(graph, argv[1], int(argv[2]), int(argv[3]))
+
+
+def run(graph: JobGraph, vertex: str, subtask: int, attempt: int) -> int:
+    """Run task ``vertex[subtask]`` of ``graph``; its exit status."""
+    name_process(f"weir {vertex}[{subtask}]")
     secret = bytes.fromhex(os.environ["WEIR_JOB_SECRET"])
     host, port = os.environ["WEIR_COORDINATOR"].rsplit(":", 1)
     control = ControlClient((host, int(port)), secret=secret, job=graph.job, task=vertex,
                             subtask=subtask)
     task: Task | None = None
     try:
-        task = Task(graph, vertex, subtask, int(attempt), control)
+        task = Task(graph, vertex, subtask, attempt, control)
         listening = task.listen(secret, os.environ.get("WEIR_BIND_HOST", "127.0.0.1"))
         control.send({"kind": "registered", "pid": os.getpid(),
                       "address": None if listening is None else list(listening[0].address)})
@@ -63,15 +68,6 @@ def main(argv: list[str]) -> int:
     finally:
         control.close()
     return 0
-
-
-def name_process(name: str) -> None:
-    """Show ``name`` (15 bytes at most) as this process's name in ``ps``, ``top`` and
-    ``/proc/<pid>/comm`` (Linux ``prctl(PR_SET_NAME)``; elsewhere nothing)."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, name.encode()[:15])
 
 
 if __name__ == "__main__":
