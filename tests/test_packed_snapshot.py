@@ -72,7 +72,7 @@ def test_a_packed_snapshot_writes_reads_and_clips_as_the_per_entry_form(
 @given(st.lists(st.tuples(_KEYS, st.sampled_from([0, 1, 255, 256, 65535, 65536, 70000])),
                 max_size=8))
 def test_entries_packed_in_c_are_the_bytes_msgpack_packs(entries: list[Any]) -> None:
-    """``pack_entries`` (C, every state without a snapshot filter) writes each key and
+    """``pack_entries`` (C, every state's entries in a snapshot) writes each key and
     value as msgpack's own bin 8 / 16 / 32 objects, grouped by key group in order."""
     import msgpack
 

@@ -112,9 +112,13 @@ class PackedGroups(Mapping[int, Mapping[str, Entries]]):
         return out, index
 
 
-def _packed(chunk: Any) -> Any:
-    """The bytes of one chunk of a slot's packed entries (a buffer, or a Packer's)."""
-    return chunk.getbuffer() if isinstance(chunk, msgpack.Packer) else chunk
+def _kept(entries: Iterable[tuple[bytes, bytes]],
+          keep: Callable[[bytes, bytes], bytes | None]) -> Iterator[tuple[bytes, bytes]]:
+    """``entries`` after a full-snapshot filter (None drops one, bytes replace its value)."""
+    for key, data in entries:
+        kept = keep(key, data)
+        if kept is not None:
+            yield key, kept
 
 
 def pack_sources(
@@ -125,32 +129,15 @@ def pack_sources(
     start with their 2-byte key group) packed by key group, after the full-snapshot
     filter of the state in ``filters`` (None drops an entry, bytes replace its
     value). Holds the encoded entries only, never a tuple per entry."""
-    # group -> name -> [chunks of packed entries (buffers from C, msgpack Packers), entries]
+    # group -> name -> [buffers of packed entries (one per source), entries]
     slots: dict[int, dict[str, list[Any]]] = {}
     for name, entries in sources:
         keep = filters.get(name)
-        if keep is None:  # the common case: every entry, packed in C
-            for group, (buf, count) in pack_entries(entries).items():
-                slot = slots.setdefault(group, {}).setdefault(name, [[], 0])
-                slot[0].append(buf)
-                slot[1] += count
-            continue
-        mine: dict[int, list[Any]] = {}  # this state's (packer, slot) by group
-        for key, data in entries:
-            kept = keep(key, data)
-            if kept is None:
-                continue
-            group = (key[0] << 8) | key[1]
-            found = mine.get(group)
-            if found is None:
-                packer = msgpack.Packer(use_bin_type=True, autoreset=False)
-                slot = slots.setdefault(group, {}).setdefault(name, [[], 0])
-                slot[0].append(packer)
-                found = mine[group] = [packer.pack, slot]
-            pack, slot = found
-            pack(key)
-            pack(kept)
-            slot[1] += 1
+        for group, (buf, count) in pack_entries(
+                entries if keep is None else _kept(entries, keep)).items():
+            slot = slots.setdefault(group, {}).setdefault(name, [[], 0])
+            slot[0].append(buf)
+            slot[1] += count
     parts: list[bytes] = []
     index: dict[int, tuple[int, int]] = {}
     offset = total = 0
@@ -158,7 +145,7 @@ def pack_sources(
         per_state = slots.pop(group)
         blob = [_packb_map_header(len(per_state))]
         for name, (chunks, count) in per_state.items():
-            blob += (_packb(name), _packb_array_header(2 * count), *map(_packed, chunks))
+            blob += (_packb(name), _packb_array_header(2 * count), *chunks)
             total += count
         packed = b"".join(blob)
         del blob, per_state
