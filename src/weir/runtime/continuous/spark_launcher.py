@@ -44,6 +44,7 @@ stage (Flink's global restart).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pickle
 import re
@@ -64,6 +65,8 @@ from weir.errors import ConfigurationError
 from weir.runtime.continuous.processes import die_with_parent
 
 __all__ = ["SparkLauncher"]
+
+log = logging.getLogger("weir")
 
 TaskId = tuple[str, int]
 
@@ -100,7 +103,10 @@ class SparkLauncher:
             jsc = self.sc._jsc.sc()
             profile = jsc.resourceProfileManager().defaultResourceProfile()
             return int(jsc.maxNumConcurrentTasks(profile))
-        except Exception:  # (an internal API: if it moves, Spark's public figure)
+        except Exception as exc:  # an internal API: if it moved, Spark's public figure
+            log.warning("weir: Spark's maxNumConcurrentTasks is not available (%s); "
+                        "counting task slots as sc.defaultParallelism, which "
+                        "spark.default.parallelism overrides", exc)
             return int(self.sc.defaultParallelism)
 
     def slot_limit(self) -> int | None:
@@ -140,7 +146,7 @@ class SparkLauncher:
         self.await_slots(len(tasks), job, tasks)
         probe = _Probe(storage)
         stage = SparkStage(self.sc, _task_runner(graph, env, tasks, attempt, self.local,
-                                                 probe.url, probe.name),
+                                                 storage, probe.name),
                            len(tasks), tasks[0], job, attempt, report, probe.remove)
         return dict.fromkeys(tasks, stage)
 
@@ -149,7 +155,6 @@ class _Probe:
     """A file the driver writes into the checkpoint storage for the tasks to find."""
 
     def __init__(self, storage: str) -> None:
-        self.url = storage
         self.name = f"_weir-probe-{uuid.uuid4().hex}"
         self._storage = CheckpointStorage(storage)
         self._storage.write(self.name, b"written by the driver of a continuous job")
