@@ -13,7 +13,7 @@ completed checkpoint in ``DIR/chk`` (the application restart after a lost driver
 ``DIR/status.json`` holds the driver's pids and application id once the session is up,
 and what the job did once it finished (``finished``, ``restarts``, ``failures``).
 
-Run as ``__main__``, this module's ``Count`` travels by value in the job graph, so the
+``Count`` (``tests/continuous_helpers.py``) travels by value in the job graph, so the
 executors need no access to ``tests/``.
 """
 
@@ -28,22 +28,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import weir
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/
+from continuous_helpers import Count, by_value
 
-KEYS = 50
-COUNT = weir.ValueStateDescriptor[int]("count", weir.IntSerializer())
-
-
-class Count(weir.KeyedProcessFunction[int, list[int]]):
-    """Running count per key (n % 50): emits [key, n, count]."""
-
-    def open(self, ctx: Any) -> None:
-        self.count = ctx.get_state(COUNT)
-
-    def process_element(self, value: int, ctx: Any) -> Any:
-        n = (self.count.value() or 0) + 1
-        self.count.update(n)
-        yield [value % KEYS, value, n]
+KEYS = 50  # (Count's)
 
 
 def write_status(path: Path, **fields: Any) -> None:
@@ -89,6 +77,7 @@ def run(work: Path, master: str, backend: str, n: int, rate: float) -> int:
         .key_by(lambda v: v % KEYS)
         .process(Count(), uid="count")
         .sink_to(FileSink(work / "out"), uid="sink"))
+    by_value(sys.modules[__name__])  # Count travels in the job graph
     result = env.execute("on-cluster", runner="spark", spark=spark, timeout=600)
     write_status(status, finished=True, restarts=result.restarts, failures=result.failures,
                  completed=len(result.completed),
