@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from weir.checkpoint.changelog import replay
+from weir.checkpoint.channel_state import ChannelStateHandle
 from weir.checkpoint.format import (
     METADATA_FILE,
     CheckpointKind,
@@ -337,6 +338,16 @@ class PendingCheckpoint:
     started: float = field(default_factory=time.perf_counter)
     operators: dict[str, tuple[int, int]] = field(default_factory=dict)
     acks: dict[str, dict[int, SubtaskStateHandle]] = field(default_factory=dict)
+    #: vertex -> (parallelism, subtask -> its channel-state file)
+    channel_state: dict[str, tuple[int, dict[int, FileRef]]] = field(default_factory=dict)
+
+    def acknowledge_channel_state(self, vertex: str, parallelism: int, subtask: int,
+                                  ref: FileRef | None) -> None:
+        """Record the channel-state file (``weir.checkpoint.channel_state``; None: it
+        had no records in flight) of one task of an unaligned checkpoint."""
+        files = self.channel_state.setdefault(vertex, (parallelism, {}))[1]
+        if ref is not None:
+            files[subtask] = ref
 
     def acknowledge(
         self, uid: str, parallelism: int, max_parallelism: int, handle: SubtaskStateHandle
@@ -517,6 +528,8 @@ class CheckpointCoordinator:
             operators=pending._operators(),
             source_positions=dict(source_positions or {}),
             duration_ms=(time.perf_counter() - pending.started) * 1000,
+            channel_state={v: ChannelStateHandle(v, p, dict(files))
+                           for v, (p, files) in pending.channel_state.items()},
         )
         path = f"{pending.directory}/{METADATA_FILE}" if pending.directory else METADATA_FILE
         pending.storage.write(path, encode_metadata(meta))

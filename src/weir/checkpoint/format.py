@@ -11,6 +11,9 @@ storage; nothing else writes there. Layout under a checkpoint storage root::
     chk-<id>/<uid-dir>/<subtask>-<attempt>.op        operator + broadcast state
     chk-<id>/<uid-dir>/<subtask>-<attempt>/<name>    private RocksDB files (MANIFEST,
                                                      CURRENT, OPTIONS, ...)
+    chk-<id>/_channels/<vertex-dir>/<subtask>-<attempt>.channels
+                                            records in flight of an unaligned
+                                            checkpoint (weir.checkpoint.channel_state)
     shared/<uid-dir>/<id>-<uuid>.sst        RocksDB SST files shared by incremental
                                             checkpoints, reference counted; <id> is
                                             the checkpoint that uploaded the file
@@ -49,6 +52,8 @@ version, the 32-byte SHA-256 of the body, and the body: UTF-8 JSON (never pickle
      "trigger_timestamp_ms": ..., "completion_timestamp_ms": ...,
      "source_positions": {...},               # opaque JSON from the runtime
      "stats": {"bytes": ..., "duration_ms": ..., "subtasks": n},
+     "channel_state": {...},                  # unaligned checkpoints: records in
+                                              # flight (weir.checkpoint.channel_state)
      "operators": {uid: {"parallelism": p, "max_parallelism": M, "subtasks": [
         {"subtask_index": i, "key_group_range": [start, end],
          "states": [{"name", "kind", "serializers", "ttl"}], "timer_states": [...],
@@ -79,6 +84,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from weir.api.descriptors import StateKind
+from weir.checkpoint.channel_state import ChannelStateHandle
 from weir.checkpoint.datafiles import (
     _VERSION,
     FORMAT_VERSION,
@@ -240,10 +246,13 @@ class CheckpointMetadata:
     source_positions: Mapping[str, Any] = field(default_factory=dict)
     duration_ms: float = 0.0
     format_version: int = FORMAT_VERSION
+    #: vertex -> the records its tasks had in flight (unaligned checkpoints only)
+    channel_state: Mapping[str, ChannelStateHandle] = field(default_factory=dict)
 
     def files(self) -> list[FileRef]:
         """Every file this checkpoint references."""
-        return [f for op in self.operators.values() for s in op.subtasks for f in s.files()]
+        return [f for op in self.operators.values() for s in op.subtasks for f in s.files()
+                ] + [f for h in self.channel_state.values() for f in h.subtasks.values()]
 
     def shared_files(self) -> set[str]:
         """Paths of the shared (reference-counted) files it references: everything
@@ -335,6 +344,11 @@ def encode_metadata(meta: CheckpointMetadata) -> bytes:
             for uid, op in sorted(meta.operators.items())
         },
     }
+    if meta.channel_state:  # (weir.checkpoint.channel_state)
+        doc["channel_state"] = {
+            vertex: {"parallelism": h.parallelism,
+                     "subtasks": [[i, ref.to_json()] for i, ref in sorted(h.subtasks.items())]}
+            for vertex, h in sorted(meta.channel_state.items())}
     return _envelope(_META_MAGIC, doc)
 
 
@@ -487,6 +501,11 @@ def decode_metadata(data: bytes, where: str) -> CheckpointMetadata:
             operators=operators,
             source_positions=doc.get("source_positions") or {},
             duration_ms=float(stats.get("duration_ms", 0.0)),
+            channel_state={
+                str(vertex): ChannelStateHandle(
+                    str(vertex), int(h["parallelism"]),
+                    {int(i): FileRef.from_json(ref, where) for i, ref in h["subtasks"]})
+                for vertex, h in (doc.get("channel_state") or {}).items()},
         )
     except CorruptCheckpointError:
         raise
