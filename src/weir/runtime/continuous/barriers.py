@@ -18,6 +18,18 @@ least one barrier already received; later barriers of an aborted id are dropped.
 of a channel's input during a pending alignment aborts it; afterwards that channel is
 no longer waited for.
 
+**Exactly-once: unaligned** (the same handler with ``unaligned=True``; Flink's
+``SingleCheckpointBarrierHandler`` with unaligned and timeout-able barriers). A barrier
+marked ``unaligned`` (it overtook the buffers queued before it), or any barrier when
+``aligned_timeout_ms`` is 0, triggers the checkpoint at once
+(:meth:`BarrierActions.trigger_checkpoint` with the channels whose barrier came in
+order): nothing is blocked, and the gate records, per channel, the buffers before that
+channel's barrier as the checkpoint's input state. With ``aligned_timeout_ms`` > 0 a
+checkpoint starts aligned and switches to unaligned when an unaligned barrier comes or
+:meth:`AlignedBarrierHandler.check_timeout` finds that long passed since the barrier's
+trigger timestamp. Savepoints and the final checkpoint (``Barrier.aligned``) are always
+aligned. The checkpoint is done when every open channel delivered its barrier.
+
 **At-least-once: tracking** (:class:`BarrierTracker`, Flink's
 ``CheckpointBarrierTracker``). Nothing is ever blocked: barriers are counted per
 checkpoint id, and when every open channel delivered barrier n, the task takes
@@ -29,6 +41,7 @@ after a restore: duplicates, on operators with several input channels only.
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -47,19 +60,33 @@ class Barrier:
     checkpoint_id: int
     timestamp_ms: int
     savepoint: str | None = None
+    #: it overtook the buffers queued before it (an unaligned checkpoint's barrier)
+    unaligned: bool = False
+    #: a checkpoint that is aligned even when checkpoints are unaligned (the final one)
+    aligned: bool = False
 
     @staticmethod
     def of(event: Mapping[str, Any]) -> Barrier:
         """The barrier of a ``{"kind": "barrier", ...}`` event."""
         target = event.get("savepoint")
         return Barrier(int(event["id"]), int(event["ts"]),
-                       str(target) if target is not None else None)
+                       str(target) if target is not None else None,
+                       bool(event.get("unaligned", False)), bool(event.get("aligned", False)))
+
+    @property
+    def must_align(self) -> bool:
+        """Whether this checkpoint is aligned whatever the settings: savepoints and the
+        final checkpoint."""
+        return self.savepoint is not None or self.aligned
 
 
 def barrier_event(barrier: Barrier) -> dict[str, Any]:
     """The event that carries ``barrier`` on a channel."""
-    return {"kind": "barrier", "id": barrier.checkpoint_id, "ts": barrier.timestamp_ms,
-            "savepoint": barrier.savepoint}
+    event = {"kind": "barrier", "id": barrier.checkpoint_id, "ts": barrier.timestamp_ms,
+             "savepoint": barrier.savepoint}
+    if barrier.aligned:
+        event["aligned"] = True
+    return event
 
 
 def cancel_event(checkpoint_id: int) -> dict[str, Any]:
@@ -91,8 +118,11 @@ class GateControl(Protocol):
 class BarrierActions(Protocol):
     """What a handler asks its task to do."""
 
-    def trigger_checkpoint(self, barrier: Barrier) -> None:
-        """Every open channel delivered ``barrier``: snapshot, forward it downstream."""
+    def trigger_checkpoint(self, barrier: Barrier,
+                           in_order: frozenset[int] | None = None) -> None:
+        """Snapshot and forward ``barrier`` downstream: aligned (``in_order`` None:
+        every open channel delivered it), or unaligned (``in_order``: the channels
+        whose barrier the task took in order; the others' input state is recorded)."""
 
     def abort_checkpoint(self, checkpoint_id: int, reason: AbortReason) -> None:
         """Give ``checkpoint_id`` up: decline it, send its cancellation marker on."""
@@ -149,13 +179,21 @@ class AlignedBarrierHandler(_Handler):
     """Exactly-once barrier alignment (see the module doc)."""
 
     def __init__(self, channels: int, gate: GateControl, actions: BarrierActions,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, *, unaligned: bool = False,
+                 aligned_timeout_ms: int = 0,
+                 wall_ms: Callable[[], float] = lambda: time.time() * 1000) -> None:
         super().__init__(channels, actions, clock)
         self.gate = gate
+        self.unaligned, self.aligned_timeout_ms, self._wall_ms = (
+            unaligned, aligned_timeout_ms, wall_ms)
         #: the checkpoint being aligned, or the last one taken or aborted
         self.current_id = 0
         #: channels that delivered the current checkpoint's barrier (empty: not aligning)
         self.received: set[int] = set()
+        #: of those, the channels whose barrier came in order (not overtaking)
+        self.in_order: set[int] = set()
+        #: the current checkpoint was taken unaligned; its other barriers are awaited
+        self.triggered = False
         self._barrier: Barrier | None = None
 
     @property
@@ -173,12 +211,44 @@ class AlignedBarrierHandler(_Handler):
                 self._abort(self.current_id, AbortReason.CHECKPOINT_DECLINED_SUBSUMED)
             self.current_id = barrier.checkpoint_id
             self._barrier = barrier
+            self.in_order = set()
             self._start_clock()
         self.received.add(channel)
-        if self.received >= set(range(self.channels)) - self.ended:
+        if not barrier.unaligned:
+            self.in_order.add(channel)
+        if self.triggered:
+            self._done_if_all()
+        elif self.unaligned and not barrier.must_align and (
+                barrier.unaligned or self.aligned_timeout_ms == 0 or self._timed_out()):
+            self._trigger_unaligned()
+        elif self.received >= set(range(self.channels)) - self.ended:
             self._complete()
         else:
             self.gate.block(channel)
+
+    def check_timeout(self) -> None:
+        """Switch the checkpoint being aligned to unaligned if its alignment timed out
+        (the task calls this while it waits for input)."""
+        if self.received and not self.triggered and self.unaligned and self._timed_out():
+            self._trigger_unaligned()
+
+    def _timed_out(self) -> bool:
+        barrier = self._barrier
+        return (barrier is not None and not barrier.must_align
+                and self._wall_ms() - barrier.timestamp_ms >= self.aligned_timeout_ms)
+
+    def _trigger_unaligned(self) -> None:
+        assert self._barrier is not None
+        self.triggered = True
+        self.gate.unblock()
+        self.actions.trigger_checkpoint(self._barrier, frozenset(self.in_order))
+        self._done_if_all()
+
+    def _done_if_all(self) -> None:
+        if self.received >= set(range(self.channels)) - self.ended:
+            self.received.clear()
+            self.triggered = False
+            self._stop_clock()
 
     def on_cancellation(self, channel: int, checkpoint_id: int) -> None:
         """The cancellation marker of ``checkpoint_id`` arrived on ``channel``."""
@@ -186,6 +256,7 @@ class AlignedBarrierHandler(_Handler):
                 checkpoint_id == self.current_id and self.received):
             if self.received:
                 self.received.clear()
+                self.triggered = False
                 self.gate.unblock()
                 self._stop_clock()
             self.current_id = checkpoint_id
@@ -195,7 +266,9 @@ class AlignedBarrierHandler(_Handler):
     def on_end_of_partition(self, channel: int) -> None:
         """``channel``'s input ended."""
         self.ended.add(channel)
-        if self.received:
+        if self.triggered:
+            self._done_if_all()
+        elif self.received:
             self._abort(self.current_id, AbortReason.CHECKPOINT_DECLINED_INPUT_END_OF_STREAM)
 
     def _complete(self) -> None:
@@ -208,6 +281,7 @@ class AlignedBarrierHandler(_Handler):
 
     def _abort(self, checkpoint_id: int, reason: AbortReason) -> None:
         self.received.clear()
+        self.triggered = False
         self.gate.unblock()
         self._stop_clock()
         self.actions.abort_checkpoint(checkpoint_id, reason)

@@ -20,6 +20,14 @@ most channels x exclusive + floating buffers. Blocking a channel (aligning a bar
 stops the task taking from it: its credit is withheld and its sender stops once it has
 used what it was given.
 
+**Barriers** (:meth:`OutputChannel.emit_barrier`) go in order with the buffers
+(aligned checkpoints) or overtake them (unaligned: the barrier is written at once, and
+the buffers it overtook — the partial one included — are the channel's *output state*
+of that checkpoint: they were emitted before it, so they are stored with it and still
+sent after the barrier). An aligned barrier with a deadline (aligned checkpoints that
+time out into unaligned ones) waits in order until the deadline, then overtakes what
+is still ahead of it; the flusher thread checks the deadlines.
+
 The receiving side is :mod:`weir.runtime.continuous.gates`. Who connects: a consumer's
 ``ChannelServer`` listens (loopback by default) and
 registers a gate per input before its address is handed out; a producer connects,
@@ -31,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import pickle
 import socket
@@ -40,6 +49,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any, ClassVar
 
 import msgpack
@@ -117,6 +127,9 @@ class OutputChannel:
         self._announced_backlog = 0
         self._error: BaseException | None = None
         self._closed = False
+        #: checkpoint id -> (its barrier's frame, deadline (monotonic s) or None, the
+        #: future of the buffers it overtook) for barriers still queued in order
+        self._barriers: dict[int, tuple[bytes, float | None, Future[list[bytes]]]] = {}
         #: called about once a second while emit is blocked by backpressure
         self.on_blocked: Callable[[], None] | None = None
         #: counters: records and buffers sent, ns the task waited for credit
@@ -145,6 +158,58 @@ class OutputChannel:
             self._finish(wait=False, force=True)
             self._queue.append((Kind.EVENT, msgpack.packb(event)))
             self._pump()
+
+    def emit_barrier(self, event: dict[str, Any], *, unaligned: bool = False,
+                     deadline: float | None = None) -> Future[list[bytes]]:
+        """Send barrier ``event`` after every record emitted before it: in order, or
+        (``unaligned``) at once, overtaking the queued buffers; an in-order barrier with
+        a ``deadline`` (``time.monotonic()`` seconds) overtakes what is still ahead of
+        it then. The future: the buffers it overtook (the channel's output state for
+        this checkpoint; empty if it went in order), each a pickled list of records,
+        once the barrier is on the wire."""
+        cid = int(event["id"])
+        future: Future[list[bytes]] = Future()
+        with self._cond:
+            self._finish(wait=False, force=True)
+            if unaligned:
+                self._overtake(event, future,
+                               [body for kind, body in self._queue if kind is Kind.DATA])
+            else:
+                self._barriers[cid] = (msgpack.packb(event), deadline, future)
+                self._queue.append((Kind.EVENT, self._barriers[cid][0]))
+                self._pump()
+        if deadline is not None:
+            _Flusher.register(self)  # (it checks the deadlines)
+        return future
+
+    def overtake_due(self, now: float) -> None:
+        """Let every queued barrier whose deadline passed overtake the buffers ahead
+        of it (called by the flusher)."""
+        if not self._barriers:
+            return
+        with self._cond:
+            for cid, (frame, deadline, future) in list(self._barriers.items()):
+                if deadline is None or now < deadline:
+                    continue
+                del self._barriers[cid]
+                at = next(i for i, (_, body) in enumerate(self._queue) if body is frame)
+                ahead = [body for kind, body in itertools.islice(self._queue, at)
+                         if kind is Kind.DATA]
+                del self._queue[at]
+                self._overtake(msgpack.unpackb(frame), future, ahead)
+
+    def _overtake(self, event: dict[str, Any], future: Future[list[bytes]],
+                  overtaken: list[bytes]) -> None:
+        """(Locked.) Write barrier ``event``, marked unaligned, now, ahead of the
+        ``overtaken`` buffers (its output state)."""
+        try:
+            write_frame(self._sock, Kind.EVENT, msgpack.packb({**event, "unaligned": True}))
+        except OSError as exc:
+            self._error = exc
+            self._cond.notify_all()
+            future.set_exception(failure(self.where, exc))
+            return
+        future.set_result(overtaken)
 
     def flush(self, *, wait: bool = True) -> None:
         """Queue the partial buffer (and send what credit allows)."""
@@ -178,6 +243,8 @@ class OutputChannel:
     def abort(self) -> None:
         """Close at once, dropping what is queued."""
         self._closed = True
+        with self._cond:
+            self._fail_barriers()
         _Flusher.unregister(self)
         with contextlib.suppress(OSError):
             self._sock.close()
@@ -228,11 +295,27 @@ class OutputChannel:
                     self.buffers_out += 1
                 else:
                     write_frame(self._sock, kind, body)
+                    if self._barriers:  # a barrier went in order: it overtook nothing
+                        self._sent_in_order(body)
                 self._queue.popleft()
                 self._cond.notify_all()
         except OSError as exc:
             self._error = exc
+            self._fail_barriers()
             self._cond.notify_all()
+
+    def _fail_barriers(self) -> None:
+        """(Locked.) The channel failed or closed: no queued barrier will be sent."""
+        for _, _, future in self._barriers.values():
+            future.set_exception(ChannelError(f"{self.where}: closed before the barrier "
+                                              f"was sent"))
+        self._barriers.clear()
+
+    def _sent_in_order(self, frame: bytes) -> None:
+        for cid, (queued, _, future) in list(self._barriers.items()):
+            if queued is frame:
+                del self._barriers[cid]
+                future.set_result([])
 
     def _read_credits(self) -> None:
         try:
@@ -248,6 +331,7 @@ class OutputChannel:
             with self._cond:
                 if not self._closed:
                     self._error = exc
+                self._fail_barriers()
                 self._cond.notify_all()
 
 
@@ -282,6 +366,8 @@ class _Flusher:
                 channels = list(cls._channels)
             timeout = min((c.config.buffer_timeout_ms for c in channels), default=10.0)
             time.sleep(timeout / 1000)
+            now = time.monotonic()
             for channel in channels:
                 with contextlib.suppress(ChannelError):
                     channel.flush(wait=False)
+                    channel.overtake_due(now)

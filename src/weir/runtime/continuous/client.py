@@ -63,6 +63,8 @@ class CheckpointStats:
     duration_ms: float | None = None
     #: bytes of every file the checkpoint references (completed ones)
     state_size_bytes: int | None = None
+    #: of those, the records in flight stored by an unaligned checkpoint
+    channel_state_bytes: int | None = None
     #: where a savepoint was written
     location: str | None = None
     #: why it failed

@@ -2,7 +2,17 @@
 flow-control rules: :mod:`weir.runtime.continuous.channels`): an :class:`InputGate` per
 task input, fed by one reader thread per producer's connection, and the process's
 :class:`ChannelServer` that authenticates producers and hands each connection to its
-gate."""
+gate.
+
+**Unaligned barriers.** A barrier marked ``unaligned`` (it overtook its sender's
+queued buffers) overtakes this gate's queue too: :meth:`InputGate.poll` returns it
+before any buffer. When its task takes an unaligned checkpoint it asks the gate for the
+checkpoint's *input state* (:meth:`InputGate.record`): per channel, the buffers that
+came before that channel's barrier and that the task had not taken when it
+checkpointed — those queued then, and those arriving until the channel's barrier (or
+its end). The task still processes them afterwards; the checkpoint stores them so that a
+restore replays them. A channel whose barrier the task already took in order (aligned
+until the checkpoint timed out into an unaligned one) records nothing."""
 
 from __future__ import annotations
 
@@ -13,6 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import msgpack
@@ -43,7 +54,18 @@ class InputGate:
         self.edge, self.consumer, self.producers, self.config = edge, consumer, producers, config
         self._cond = threading.Condition()
         self._socks: list[socket.socket | None] = [None] * producers
-        self._queues: list[deque[tuple[Kind, Any]]] = [deque() for _ in range(producers)]
+        #: per channel: (Kind.DATA, records, their pickled bytes) or (Kind.EVENT, dict, None)
+        self._queues: list[deque[tuple[Kind, Any, bytes | None]]] = [
+            deque() for _ in range(producers)]
+        #: unaligned barriers, ahead of every queue: (channel, event)
+        self._priority: deque[tuple[int, dict[str, Any]]] = deque()
+        #: channel -> (checkpoint id, buffers queued before it) of an unaligned barrier
+        #: that arrived while no input state was being recorded
+        self._cuts: dict[int, tuple[int, int]] = {}
+        #: the input state being recorded: checkpoint id, buffers per channel, channels
+        #: still open (their barrier has not come), and its future
+        self._recording: tuple[int, list[list[bytes]], set[int],
+                               Future[list[list[bytes]]]] | None = None
         self._announced = [0] * producers  # credits the sender holds, unused
         self._floating = [0] * producers   # floating buffers lent to the channel
         self._backlog = [0] * producers
@@ -76,13 +98,16 @@ class InputGate:
                 if self._error is not None:
                     raise failure(f"input {self.edge} of subtask {self.consumer}",
                                   self._error) from self._error
+                if self._priority:
+                    c, event = self._priority.popleft()
+                    return c, Kind.EVENT, event
                 n = self.producers
                 for k in range(n):
                     c = (self._next + k) % n
                     if self._blocked[c] or not self._queues[c]:
                         continue
                     self._next = c + 1
-                    kind, item = self._queues[c].popleft()
+                    kind, item, _ = self._queues[c].popleft()
                     if kind is Kind.DATA:
                         self.buffers_in += 1
                         self.records_in += len(item)
@@ -116,6 +141,58 @@ class InputGate:
     def queued(self, channel: int) -> int:
         """Buffers and events received on ``channel`` that the task has not taken."""
         return len(self._queues[channel])
+
+    def record(self, checkpoint_id: int, in_order: frozenset[int] | set[int]
+               ) -> Future[list[list[bytes]]]:
+        """Record the input state of unaligned checkpoint ``checkpoint_id``, taken now
+        by the task (see the module doc); ``in_order``: channels whose barrier the task
+        already took in order. The future: per channel, its buffers (pickled lists of
+        records), once every channel's barrier or end has come."""
+        future: Future[list[list[bytes]]] = Future()
+        with self._cond:
+            if self._recording is not None:
+                self._recording[3].set_exception(ChannelError(
+                    f"input {self.edge} of subtask {self.consumer}: checkpoint "
+                    f"{self._recording[0]} superseded by {checkpoint_id}"))
+            buffers: list[list[bytes]] = [[] for _ in range(self.producers)]
+            still_open: set[int] = set()
+            for c in range(self.producers):
+                if c in in_order:
+                    continue
+                cut = self._cuts.get(c)
+                queue = self._queues[c]
+                if cut is not None and cut[0] == checkpoint_id:
+                    buffers[c] = [raw for _, _, raw in queue if raw is not None][:cut[1]]
+                    continue
+                closed = self._ended[c]
+                for _, item, raw in queue:
+                    if raw is not None:
+                        buffers[c].append(raw)
+                    elif item.get("kind") == "end" or (item.get("kind") == "barrier"
+                                                      and item.get("id") == checkpoint_id):
+                        closed = True
+                        break
+                if not closed:
+                    still_open.add(c)
+            self._cuts.clear()
+            self._recording = (checkpoint_id, buffers, still_open, future)
+            self._recorded_if_closed()
+        return future
+
+    def stop_recording(self, checkpoint_id: int, why: str) -> None:
+        """Give up recording the input state of ``checkpoint_id`` (it was aborted)."""
+        with self._cond:
+            if self._recording is not None and self._recording[0] == checkpoint_id:
+                self._recording[3].set_exception(ChannelError(
+                    f"input {self.edge} of subtask {self.consumer}: checkpoint "
+                    f"{checkpoint_id} aborted ({why})"))
+                self._recording = None
+
+    def _recorded_if_closed(self) -> None:
+        """(Locked.) Resolve the recording once no channel is open."""
+        if self._recording is not None and not self._recording[2]:
+            self._recording[3].set_result(self._recording[1])
+            self._recording = None
 
     def close(self) -> None:
         """Close every channel's connection."""
@@ -170,15 +247,35 @@ class InputGate:
                          name=f"gate {self.edge}[{producer}->{self.consumer}]",
                          daemon=True).start()
 
+    def _arrived(self, c: int, event: dict[str, Any]) -> None:
+        """(Locked.) Event ``event`` came on channel ``c``."""
+        what = event.get("kind")
+        recording = self._recording
+        if recording is not None and c in recording[2] and (
+                what == "end" or (what == "barrier" and event.get("id") == recording[0])):
+            recording[2].discard(c)  # that channel's input state is complete
+            self._recorded_if_closed()
+        if what == "barrier" and event.get("unaligned"):
+            if recording is None or recording[0] != event.get("id"):
+                self._cuts[c] = (int(event["id"]), sum(
+                    raw is not None for _, _, raw in self._queues[c]))
+            self._priority.append((c, event))
+        else:
+            self._queues[c].append((Kind.EVENT, event, None))
+
     def _read(self, c: int, sock: socket.socket) -> None:
         where = f"input {self.edge} of subtask {self.consumer}, channel {c}"
         try:
             while True:
                 kind, body = read_frame(sock, where)
                 if kind is Kind.DATA:
-                    records = pickle.loads(body[4:])
+                    raw = body[4:]
+                    records = pickle.loads(raw)
                     with self._cond:
-                        self._queues[c].append((kind, records))
+                        self._queues[c].append((kind, records, raw))
+                        recording = self._recording
+                        if recording is not None and c in recording[2]:
+                            recording[1][c].append(raw)
                         self._announced[c] -= 1
                         self._backlog[c] = U32.unpack_from(body)[0]
                         self._lend(c)
@@ -190,7 +287,7 @@ class InputGate:
                 elif kind is Kind.EVENT:
                     event = msgpack.unpackb(body)
                     with self._cond:
-                        self._queues[c].append((kind, event))
+                        self._arrived(c, event)
                         self._cond.notify_all()
                     if event.get("kind") == "end":
                         return

@@ -156,6 +156,10 @@ class JobGraph:
     source_batch: int = 256
     #: barrier tracking instead of alignment (set from the job's CheckpointConfig)
     at_least_once: bool = False
+    #: unaligned checkpoints, and the alignment time after which an aligned one turns
+    #: unaligned (0: unaligned from the start; set from the job's CheckpointConfig)
+    unaligned: bool = False
+    aligned_timeout_ms: int = 0
     #: a task whose main loop is silent this long is taken as hung (Flink's
     #: heartbeat.timeout: 50 s)
     heartbeat_timeout_s: float = 50.0

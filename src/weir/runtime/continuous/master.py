@@ -61,6 +61,7 @@ from weir.checkpoint.coordinator import (
     load_checkpoint,
 )
 from weir.checkpoint.format import decode_part
+from weir.checkpoint.storage import FileRef
 from weir.errors import CheckpointError, ConfigurationError, JobFailedError, WeirError
 from weir.runtime.continuous import zygote
 from weir.runtime.continuous.client import (
@@ -71,6 +72,7 @@ from weir.runtime.continuous.client import (
 )
 from weir.runtime.continuous.control import ControlServer, TaskId
 from weir.runtime.continuous.graph import JobGraph
+from weir.runtime.continuous.inflight import check_edges
 from weir.runtime.continuous.processes import root_cause, stop_processes
 from weir.runtime.continuous.scheduling import (
     AbortedCheckpoint,
@@ -237,8 +239,10 @@ class LocalJob:
     # -- phases
 
     def _launch(self, server: ControlServer, secret: bytes) -> None:
+        config = self.checkpointing
         graph = dataclasses.replace(
-            self.graph, at_least_once=self.checkpointing.mode is CheckpointingMode.AT_LEAST_ONCE)
+            self.graph, at_least_once=config.mode is CheckpointingMode.AT_LEAST_ONCE,
+            unaligned=config.unaligned, aligned_timeout_ms=config.aligned_timeout_ms)
         pickled: bytes = cloudpickle.dumps(graph)  # type: ignore[no-untyped-call]
         job_env = {"WEIR_JOB_SECRET": secret.hex(),
                    "WEIR_COORDINATOR": f"{server.address[0]}:{server.address[1]}"}
@@ -297,6 +301,7 @@ class LocalJob:
                 f"job {self.graph.job!r}: cannot restore from {self.restore_from}: {exc}"
             ) from exc
         found.check_operators(self.graph.uids(), self.allow_non_restored_state)
+        check_edges(found, self.graph, self.allow_non_restored_state)
         return found.url
 
     def _check_heartbeats(self) -> None:
@@ -412,9 +417,12 @@ class LocalJob:
                 self._stats[cid] = CheckpointStats(
                     cid, "checkpoint" if command is None else decision.kind.value,
                     CheckpointStatus.IN_PROGRESS, decision.timestamp_ms, location=location)
+            # the final checkpoint (every source ended) is aligned, so that no record is
+            # in flight past it (with unaligned checkpoints too, as savepoints)
+            final = run.ended == run.sources
             for source in run.sources:
-                run.server.send(source, {"kind": "trigger", "id": cid,
-                                         "ts": pending.timestamp_ms, "savepoint": location})
+                run.server.send(source, {"kind": "trigger", "id": cid, "ts": pending.timestamp_ms,
+                                         "savepoint": location, "aligned": final})
             return cid
         if isinstance(decision, AbortedCheckpoint):
             entry = self._pending.pop(decision.checkpoint_id, None)
@@ -451,6 +459,12 @@ class LocalJob:
             uid, parallelism, max_parallelism, handle, _ = decode_part(
                 bytes(part), f"acknowledgement of checkpoint {cid} by {task[0]}[{task[1]}]")
             pending.acknowledge(uid, parallelism, max_parallelism, handle)
+        if message.get("unaligned"):  # the records it had in flight, if any
+            channels = message.get("channels")
+            pending.acknowledge_channel_state(
+                task[0], self.graph.vertex(task[0]).parallelism, task[1],
+                None if channels is None else FileRef.from_json(
+                    channels, f"acknowledgement of checkpoint {cid} by {task[0]}[{task[1]}]"))
         acked.add(task)
         if acked != run.tasks:
             return []
@@ -459,7 +473,9 @@ class LocalJob:
         self.result.completed.append(cid)
         self._stat(cid, status=CheckpointStatus.COMPLETED,
                    duration_ms=completed.metadata.duration_ms,
-                   state_size_bytes=sum(f.size for f in completed.metadata.files()))
+                   state_size_bytes=sum(f.size for f in completed.metadata.files()),
+                   channel_state_bytes=sum(f.size for h in completed.metadata.channel_state.values()
+                                           for f in h.subtasks.values()))
         for t in run.tasks:
             run.server.send(t, {"kind": "complete", "id": cid})
         command = self._savepoints.pop(cid, None)

@@ -15,8 +15,15 @@ for at-least-once). Then it (1) prepares its sinks' commits (the committables jo
 sinks' state), (2) forwards the barrier on every output channel, after every record
 emitted before it, (3) snapshots every stateful operator of the chain (synchronous part
 now, upload in the background) and (4) acknowledges with their parts once the uploads
-are done. A checkpoint it cannot take is declined, and a cancellation marker goes
-downstream so nobody waits for its barrier. A completed checkpoint commits every
+are done. **Unaligned** (``CheckpointConfig(unaligned=True)``): a task with inputs
+checkpoints on the first barrier (or when its alignment times out), its barrier
+overtakes the buffers queued on its output channels, and the ack waits for the channel
+state — the buffers overtaken, and per input channel those before that channel's barrier
+which the task had not processed (:mod:`.gates`) — written as one file
+(:mod:`.inflight`); a task restored from such a checkpoint processes the records it now
+owns of them before any new input. Savepoints and the final checkpoint are aligned. A
+checkpoint it cannot take is declined, and a cancellation marker goes downstream so
+nobody waits for its barrier. A completed checkpoint commits every
 committable up to it; a restore commits the recovered ones and drops what earlier
 attempts left open.
 
@@ -39,9 +46,11 @@ import itertools
 import threading
 import time
 import traceback
+from concurrent.futures import Future
 from typing import Any
 
 from weir.api.connectors import SinkContext
+from weir.checkpoint.channel_state import ChannelState
 from weir.checkpoint.coordinator import load_checkpoint
 from weir.checkpoint.format import encode_part
 from weir.checkpoint.storage import CheckpointStorage
@@ -59,10 +68,11 @@ from weir.runtime.continuous.chain import OperatorChain, Push
 from weir.runtime.continuous.channels import OutputChannel
 from weir.runtime.continuous.control import ControlClient
 from weir.runtime.continuous.gates import ChannelServer, InputGate
-from weir.runtime.continuous.graph import Edge, JobGraph, OpKind, Partitioner
+from weir.runtime.continuous.graph import JobGraph, OpKind, Partitioner
+from weir.runtime.continuous.inflight import replay_records, write_channel_state
+from weir.runtime.continuous.routing import discard, route
 from weir.runtime.continuous.wire import Kind
 from weir.runtime.operator_base import MAX_WATERMARK, MIN_WATERMARK
-from weir.state.keygroups import assign_key_to_parallel_operator
 
 __all__ = ["Task", "task_address"]
 
@@ -89,6 +99,12 @@ class Task:
         self._next_heartbeat = 0.0
         #: per gate channel: whether it is a broadcast-side input
         self._broadcast_side: list[bool] = []
+        #: per gate channel (edge, producer subtask); per output (edge, consumer subtask)
+        self._in_ids: list[tuple[str, int]] = []
+        self._out_ids: list[tuple[str, int]] = []
+        self._gate: InputGate | None = None
+        #: records in flight in the checkpoint restored, to replay first (edge, records)
+        self._replay: list[tuple[str, list[Any]]] = []
 
     # -- set-up
 
@@ -105,12 +121,16 @@ class Task:
                                           self.graph.vertex(edge.producer).parallelism)
             inputs.append((edge.name, producers))
             self._broadcast_side += [edge.broadcast_side] * len(producers)
-        return server, server.input_gate(self.subtask, inputs, self.graph.channel)
+            self._in_ids += [(edge.name, j) for j in producers]
+        self._gate = server.input_gate(self.subtask, inputs, self.graph.channel)
+        return server, self._gate
 
     def _open(self, start: dict[str, Any], secret: bytes) -> None:
         """Restore and open the chain, open the sinks' writers and the outputs."""
         url = start.get("restore")
         completed = load_checkpoint(CheckpointStorage(url)) if url is not None else None
+        if completed is not None and self.inputs:
+            self._replay = replay_records(completed, self.graph, self.vertex.id, self.subtask)
         for op in self.chain.stateful:
             assert op.core is not None
             if completed is not None:
@@ -149,24 +169,26 @@ class Task:
             for channel in channels:
                 channel.on_blocked = self.heartbeat
             self.outs += channels
+            self._out_ids += [(edge.name, i) for i in targets]
             head = consumer.chain[0]  # (a keyed head calls the key selector again)
             rejects = head.kind is OpKind.KEYED and bool(head.bad_record_exceptions)
-            routes.append(_route(edge, channels, self.graph.max_parallelism, self.subtask,
-                                 event_time, rejects))
+            routes.append(route(edge, channels, self.graph.max_parallelism, self.subtask,
+                                event_time, rejects))
         if not routes:
-            return _discard
+            return discard
         if len(routes) == 1:
             return routes[0]
 
-        def route(value: Any, ts: int | None) -> None:
+        def to_every_edge(value: Any, ts: int | None) -> None:
             for r in routes:
                 r(value, ts)
-        return route
+        return to_every_edge
 
     # -- checkpoints
 
-    def checkpoint(self, barrier: Barrier) -> None:
-        """Take checkpoint ``barrier`` (see the module doc)."""
+    def checkpoint(self, barrier: Barrier, in_order: frozenset[int] | None = None) -> None:
+        """Take checkpoint ``barrier`` (see the module doc): aligned, or unaligned
+        (``in_order``: the input channels whose barrier came in order)."""
         cid = barrier.checkpoint_id
         for sink in self.chain.sinks:
             committable = sink.writer.prepare_commit(cid)
@@ -175,8 +197,22 @@ class Task:
             assert sink.state is not None
             sink.state.values = list(sink.committables)
         event = barrier_event(barrier)
-        for out in self.outs:  # records before the barrier go first
-            out.emit_event(event)
+        unaligned = self.graph.unaligned and not barrier.must_align
+        outputs: list[Future[list[bytes]]] = []
+        if not unaligned:
+            for out in self.outs:  # records before the barrier go first
+                out.emit_event(event)
+        else:  # the barrier overtakes queued buffers now, or once its alignment times out
+            overtake = in_order is not None or self.graph.aligned_timeout_ms == 0
+            deadline = None if overtake else time.monotonic() + max(
+                0.0, barrier.timestamp_ms + self.graph.aligned_timeout_ms
+                - time.time() * 1000) / 1000
+            outputs = [out.emit_barrier(event, unaligned=overtake, deadline=deadline)
+                       for out in self.outs]
+        inputs = None
+        if in_order is not None:
+            assert self._gate is not None
+            inputs = self._gate.record(cid, in_order)
         target = None if barrier.savepoint is None else CheckpointStorage(barrier.savepoint)
         pending: list[tuple[SubtaskCheckpointer, PendingSnapshot]] = [
             (c, c.snapshot(cid, barrier.timestamp_ms, target=target,
@@ -187,7 +223,18 @@ class Task:
                 parts = [encode_part(c.uid, self.vertex.parallelism,
                                      self.graph.max_parallelism, p.result(), {})
                          for c, p in pending]
-                self.control.send({"kind": "ack", "id": cid, "parts": parts})
+                message: dict[str, Any] = {"kind": "ack", "id": cid, "parts": parts}
+                if unaligned:
+                    received = [] if inputs is None else inputs.result()
+                    state = ChannelState(dict(zip(self._in_ids, received, strict=False)),
+                                         dict(zip(self._out_ids, (f.result() for f in outputs),
+                                                  strict=False)))
+                    ref = write_channel_state(self.storage, cid, self.vertex.id,
+                                              self.subtask, state)
+                    message["unaligned"] = True
+                    if ref is not None:
+                        message["channels"] = ref.to_json()
+                self.control.send(message)
             except Exception as exc:  # the upload failed: decline, the job goes on
                 self.control.send({"kind": "decline", "id": cid,
                                    "reason": "CHECKPOINT_ASYNC_EXCEPTION",
@@ -200,6 +247,8 @@ class Task:
         marker (Flink's abortCheckpointOnBarrier)."""
         self.control.send({"kind": "decline", "id": checkpoint_id,
                            "reason": "CHECKPOINT_DECLINED", "error": reason.value})
+        if self._gate is not None:  # (an unaligned one records its input state no more)
+            self._gate.stop_recording(checkpoint_id, reason.value)
         event = cancel_event(checkpoint_id)
         for out in self.outs:
             out.emit_event(event)
@@ -308,7 +357,8 @@ class Task:
                     assert source.state is not None
                     source.state.values = reader.positions()
                     self.checkpoint(Barrier(int(message["id"]), int(message["ts"]),
-                                            message.get("savepoint")))
+                                            message.get("savepoint"),
+                                            aligned=bool(message.get("aligned"))))
                 elif kind == "finish":
                     return
                 elif kind == "stop":  # stop-with-savepoint: read no more
@@ -360,16 +410,20 @@ class Task:
         task = self
 
         class Actions:
-            def trigger_checkpoint(self, barrier: Barrier) -> None:
-                task.checkpoint(barrier)
+            def trigger_checkpoint(self, barrier: Barrier,
+                                   in_order: frozenset[int] | None = None) -> None:
+                task.checkpoint(barrier, in_order)
 
             def abort_checkpoint(self, checkpoint_id: int, reason: AbortReason) -> None:
                 task.decline(checkpoint_id, reason)
 
         channels = gate.producers
+        aligner = AlignedBarrierHandler(channels, gate, Actions(),
+                                        unaligned=self.graph.unaligned,
+                                        aligned_timeout_ms=self.graph.aligned_timeout_ms)
         handler: AlignedBarrierHandler | BarrierTracker = (
-            BarrierTracker(channels, Actions()) if self.graph.at_least_once
-            else AlignedBarrierHandler(channels, gate, Actions()))
+            BarrierTracker(channels, Actions()) if self.graph.at_least_once else aligner)
+        may_time_out = self.graph.unaligned and self.graph.aligned_timeout_ms > 0
         head = self.chain.ops[0]
         push = self.chain.push[0]
         broadcast_side = self._broadcast_side
@@ -400,11 +454,27 @@ class Task:
 
         idle_flush = self.outs if self.graph.channel.flush_when_idle else []
         next_tick = time.monotonic()
+        sides = {e.name: e.broadcast_side for e in self.inputs}
+        for edge, records in self._replay:  # records in flight at the checkpoint first
+            if sides[edge]:
+                for ts, record in (records if event_time else zip(
+                        itertools.repeat(None), records)):
+                    for out in process_broadcast(record, ts):
+                        after(out, ts)
+            elif event_time:
+                for ts, record in records:
+                    push(record, ts)
+            else:
+                for record in records:
+                    push(record, None)
+        self._replay = []
         while not gate.finished:
             message = self.control.receive(0)
             while message is not None:
                 self.notified(message)
                 message = self.control.receive(0)
+            if may_time_out and aligner.received:
+                aligner.check_timeout()
             got = gate.poll(0)
             if got is None:  # no input waiting: send what waits, then wait for input
                 for out in idle_flush:
@@ -437,50 +507,3 @@ class Task:
                 self.chain.fire_processing_time()
                 next_tick = time.monotonic() + 0.1
                 self.heartbeat()
-
-
-def _discard(value: Any, ts: int | None) -> None:
-    """Where the records of a chain without outputs go (it ends in sinks)."""
-
-
-def _route(edge: Edge, channels: list[OutputChannel], max_parallelism: int,
-           subtask: int, event_time: bool, rejects: bool = False) -> Push:
-    """Send a record by ``edge``'s partitioner (as ``(timestamp, record)`` with event
-    time). With ``rejects`` (the consumer is a keyed function with dead letters), a
-    record whose key selector raises goes to the consumer's first subtask, whose own
-    call of the same key selector raises it again — into its dead letters if the
-    exception is one of its ``bad_record_exceptions``, else failing that task."""
-    emits = [c.emit for c in channels]
-    if edge.partitioner is Partitioner.HASH:
-        key_of, n = edge.key_selector, len(channels)
-        assert key_of is not None
-
-        def by_key(record: Any, ts: int | None) -> None:
-            emits[assign_key_to_parallel_operator(key_of(record), max_parallelism, n)](
-                (ts, record) if event_time else record)
-
-        def by_key_or_first(record: Any, ts: int | None) -> None:
-            try:
-                target = assign_key_to_parallel_operator(key_of(record), max_parallelism, n)
-            except Exception:
-                target = 0
-            emits[target]((ts, record) if event_time else record)
-        return by_key_or_first if rejects else by_key
-    if edge.partitioner is Partitioner.BROADCAST:
-        def to_all(record: Any, ts: int | None) -> None:
-            item = (ts, record) if event_time else record
-            for emit in emits:
-                emit(item)
-        return to_all
-    if edge.partitioner is Partitioner.REBALANCE:  # (each producer starts elsewhere)
-        k = subtask % len(emits)
-        turn = itertools.cycle(emits[k:] + emits[:k])
-
-        def round_robin(record: Any, ts: int | None) -> None:
-            next(turn)((ts, record) if event_time else record)
-        return round_robin
-    emit = emits[0]
-
-    def forward(record: Any, ts: int | None) -> None:
-        emit((ts, record) if event_time else record)
-    return forward

@@ -1,0 +1,100 @@
+"""Unaligned checkpoints on the continuous runtime (Flink's ``UnalignedCheckpointITCase``
+shape): tiny buffers and a slow keyed function keep the job backpressured, so barriers
+overtake records in flight and checkpoints store them as channel state; five failures
+(at processing, at a snapshot, at a restore, at processing again, at close) restore
+from such checkpoints. A strict-order oracle over the committed output: lost =
+duplicates = out-of-order = 0 with the five failures counted, unaligned from the start
+and aligned with a timeout that switches to unaligned."""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import test_continuous_acceptance as acceptance
+import weir
+from continuous_helpers import by_value, keyed_graph
+from weir.api.checkpointing import CheckpointConfig
+from weir.connectors.stream import SequenceSource, read_stream_sink
+from weir.runtime.continuous.channels import ChannelConfig
+from weir.runtime.continuous.master import LocalJob
+
+P = acceptance.P
+TINY = ChannelConfig(buffer_records=4, buffer_timeout_ms=2, exclusive_buffers=2,
+                     floating_buffers=2, max_backlog=2)
+
+
+class SlowFailing(acceptance.Failing):
+    """The acceptance test's failing count, slowed down so that its input backs up."""
+
+    def process_element(self, value: int, ctx: Any) -> Any:
+        if value % 16 == 0:
+            time.sleep(0.002)
+        yield from super().process_element(value, ctx)
+
+
+@pytest.fixture(autouse=True)
+def _by_value() -> None:
+    by_value(sys.modules[__name__])
+    by_value(acceptance)
+
+
+@pytest.mark.parametrize("aligned_timeout_ms", [0, 20], ids=["unaligned", "aligned-timeout"])
+def test_five_failures_under_backpressure_lose_duplicate_or_reorder_nothing(
+    tmp_path: Path, aligned_timeout_ms: int
+) -> None:
+    n = 80_000
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    (markers / "close").touch()  # armed from the start: fires at the end of the job
+    spec = keyed_graph(tmp_path, source=SequenceSource(n), source_uid="source",
+                       key_selector=lambda v: v % P, function=SlowFailing(str(markers)),
+                       function_uid="failing", parallelism=P, backend="rocksdb",
+                       max_parallelism=16, job="unaligned", channel=TINY)
+    job = LocalJob(spec, CheckpointConfig(interval_ms=50, unaligned=True,
+                                          aligned_timeout_ms=aligned_timeout_ms),
+                   restart=weir.RestartStrategy.fixed_delay(attempts=5, delay=0))
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            job.run(timeout_s=240)
+        except BaseException as exc:
+            errors.append(exc)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+
+    def with_channel_state() -> int:
+        return sum(1 for s in job.checkpoint_stats() if s.channel_state_bytes)
+
+    plan = [(0, 3, ["map"]), (1, 6, ["snapshot", "restore"]), (3, 9, ["map"])]
+    for attempt, checkpoints, arm in plan:  # arm once the job got this far, with
+        deadline = time.monotonic() + 120  # records in flight in its latest checkpoint
+        while (job.attempt < attempt or len(job.result.completed) < checkpoints
+               or not job.checkpoint_stats()[-1].channel_state_bytes):
+            assert time.monotonic() < deadline and runner.is_alive(), errors
+            time.sleep(0.005)
+        for where in arm:
+            (markers / where).touch()
+    runner.join(240)
+    assert not runner.is_alive() and not errors, errors
+    causes = [m.group(1) for f in job.result.failures
+              if (m := re.search(r"injected failure at (\w+)", f))]
+    assert causes == ["map", "snapshot", "restore", "map", "close"], job.result.failures
+    assert job.result.restarts == 5
+    stored = with_channel_state()
+    rows = read_stream_sink(tmp_path / "out")
+    lost, duplicates, disorder = acceptance.oracle(rows, n)
+    print(f"[{aligned_timeout_ms} ms] L={lost} D={duplicates} out-of-order={disorder} | "
+          f"failures={len(causes)}, checkpoints with channel state={stored}")
+    assert (lost, duplicates, disorder) == (0, 0, 0)
+    assert stored > 0
+    for key in range(P):  # the running count of each committed row is its position
+        assert [c for k, _, c in rows if k == key] == list(range(1, n // P + 1))
