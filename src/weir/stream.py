@@ -54,13 +54,7 @@ from weir.api.restart import RestartStrategy
 from weir.api.watermarks import WatermarkStrategy
 from weir.errors import ConfigurationError
 from weir.runtime.continuous.channels import ChannelConfig
-from weir.runtime.continuous.client import (
-    CheckpointStats,
-    CheckpointStatus,
-    JobClient,
-    JobResult,
-    TaskInfo,
-)
+from weir.runtime.continuous.client import JobClient, JobResult, TaskInfo
 from weir.runtime.continuous.graph import (
     JobGraph,
     LogicalInput,
@@ -71,13 +65,19 @@ from weir.runtime.continuous.graph import (
     compile_graph,
 )
 from weir.runtime.continuous.master import LocalJob
+from weir.runtime.continuous.metrics import TaskMetrics
 from weir.runtime.continuous.spark_launcher import SparkLauncher
+from weir.runtime.continuous.stats import (
+    CheckpointStats,
+    CheckpointStatus,
+    SubtaskCheckpointStats,
+)
 
 __all__ = [
     "BroadcastStream", "ChannelConfig", "CheckpointConfig", "CheckpointStats",
     "CheckpointStatus", "CheckpointingMode", "DataStream", "JobClient", "JobResult",
     "KeyedBroadcastStream", "KeyedStream", "RestartStrategy", "Runner", "StreamEnvironment",
-    "TaskInfo", "WatermarkStrategy",
+    "SubtaskCheckpointStats", "TaskInfo", "TaskMetrics", "WatermarkStrategy",
 ]
 
 

@@ -143,6 +143,11 @@ class _Handler:
         self.last_alignment: float | None = None
 
     @property
+    def alignment_started(self) -> float | None:
+        """When the alignment under way started (the clock's reading), if one is."""
+        return self._started
+
+    @property
     def open_channels(self) -> int:
         """Channels whose input has not ended."""
         return self.channels - len(self.ended)

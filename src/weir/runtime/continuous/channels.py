@@ -135,7 +135,8 @@ class OutputChannel:
         #: counters: records and buffers sent, ns the task waited for credit
         self.records_out = 0
         self.buffers_out = 0
-        self.backpressured_ns = 0
+        self._backpressured_ns = 0
+        self._waiting_since: int | None = None  # perf_counter_ns of a wait for credit
         threading.Thread(target=self._read_credits, name=f"credits {self.where}",
                          daemon=True).start()
         if config.buffer_timeout_ms > 0:
@@ -250,6 +251,14 @@ class OutputChannel:
             self._sock.close()
 
     @property
+    def backpressured_ns(self) -> int:
+        """Nanoseconds the task waited in :meth:`emit` for credit, the current wait
+        included."""
+        since = self._waiting_since
+        return self._backpressured_ns + (0 if since is None
+                                         else time.perf_counter_ns() - since)
+
+    @property
     def backlog(self) -> int:
         """Buffers waiting for credit."""
         return self._queued_data
@@ -272,11 +281,12 @@ class OutputChannel:
             except OSError as exc:
                 self._error = exc
         if wait and self._queued_data >= self.config.max_backlog:
-            started = time.perf_counter_ns()
+            self._waiting_since = started = time.perf_counter_ns()
             while self._queued_data >= self.config.max_backlog and self._error is None:
                 if not self._cond.wait(1.0) and self.on_blocked is not None:
                     self.on_blocked()  # still backpressured: alive, not hung
-            self.backpressured_ns += time.perf_counter_ns() - started
+            self._backpressured_ns += time.perf_counter_ns() - started
+            self._waiting_since = None
             if self._error is not None:
                 raise failure(self.where, self._error) from self._error
 

@@ -8,7 +8,6 @@ a :class:`Command` it takes up in its loop, answered through the command's futur
 
 from __future__ import annotations
 
-import enum
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weir.errors import ConfigurationError
+from weir.runtime.continuous.metrics import TaskMetrics
+from weir.runtime.continuous.stats import CheckpointStats, CheckpointStatus
 
 if TYPE_CHECKING:
     from weir.runtime.continuous.master import LocalJob
@@ -40,35 +41,6 @@ class JobResult:
     cancelled: bool = False
     #: the savepoint stop-with-savepoint ended it with
     savepoint: str | None = None
-
-
-class CheckpointStatus(enum.Enum):
-    """Where a checkpoint or savepoint stands."""
-
-    IN_PROGRESS = "in_progress"
-    COMPLETED = "completed"
-    FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class CheckpointStats:
-    """One checkpoint or savepoint of the job, as Flink's checkpoint history shows it."""
-
-    checkpoint_id: int
-    #: "checkpoint", "savepoint" or "sync_savepoint" (of stop-with-savepoint)
-    kind: str
-    status: CheckpointStatus
-    trigger_timestamp_ms: int
-    #: from trigger to completion or failure (None while in progress)
-    duration_ms: float | None = None
-    #: bytes of every file the checkpoint references (completed ones)
-    state_size_bytes: int | None = None
-    #: of those, the records in flight stored by an unaligned checkpoint
-    channel_state_bytes: int | None = None
-    #: where a savepoint was written
-    location: str | None = None
-    #: why it failed
-    failure: str | None = None
 
 
 @dataclass
@@ -135,6 +107,12 @@ class JobClient:
     def checkpoints(self) -> list[CheckpointStats]:
         """Every checkpoint and savepoint triggered so far, oldest first."""
         return self._job.checkpoint_stats()
+
+    def metrics(self) -> list[TaskMetrics]:
+        """Every running task's recent metrics — time backpressured, idle and busy,
+        records in and out per second, buffers queued per channel, watermark — from
+        its latest heartbeats (about once a second; none between attempts)."""
+        return self._job.metrics.snapshot()
 
     def tasks(self) -> list[TaskInfo]:
         """The job's task processes running now, by vertex and subtask (none between

@@ -64,15 +64,11 @@ from weir.checkpoint.format import decode_part
 from weir.checkpoint.storage import FileRef
 from weir.errors import CheckpointError, ConfigurationError, JobFailedError, WeirError
 from weir.runtime.continuous import zygote
-from weir.runtime.continuous.client import (
-    CheckpointStats,
-    CheckpointStatus,
-    Command,
-    JobResult,
-)
+from weir.runtime.continuous.client import Command, JobResult
 from weir.runtime.continuous.control import ControlServer, TaskId
 from weir.runtime.continuous.graph import JobGraph
 from weir.runtime.continuous.inflight import check_edges
+from weir.runtime.continuous.metrics import MetricsBoard
 from weir.runtime.continuous.processes import root_cause, stop_processes
 from weir.runtime.continuous.scheduling import (
     AbortedCheckpoint,
@@ -85,6 +81,7 @@ from weir.runtime.continuous.scheduling import (
     StartCheckpoint,
 )
 from weir.runtime.continuous.spark_launcher import SparkLauncher, SparkStage
+from weir.runtime.continuous.stats import CheckpointHistory, CheckpointStats, CheckpointStatus
 from weir.runtime.continuous.task import task_address
 
 __all__ = ["JobResult", "LocalJob"]
@@ -122,13 +119,15 @@ class LocalJob:
         self._pending: dict[int, tuple[PendingCheckpoint, set[TaskId]]] = {}
         self._finished: set[TaskId] = set()
         self._heard: dict[TaskId, float] = {}  # when each task was last heard from
+        #: what the running tasks' heartbeats report (JobClient.metrics())
+        self.metrics = MetricsBoard()
         self.result = JobResult()
         self._lock = threading.Lock()
         self._commands: list[Command] = []  # from the client, not yet taken up
         self._requested: dict[int, Command] = {}  # savepoint requests by request id
         self._savepoints: dict[int, Command] = {}  # started ones by checkpoint id
         self._stopping: Command | None = None
-        self._stats: dict[int, CheckpointStats] = {}
+        self.history = CheckpointHistory()
 
     # -- what the client asks (from its thread)
 
@@ -145,12 +144,7 @@ class LocalJob:
 
     def checkpoint_stats(self) -> list[CheckpointStats]:
         """Every checkpoint and savepoint triggered so far, oldest first."""
-        with self._lock:
-            return [self._stats[k] for k in sorted(self._stats)]
-
-    def _stat(self, cid: int, **changes: Any) -> None:
-        with self._lock:
-            self._stats[cid] = dataclasses.replace(self._stats[cid], **changes)
+        return self.history.snapshot()
 
     def run(self, timeout_s: float = 600.0) -> JobResult:
         """Run the job to its end (bounded sources), restarting every task from the
@@ -214,6 +208,7 @@ class LocalJob:
         if self._commands or self._cancel.is_set():
             self._inbox.put((CLIENT, {"kind": "command"}))
         self._procs, self._finished, self._heard = {}, set(), {}
+        self.metrics.forget()
         self.task_pids = {}
         secret = os.urandom(32)
         inbox = self._inbox
@@ -233,7 +228,8 @@ class LocalJob:
             stop_processes(self._procs.values(), grace_s=5.0 if finished else 0.0)
             for cid, (pending, _) in self._pending.items():
                 self.coordinator.abort(pending)
-                self._stat(cid, status=CheckpointStatus.FAILED, failure="the attempt ended")
+                self.history.update(cid, status=CheckpointStatus.FAILED,
+                                    failure="the attempt ended")
             self._pending.clear()
 
     # -- phases
@@ -275,6 +271,8 @@ class LocalJob:
                 raise _Cancelled
             return item
         self._heard[task] = time.monotonic()
+        if "metrics" in message:  # (a heartbeat)
+            self.metrics.update(task, message["metrics"])
         log.debug("job %s: %s[%d]: %s", self.graph.job, task[0], task[1],
                   {k: v for k, v in message.items() if k != "parts"})
         if message["kind"] == "disconnected" and task in self._finished:
@@ -413,10 +411,9 @@ class LocalJob:
             location = None if command is None else pending.storage.url
             if command is not None:
                 self._savepoints[cid] = command
-            with self._lock:
-                self._stats[cid] = CheckpointStats(
-                    cid, "checkpoint" if command is None else decision.kind.value,
-                    CheckpointStatus.IN_PROGRESS, decision.timestamp_ms, location=location)
+            self.history.started(CheckpointStats(
+                cid, "checkpoint" if command is None else decision.kind.value,
+                CheckpointStatus.IN_PROGRESS, decision.timestamp_ms, location=location))
             # the final checkpoint (every source ended) is aligned, so that no record is
             # in flight past it (with unaligned checkpoints too, as savepoints)
             final = run.ended == run.sources
@@ -429,9 +426,9 @@ class LocalJob:
             if entry is not None:
                 self.coordinator.abort(entry[0])
                 self.result.aborted.append((decision.checkpoint_id, decision.reason.name))
-                self._stat(decision.checkpoint_id, status=CheckpointStatus.FAILED,
-                           failure=decision.reason.message,
-                           duration_ms=_clock() - entry[0].timestamp_ms)
+                self.history.update(decision.checkpoint_id, status=CheckpointStatus.FAILED,
+                                    failure=decision.reason.message,
+                                    duration_ms=_clock() - entry[0].timestamp_ms)
                 for task in run.tasks:
                     run.server.send(task, {"kind": "abort", "id": decision.checkpoint_id})
             command = self._savepoints.pop(decision.checkpoint_id, None)
@@ -455,27 +452,28 @@ class LocalJob:
         if entry is None:
             return []  # aborted or expired meanwhile
         pending, acked = entry
+        where = f"acknowledgement of checkpoint {cid} by {task[0]}[{task[1]}]"
+        handles = []
         for part in message["parts"]:
-            uid, parallelism, max_parallelism, handle, _ = decode_part(
-                bytes(part), f"acknowledgement of checkpoint {cid} by {task[0]}[{task[1]}]")
+            uid, parallelism, max_parallelism, handle, _ = decode_part(bytes(part), where)
             pending.acknowledge(uid, parallelism, max_parallelism, handle)
+            handles.append(handle)
+        channels = message.get("channels")
+        channel_file = None if channels is None else FileRef.from_json(channels, where)
         if message.get("unaligned"):  # the records it had in flight, if any
-            channels = message.get("channels")
             pending.acknowledge_channel_state(
-                task[0], self.graph.vertex(task[0]).parallelism, task[1],
-                None if channels is None else FileRef.from_json(
-                    channels, f"acknowledgement of checkpoint {cid} by {task[0]}[{task[1]}]"))
+                task[0], self.graph.vertex(task[0]).parallelism, task[1], channel_file)
+        self.history.acknowledged(
+            cid, task[0], task[1], acknowledged_ms=_clock() - pending.timestamp_ms,
+            alignment_ms=message.get("alignment_ms"), handles=handles,
+            channel_state_bytes=0 if channel_file is None else channel_file.size)
         acked.add(task)
         if acked != run.tasks:
             return []
         del self._pending[cid]
         completed = self.coordinator.complete(pending)
         self.result.completed.append(cid)
-        self._stat(cid, status=CheckpointStatus.COMPLETED,
-                   duration_ms=completed.metadata.duration_ms,
-                   state_size_bytes=sum(f.size for f in completed.metadata.files()),
-                   channel_state_bytes=sum(f.size for h in completed.metadata.channel_state.values()
-                                           for f in h.subtasks.values()))
+        self.history.completed(cid, completed.metadata)
         for t in run.tasks:
             run.server.send(t, {"kind": "complete", "id": cid})
         command = self._savepoints.pop(cid, None)

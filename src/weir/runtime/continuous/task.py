@@ -70,9 +70,11 @@ from weir.runtime.continuous.control import ControlClient
 from weir.runtime.continuous.gates import ChannelServer, InputGate
 from weir.runtime.continuous.graph import JobGraph, OpKind, Partitioner
 from weir.runtime.continuous.inflight import replay_records, write_channel_state
+from weir.runtime.continuous.metrics import sample
 from weir.runtime.continuous.routing import discard, route
+from weir.runtime.continuous.source_loop import read_source
 from weir.runtime.continuous.wire import Kind
-from weir.runtime.operator_base import MAX_WATERMARK, MIN_WATERMARK
+from weir.runtime.operator_base import MIN_WATERMARK
 
 __all__ = ["Task", "task_address"]
 
@@ -103,8 +105,14 @@ class Task:
         self._in_ids: list[tuple[str, int]] = []
         self._out_ids: list[tuple[str, int]] = []
         self._gate: InputGate | None = None
+        self._handler: AlignedBarrierHandler | BarrierTracker | None = None
         #: records in flight in the checkpoint restored, to replay first (edge, records)
         self._replay: list[tuple[str, list[Any]]] = []
+        #: metrics (:mod:`.metrics`): ns waiting for input, records a source read, the
+        #: task's event time
+        self.idle_ns = 0
+        self.records_read = 0
+        self.watermark: int | None = None
 
     # -- set-up
 
@@ -210,9 +218,13 @@ class Task:
             outputs = [out.emit_barrier(event, unaligned=overtake, deadline=deadline)
                        for out in self.outs]
         inputs = None
+        aligned_s = started = None  # (its alignment: done, or under way since started)
         if in_order is not None:
-            assert self._gate is not None
+            assert self._gate is not None and self._handler is not None
             inputs = self._gate.record(cid, in_order)
+            started = self._handler.alignment_started
+        elif self._handler is not None:
+            aligned_s = self._handler.last_alignment
         target = None if barrier.savepoint is None else CheckpointStorage(barrier.savepoint)
         pending: list[tuple[SubtaskCheckpointer, PendingSnapshot]] = [
             (c, c.snapshot(cid, barrier.timestamp_ms, target=target,
@@ -226,6 +238,8 @@ class Task:
                 message: dict[str, Any] = {"kind": "ack", "id": cid, "parts": parts}
                 if unaligned:
                     received = [] if inputs is None else inputs.result()
+                    if started is not None:  # every barrier is in: the alignment ended
+                        message["alignment_ms"] = (time.monotonic() - started) * 1000
                     state = ChannelState(dict(zip(self._in_ids, received, strict=False)),
                                          dict(zip(self._out_ids, (f.result() for f in outputs),
                                                   strict=False)))
@@ -234,6 +248,8 @@ class Task:
                     message["unaligned"] = True
                     if ref is not None:
                         message["channels"] = ref.to_json()
+                if aligned_s is not None:
+                    message["alignment_ms"] = aligned_s * 1000
                 self.control.send(message)
             except Exception as exc:  # the upload failed: decline, the job goes on
                 self.control.send({"kind": "decline", "id": cid,
@@ -272,7 +288,9 @@ class Task:
         now = time.monotonic()
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + 1.0
-            self.control.send({"kind": "heartbeat"})
+            self.control.send({"kind": "heartbeat", "metrics": sample(
+                idle_ns=self.idle_ns, records_in=self.records_read, gate=self._gate,
+                outs=self.outs, watermark=self.watermark)})
 
     def fail(self, exc: BaseException) -> None:
         """Report a failure (else the coordinator sees the connection drop)."""
@@ -316,95 +334,10 @@ class Task:
         """Run until the task finishes (raises when it fails)."""
         self._open(start, secret)
         if gate is None:
-            self._read_source()
+            read_source(self)
         else:
             self._take_inputs(gate)
         self.finish()
-
-    def _read_source(self) -> None:
-        source = self.chain.ops[0]
-        reader, feed = source.reader, self.chain.after[0]
-        strategy = self.chain.watermarks
-        stamp = strategy.timestamp_assigner if strategy is not None else None
-        batch = self.graph.source_batch
-        exhausted = False
-        largest, sent = MIN_WATERMARK, MIN_WATERMARK
-        next_watermark = last_record = time.monotonic()
-        idle = False
-
-        def send_watermark(watermark: int) -> None:
-            nonlocal sent, idle
-            if watermark > sent or (idle and watermark >= sent):
-                sent, idle = watermark, False
-                self.forward_event({"kind": "watermark", "ts": watermark})
-
-        def end_of_input(drain: bool) -> None:
-            """The source's end (or a stop): with ``drain``, event time jumps to the end
-            so every event-time timer fires before the final checkpoint or savepoint
-            (every source does, with or without a watermark strategy, as in Flink)."""
-            if drain and self.graph.event_time:
-                send_watermark(MAX_WATERMARK)
-            for out in self.outs:
-                out.flush(wait=False)
-            self.control.send({"kind": "source_end"})
-
-        idle_flush = self.outs if self.graph.channel.flush_when_idle else []
-        while True:
-            message = self.control.receive(0.05 if exhausted else 0)
-            while message is not None:
-                kind = message["kind"]
-                if kind == "trigger":
-                    assert source.state is not None
-                    source.state.values = reader.positions()
-                    self.checkpoint(Barrier(int(message["id"]), int(message["ts"]),
-                                            message.get("savepoint"),
-                                            aligned=bool(message.get("aligned"))))
-                elif kind == "finish":
-                    return
-                elif kind == "stop":  # stop-with-savepoint: read no more
-                    if not exhausted:
-                        exhausted = True
-                        end_of_input(drain=bool(message.get("drain")))
-                else:
-                    self.notified(message)
-                message = self.control.receive(0)
-            self.heartbeat()
-            if exhausted:
-                continue
-            records = reader.poll(batch)
-            if records is None:
-                exhausted = True
-                end_of_input(drain=True)
-                continue
-            if records:
-                last_record = time.monotonic()
-            if stamp is None:
-                for record in records:
-                    feed(record, None)
-            else:
-                for record in records:
-                    stamped = stamp(record)
-                    if stamped is None:  # no usable time: through without a timestamp
-                        feed(record, None)
-                        continue
-                    ts = int(stamped)
-                    if ts > largest:
-                        largest = ts
-                    feed(record, ts)
-                now = time.monotonic()
-                if strategy is not None and now >= next_watermark:
-                    next_watermark = now + strategy.interval_ms / 1000
-                    quiet = strategy.idleness_ms is not None and (
-                        now - last_record) * 1000 >= strategy.idleness_ms
-                    if quiet:
-                        if not idle:
-                            idle = True  # no longer holds event time back downstream
-                            self.forward_event({"kind": "idle"})
-                    elif largest > MIN_WATERMARK:  # (a watermark ends idleness downstream)
-                        send_watermark(largest - strategy.max_out_of_orderness_ms - 1)
-            if len(records) < batch:  # the reader has no more ready: send what waits
-                for out in idle_flush:  # (ChannelConfig.flush_when_idle)
-                    out.flush_idle()
 
     def _take_inputs(self, gate: InputGate) -> None:
         task = self
@@ -418,11 +351,13 @@ class Task:
                 task.decline(checkpoint_id, reason)
 
         channels = gate.producers
-        aligner = AlignedBarrierHandler(channels, gate, Actions(),
+        aligner = AlignedBarrierHandler(channels, gate, Actions(), time.monotonic,
                                         unaligned=self.graph.unaligned,
                                         aligned_timeout_ms=self.graph.aligned_timeout_ms)
         handler: AlignedBarrierHandler | BarrierTracker = (
-            BarrierTracker(channels, Actions()) if self.graph.at_least_once else aligner)
+            BarrierTracker(channels, Actions(), time.monotonic) if self.graph.at_least_once
+            else aligner)
+        self._handler = handler
         may_time_out = self.graph.unaligned and self.graph.aligned_timeout_ms > 0
         head = self.chain.ops[0]
         push = self.chain.push[0]
@@ -449,6 +384,7 @@ class Task:
             watermark = min(active)
             if watermark > current or (idle_sent and watermark >= current):
                 current, idle_sent = max(current, watermark), False
+                self.watermark = current
                 self.chain.fire_watermark(current)
                 self.forward_event({"kind": "watermark", "ts": current})
 
@@ -479,7 +415,9 @@ class Task:
             if got is None:  # no input waiting: send what waits, then wait for input
                 for out in idle_flush:
                     out.flush_idle()
+                waited = time.perf_counter_ns()
                 got = gate.poll(0.02)
+                self.idle_ns += time.perf_counter_ns() - waited
             if got is not None:
                 channel, kind, item = got
                 if kind is Kind.DATA:

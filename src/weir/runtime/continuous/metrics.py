@@ -1,0 +1,125 @@
+"""Task metrics of the continuous runtime: where each task's time goes and how full its
+channels are (Flink's ``busyTimeMsPerSecond`` / ``idleTimeMsPerSecond`` /
+``backPressuredTimeMsPerSecond``, ``numRecordsInPerSecond`` / ``OutPerSecond``, buffers
+queued per channel, ``currentInputWatermark``).
+
+A task counts, from its start: the time its main loop waited for input with none
+there (*idle*), the time it waited for credit to send (*backpressured*; the output
+channels' ``backpressured_ns``), the records it took in and sent out. Its heartbeat (at
+most once a second) carries a :func:`sample` of them with the buffers queued on each
+input channel, each output channel's backlog and its watermark; the driver's
+:class:`MetricsBoard` turns two consecutive samples into rates: *busy* is the rest of
+the interval. ``JobClient.metrics()`` returns the newest :class:`TaskMetrics` of every
+running task.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+__all__ = ["MetricsBoard", "TaskMetrics", "sample"]
+
+
+@dataclass(frozen=True)
+class TaskMetrics:
+    """One task's recent behaviour (over the interval between its last two heartbeats,
+    about a second)."""
+
+    vertex: str
+    subtask: int
+    #: fraction of the interval the task waited for downstream credit (0..1)
+    backpressured: float
+    #: fraction it waited for input, with none there (0..1)
+    idle: float
+    #: the rest: processing (0..1)
+    busy: float
+    records_in_per_s: float
+    records_out_per_s: float
+    #: buffers received and not yet processed, per input channel (in gate order)
+    input_queued: tuple[int, ...]
+    #: buffers waiting for credit, per output channel
+    output_backlog: tuple[int, ...]
+    #: the task's current event time (None: no watermark yet, or no event time)
+    watermark: int | None
+    #: when the task sampled these (wall clock, ms)
+    sampled_at_ms: int
+
+
+class _Gate(Protocol):
+    @property
+    def records_in(self) -> int: ...
+
+    @property
+    def producers(self) -> int: ...
+
+    def queued(self, channel: int) -> int: ...
+
+
+class _Out(Protocol):
+    @property
+    def records_out(self) -> int: ...
+
+    @property
+    def backpressured_ns(self) -> int: ...
+
+    @property
+    def backlog(self) -> int: ...
+
+
+def sample(*, idle_ns: int, records_in: int, gate: _Gate | None, outs: Sequence[_Out],
+           watermark: int | None) -> dict[str, Any]:
+    """A task's counters now, as its heartbeat carries them."""
+    return {
+        "t_ns": time.monotonic_ns(), "ts": int(time.time() * 1000),
+        "idle_ns": idle_ns,
+        "backpressured_ns": sum(o.backpressured_ns for o in outs),
+        "in": records_in if gate is None else gate.records_in,
+        "out": sum(o.records_out for o in outs),
+        "queued": [] if gate is None else [gate.queued(c) for c in range(gate.producers)],
+        "backlog": [o.backlog for o in outs],
+        "watermark": watermark,
+    }
+
+
+class MetricsBoard:
+    """The driver's view: the last two samples of every task (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._samples: dict[tuple[str, int], tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    def update(self, task: tuple[str, int], counters: dict[str, Any]) -> None:
+        """A heartbeat of ``task`` carried ``counters`` (a :func:`sample`)."""
+        with self._lock:
+            last = self._samples.get(task)
+            if last is not None and counters["t_ns"] < last[1]["t_ns"]:
+                last = None  # a restarted task counts from zero
+            self._samples[task] = (counters if last is None else last[1], counters)
+
+    def forget(self) -> None:
+        """The attempt ended: its tasks are gone."""
+        with self._lock:
+            self._samples.clear()
+
+    def snapshot(self) -> list[TaskMetrics]:
+        """Every task's latest metrics, by vertex and subtask."""
+        with self._lock:
+            samples = dict(self._samples)
+        out = []
+        for (vertex, subtask), (old, new) in sorted(samples.items()):
+            dt = new["t_ns"] - old["t_ns"]
+            if dt <= 0:
+                continue
+            pressured = min(1.0, max(0, new["backpressured_ns"] - old["backpressured_ns"]) / dt)
+            idle = min(1.0 - pressured, max(0, new["idle_ns"] - old["idle_ns"]) / dt)
+            out.append(TaskMetrics(
+                vertex, subtask, round(pressured, 4), round(idle, 4),
+                round(max(0.0, 1.0 - pressured - idle), 4),
+                round((new["in"] - old["in"]) * 1e9 / dt, 1),
+                round((new["out"] - old["out"]) * 1e9 / dt, 1),
+                tuple(new["queued"]), tuple(new["backlog"]), new["watermark"], new["ts"]))
+        return out

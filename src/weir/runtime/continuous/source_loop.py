@@ -1,0 +1,111 @@
+"""The main loop of a source task of a continuous job (the task itself:
+:mod:`.task`)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from weir.runtime.continuous.barriers import Barrier
+from weir.runtime.operator_base import MAX_WATERMARK, MIN_WATERMARK
+
+if TYPE_CHECKING:
+    from weir.runtime.continuous.task import Task
+
+__all__ = ["read_source"]
+
+
+def read_source(task: Task) -> None:
+    """The main loop of a source task (see :mod:`.task`): read between checks of the
+    control connection, checkpoint on the coordinator's trigger, end at the source's
+    end or on ``stop``."""
+    source = task.chain.ops[0]
+    reader, feed = source.reader, task.chain.after[0]
+    strategy = task.chain.watermarks
+    stamp = strategy.timestamp_assigner if strategy is not None else None
+    batch = task.graph.source_batch
+    exhausted = False
+    largest, sent = MIN_WATERMARK, MIN_WATERMARK
+    next_watermark = last_record = time.monotonic()
+    idle = False
+
+    def send_watermark(watermark: int) -> None:
+        nonlocal sent, idle
+        if watermark > sent or (idle and watermark >= sent):
+            sent, idle = watermark, False
+            task.watermark = watermark
+            task.forward_event({"kind": "watermark", "ts": watermark})
+
+    def end_of_input(drain: bool) -> None:
+        """The source's end (or a stop): with ``drain``, event time jumps to the end
+        so every event-time timer fires before the final checkpoint or savepoint
+        (every source does, with or without a watermark strategy, as in Flink)."""
+        if drain and task.graph.event_time:
+            send_watermark(MAX_WATERMARK)
+        for out in task.outs:
+            out.flush(wait=False)
+        task.control.send({"kind": "source_end"})
+
+    idle_flush = task.outs if task.graph.channel.flush_when_idle else []
+    while True:
+        if exhausted:  # nothing to read: idle until told to finish
+            waited = time.perf_counter_ns()
+            message = task.control.receive(0.05)
+            task.idle_ns += time.perf_counter_ns() - waited
+        else:
+            message = task.control.receive(0)
+        while message is not None:
+            kind = message["kind"]
+            if kind == "trigger":
+                assert source.state is not None
+                source.state.values = reader.positions()
+                task.checkpoint(Barrier(int(message["id"]), int(message["ts"]),
+                                        message.get("savepoint"),
+                                        aligned=bool(message.get("aligned"))))
+            elif kind == "finish":
+                return
+            elif kind == "stop":  # stop-with-savepoint: read no more
+                if not exhausted:
+                    exhausted = True
+                    end_of_input(drain=bool(message.get("drain")))
+            else:
+                task.notified(message)
+            message = task.control.receive(0)
+        task.heartbeat()
+        if exhausted:
+            continue
+        records = reader.poll(batch)
+        if records is None:
+            exhausted = True
+            end_of_input(drain=True)
+            continue
+        if records:
+            last_record = time.monotonic()
+            task.records_read += len(records)
+        if stamp is None:
+            for record in records:
+                feed(record, None)
+        else:
+            for record in records:
+                stamped = stamp(record)
+                if stamped is None:  # no usable time: through without a timestamp
+                    feed(record, None)
+                    continue
+                ts = int(stamped)
+                if ts > largest:
+                    largest = ts
+                feed(record, ts)
+            now = time.monotonic()
+            if strategy is not None and now >= next_watermark:
+                next_watermark = now + strategy.interval_ms / 1000
+                quiet = strategy.idleness_ms is not None and (
+                    now - last_record) * 1000 >= strategy.idleness_ms
+                if quiet:
+                    if not idle:
+                        idle = True  # no longer holds event time back downstream
+                        task.forward_event({"kind": "idle"})
+                elif largest > MIN_WATERMARK:  # (a watermark ends idleness downstream)
+                    send_watermark(largest - strategy.max_out_of_orderness_ms - 1)
+        if len(records) < batch:  # the reader has no more ready: send what waits
+            for out in idle_flush:  # (ChannelConfig.flush_when_idle)
+                out.flush_idle()
