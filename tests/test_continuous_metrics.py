@@ -19,6 +19,7 @@ from weir.connectors.stream import FileSink, SequenceSource
 from weir.runtime.continuous.metrics import MetricsBoard
 from weir.stream import CheckpointConfig, CheckpointStatus, StreamEnvironment
 
+
 class Slow(weir.KeyedProcessFunction[int, int]):
     """Passes every number on, slowly."""
 
