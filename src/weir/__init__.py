@@ -74,6 +74,7 @@ from weir.errors import (
     NoCheckpointError,
     NoKeyContextError,
     OutputSchemaError,
+    QueryError,
     ReadOnlyStateError,
     RestartsExhaustedError,
     RestoreError,
@@ -91,6 +92,7 @@ from weir.processor.lookup import query_state
 from weir.processor.reader import StateInfo, StateReader, StateScope, read_state
 from weir.processor.writer import write_savepoint
 from weir.runtime.checkpointer import SnapshotMode, SubtaskCheckpointer
+from weir.runtime.continuous.queries import QueryableStateClient
 from weir.runtime.drivers import take_checkpoint, take_savepoint
 from weir.runtime.operator import OperatorConfig, StateBackendKind
 from weir.state.keygroups import KeyGroupRange
@@ -103,6 +105,8 @@ __all__ = [
     "read_state",
     "write_savepoint",
     "query_state",
+    "QueryableStateClient",
+    "QueryError",
     "StateInfo",
     "StateReader",
     "StateScope",

@@ -50,6 +50,7 @@ __all__ = [
     "NoKeyContextError",
     "OwnershipError",
     "OutputSchemaError",
+    "QueryError",
     "ReadOnlyStateError",
     "RestartsExhaustedError",
     "ChannelError",
@@ -184,3 +185,9 @@ class ChannelError(WeirError):
 class JobFailedError(WeirError):
     """A continuous job failed: one of its tasks failed or disappeared, or its
     checkpoints failed more often than tolerated."""
+
+
+class QueryError(WeirError):
+    """A live state query of a continuous job could not be answered: no such operator or
+    queryable state, the job is restarting or has ended, the value does not encode, or
+    the client did not prove the job's query secret."""

@@ -66,6 +66,7 @@ from weir.runtime.continuous.graph import (
 )
 from weir.runtime.continuous.master import LocalJob
 from weir.runtime.continuous.metrics import TaskMetrics
+from weir.runtime.continuous.queries import QueryServerConfig
 from weir.runtime.continuous.spark_launcher import SparkLauncher
 from weir.runtime.continuous.stats import (
     CheckpointStats,
@@ -76,7 +77,8 @@ from weir.runtime.continuous.stats import (
 __all__ = [
     "BroadcastStream", "ChannelConfig", "CheckpointConfig", "CheckpointStats",
     "CheckpointStatus", "CheckpointingMode", "DataStream", "JobClient", "JobResult",
-    "KeyedBroadcastStream", "KeyedStream", "RestartStrategy", "Runner", "StreamEnvironment",
+    "KeyedBroadcastStream", "KeyedStream", "QueryServerConfig", "RestartStrategy", "Runner",
+    "StreamEnvironment",
     "SubtaskCheckpointStats", "TaskInfo", "TaskMetrics", "WatermarkStrategy",
 ]
 
@@ -101,7 +103,8 @@ class StreamEnvironment:
                  max_parallelism: int = 128, state_backend: str = "hashmap",
                  checkpointing: CheckpointConfig | None = None,
                  restart_strategy: RestartStrategy | None = None,
-                 channels: ChannelConfig | None = None) -> None:
+                 channels: ChannelConfig | None = None,
+                 query_server: QueryServerConfig | None = None) -> None:
         self.checkpoint_storage = str(checkpoint_storage)
         self.parallelism, self.max_parallelism = parallelism, max_parallelism
         self.state_backend = state_backend
@@ -112,6 +115,8 @@ class StreamEnvironment:
                                 else RestartStrategy.no_restart())
         self.restart_strategy = restart_strategy
         self.channels = channels or ChannelConfig()
+        #: where a running job answers live state queries (loopback, a random secret)
+        self.query_server = query_server or QueryServerConfig()
         self._nodes: list[LogicalNode] = []
 
     def _add(self, op: OperatorSpec, parallelism: int,
@@ -181,7 +186,7 @@ class StreamEnvironment:
         return LocalJob(self.job_graph(job_name), self.checkpointing,
                         restart=self.restart_strategy, restore_from=restore_from,
                         allow_non_restored_state=allow_non_restored_state,
-                        launcher=launcher)
+                        launcher=launcher, query_server=self.query_server)
 
     def job_graph(self, job_name: str = "job") -> JobGraph:
         """What :meth:`execute` would run: the operators chained into vertices (one task

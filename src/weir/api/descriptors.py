@@ -93,6 +93,8 @@ class StateDescriptor(ABC):
 
     name: str
     ttl: StateTtlConfig | None = field(default=None, kw_only=True)
+    #: the name live queries ask for this state by (:meth:`queryable`); None: not queryable
+    queryable_as: str | None = field(default=None, kw_only=True)
 
     kind: StateKind = field(init=False, repr=False, compare=False, default=StateKind.VALUE)
 
@@ -103,6 +105,10 @@ class StateDescriptor(ABC):
             raise ConfigurationError(
                 f"state name {self.name!r} starts with {RESERVED_PREFIX!r}, which weir reserves"
             )
+        if self.queryable_as is not None and (
+                not isinstance(self.queryable_as, str) or not self.queryable_as):
+            raise ConfigurationError(f"state {self.name!r}: a queryable name must be a "
+                                     f"non-empty str, got {self.queryable_as!r}")
         if self.ttl is not None and not isinstance(self.ttl, StateTtlConfig):
             raise ConfigurationError(f"ttl of state {self.name!r} must be a StateTtlConfig")
         for f in dataclasses.fields(self):
@@ -114,6 +120,12 @@ class StateDescriptor(ABC):
     def enable_time_to_live(self, ttl_config: StateTtlConfig) -> Self:
         """A copy of this descriptor whose values expire after ``ttl_config.ttl_ms``."""
         return dataclasses.replace(self, ttl=ttl_config)
+
+    def queryable(self, name: str) -> Self:
+        """A copy of this descriptor whose state a running continuous job answers live
+        queries for under ``name`` (``JobClient.query_state``,
+        ``weir.QueryableStateClient``; Flink's ``setQueryable``)."""
+        return dataclasses.replace(self, queryable_as=name)
 
     @property
     @abstractmethod

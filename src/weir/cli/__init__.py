@@ -1,6 +1,6 @@
 """The ``weir`` command line: key-group questions, checkpoints (``weir.cli.checkpoint``),
 state (``weir.cli.state``), savepoints and dead letters (``weir.cli.lifecycle``), the
-checkpoint page (``weir.cli.ui``),
+checkpoint page (``weir.cli.ui``), a running continuous job (``weir.cli.job``),
 explicit recovery of Spark stages, the demo. Every listing
 takes ``--json``; every subcommand's ``--help`` shows an example."""
 
@@ -15,6 +15,7 @@ from rich.table import Table
 from weir import __version__
 from weir.cli.checkpoint import checkpoint_app
 from weir.cli.common import KEYS_HELP, parse_key
+from weir.cli.job import job_app
 from weir.cli.lifecycle import dead_letters, savepoint_app
 from weir.cli.state import state_app
 from weir.cli.ui import ui
@@ -72,6 +73,7 @@ def default_max_parallelism(parallelism: int) -> None:
 app.add_typer(checkpoint_app, name="checkpoint")
 app.add_typer(state_app, name="state")
 app.add_typer(savepoint_app, name="savepoint")
+app.add_typer(job_app, name="job")
 app.command("dead-letters")(dead_letters)
 app.command("ui")(ui)
 

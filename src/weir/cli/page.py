@@ -64,7 +64,8 @@ def _summary(history: History) -> str:
             ("Checkpointed data size (changed)", "changed_bytes", _size),
             ("Full checkpoint data size", "bytes", _size),
             ("Sync duration (per subtask)", "sync_ms", _ms),
-            ("Async duration (per subtask)", "async_ms", _ms)]
+            ("Async duration (per subtask)", "async_ms", _ms),
+            ("Records in flight stored (unaligned)", "channel_state_bytes", _size)]
     out = ['<table id="summary"><tr><th class="l"></th><th>minimum</th><th>average</th>'
            '<th>maximum</th></tr>']
     for label, key, fmt in rows:
@@ -126,7 +127,8 @@ def _history_table(entries: Sequence[CheckpointEntry]) -> str:
     out = ['<table id="history"><tr><th class="l">query</th><th class="l">operators</th>'
            '<th>id</th><th class="l">status</th><th class="l">kind</th>'
            '<th class="l">completed (UTC)</th><th>end-to-end duration</th>'
-           '<th>checkpointed size</th><th>full size</th><th>files</th></tr>']
+           '<th>checkpointed size</th><th>full size</th><th>in flight</th><th>files</th>'
+           '</tr>']
     for e in reversed(entries):
         anchor = _anchor(e)
         ident = (f'<a href="#{anchor}">{e.id}</a>' if e.subtasks else str(e.id))
@@ -140,6 +142,8 @@ def _history_table(entries: Sequence[CheckpointEntry]) -> str:
             + _td(_ms(e.duration_ms), e.duration_ms, field="duration_ms")
             + _td(_size(e.changed_bytes), e.changed_bytes, field="changed_bytes")
             + _td(_size(e.bytes), e.bytes, field="bytes")
+            + _td(_size(e.channel_state_bytes) if e.channel_state_bytes else "-",
+                  e.channel_state_bytes, field="channel_state_bytes")
             + _td("-" if e.files is None else str(e.files), e.files, field="files")
             + "</tr>")
     out.append("</table>")

@@ -11,7 +11,6 @@ secret (``--secret`` or ``WEIR_UI_SECRET``); with a secret, every request must c
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import os
 import time
@@ -27,18 +26,9 @@ from weir.cli.common import json_default, print_json
 from weir.cli.page import render_page
 from weir.errors import ConfigurationError, WeirError
 from weir.processor.history import checkpoint_history
+from weir.runtime.continuous.wire import is_loopback
 
 __all__ = ["is_loopback", "make_server", "ui"]
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names only this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def make_server(location: str, *, host: str = "127.0.0.1", port: int = 8081,

@@ -47,6 +47,8 @@ def _row(query: str | None, uids: list[str], checkpoint_id: int, status: str,
         "duration_ms": meta.duration_ms if meta else None,
         "bytes": meta.total_bytes if meta else None,
         "changed_bytes": sum(r["new_bytes"] for r in subtasks) if meta else None,
+        "channel_state_bytes": sum(f.size for h in meta.channel_state.values()
+                                   for f in h.subtasks.values()) if meta else None,
         "files": len(meta.files()) if meta else None,
         "url": found.url if found is not None else None,
         "subtasks": subtasks,

@@ -70,6 +70,8 @@ class CheckpointEntry:
     files: int | None
     url: str | None
     subtasks: tuple[SubtaskEntry, ...] = ()
+    #: records in flight stored by an unaligned checkpoint (continuous runtime)
+    channel_state_bytes: int | None = None
 
     def operator_summary(self, uid: str) -> dict[str, Stat | None]:
         """Min/avg/max over ``uid``'s subtasks of sync ms, async ms, bytes, changed bytes."""
@@ -138,7 +140,8 @@ def checkpoint_history(location: str, *, limit: int | None = 100,
             kind=row["kind"], triggered_ms=row["triggered_ms"],
             completed_ms=row["completed_ms"], duration_ms=row["duration_ms"],
             bytes=row["bytes"], changed_bytes=row["changed_bytes"],
-            files=row["files"], url=row["url"], subtasks=subs))
+            files=row["files"], url=row["url"], subtasks=subs,
+            channel_state_bytes=row["channel_state_bytes"]))
     done_entries = [e for e in entries if e.status == "completed"]
     summary = {
         "duration_ms": Stat.of([e.duration_ms for e in done_entries if e.duration_ms is not None]),
@@ -147,5 +150,7 @@ def checkpoint_history(location: str, *, limit: int | None = 100,
                                   if e.changed_bytes is not None]),
         "sync_ms": Stat.of([s.sync_ms for e in done_entries for s in e.subtasks]),
         "async_ms": Stat.of([s.async_ms for e in done_entries for s in e.subtasks]),
+        "channel_state_bytes": Stat.of([float(e.channel_state_bytes) for e in done_entries
+                                        if e.channel_state_bytes]),
     }
     return History(location, tuple(entries), counts, summary)

@@ -152,6 +152,11 @@ class KeyedStateStore:
         self._metas[descriptor.name] = meta
         return state
 
+    def queryable(self) -> dict[str, tuple[StateDescriptor, State]]:
+        """The registered states declared queryable, by their queryable name."""
+        return {d.queryable_as: (d, state) for d, _, state in self._states.values()
+                if d.queryable_as is not None}
+
     def _create(self, d: StateDescriptor) -> State:
         backend, name, ttl = self.backend, d.name, d.ttl
         serializer = d.value_serializer

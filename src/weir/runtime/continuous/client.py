@@ -9,14 +9,16 @@ a :class:`Command` it takes up in its loop, answered through the command's futur
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from weir.errors import ConfigurationError
+from weir.errors import ConfigurationError, QueryError
 from weir.runtime.continuous.metrics import TaskMetrics
+from weir.runtime.continuous.queries import QueryServer
 from weir.runtime.continuous.stats import CheckpointStats, CheckpointStatus
 
 if TYPE_CHECKING:
@@ -113,6 +115,36 @@ class JobClient:
         records in and out per second, buffers queued per channel, watermark — from
         its latest heartbeats (about once a second; none between attempts)."""
         return self._job.metrics.snapshot()
+
+    def query_state(self, uid: str, state: str, key: Any,
+                    timeout: float | timedelta = 30.0) -> Any:
+        """The live value of queryable ``state`` (``descriptor.queryable(state)``) of the
+        keyed operator ``uid`` for ``key``, read by the task that owns the key between
+        two buffers of its input (None when the key has none). Raises
+        :class:`~weir.errors.QueryError` for an unknown operator or state, or while the
+        job restarts."""
+        return self._job.queries.ask(uid, state, key).result(_seconds(timeout))
+
+    @property
+    def query_address(self) -> str:
+        """``host:port`` of the job's query endpoint (``weir.QueryableStateClient``);
+        waits until the job started it."""
+        server = self._wait_for_query_server()
+        return f"{server.address[0]}:{server.address[1]}"
+
+    @property
+    def query_secret(self) -> str:
+        """The secret query clients prove (``QueryServerConfig.secret``, or random)."""
+        return self._wait_for_query_server().secret
+
+    def _wait_for_query_server(self) -> QueryServer:
+        deadline = time.monotonic() + 30
+        while self._job.query_server is None:
+            if time.monotonic() > deadline or self.done:
+                raise QueryError(f"job {self.job_name!r} has no query endpoint (it is "
+                                 f"not running)")
+            time.sleep(0.01)
+        return self._job.query_server
 
     def tasks(self) -> list[TaskInfo]:
         """The job's task processes running now, by vertex and subtask (none between

@@ -69,7 +69,8 @@ from weir.runtime.continuous.control import ControlServer, TaskId
 from weir.runtime.continuous.graph import JobGraph
 from weir.runtime.continuous.inflight import check_edges
 from weir.runtime.continuous.metrics import MetricsBoard
-from weir.runtime.continuous.processes import root_cause, stop_processes
+from weir.runtime.continuous.processes import check_heartbeats, root_cause, stop_processes
+from weir.runtime.continuous.queries import QueryRouter, QueryServer, QueryServerConfig
 from weir.runtime.continuous.scheduling import (
     AbortedCheckpoint,
     CheckpointFailureReason,
@@ -97,7 +98,8 @@ class LocalJob:
                  retained: int = 3, sleep: Callable[[float], None] | None = None,
                  restore_from: str | Path | None = None,
                  allow_non_restored_state: bool = False,
-                 launcher: SparkLauncher | None = None) -> None:
+                 launcher: SparkLauncher | None = None,
+                 query_server: QueryServerConfig | None = None) -> None:
         self.graph, self.checkpointing = graph, checkpointing
         #: where the tasks run: None, processes forked here; else a Spark barrier stage
         self.launcher = launcher
@@ -121,6 +123,10 @@ class LocalJob:
         self._heard: dict[TaskId, float] = {}  # when each task was last heard from
         #: what the running tasks' heartbeats report (JobClient.metrics())
         self.metrics = MetricsBoard()
+        #: live state queries: routed to the owning task; the endpoint while running
+        self.queries = QueryRouter(graph, lambda: self._inbox.put((CLIENT, {"kind": "query"})))
+        self.query_config = query_server or QueryServerConfig()
+        self.query_server: QueryServer | None = None
         self.result = JobResult()
         self._lock = threading.Lock()
         self._commands: list[Command] = []  # from the client, not yet taken up
@@ -153,6 +159,9 @@ class LocalJob:
         started = time.monotonic()
         tracker = self.restart.tracker()
         finished = False
+        self.query_server = QueryServer(self.queries, self.query_config,
+                                        metrics=self.metrics.snapshot,
+                                        checkpoints=self.history.snapshot)
         try:
             while not self._cancel.is_set():  # (a cancel during a restart's delay)
                 try:
@@ -169,6 +178,8 @@ class LocalJob:
                     self.coordinator.discard_all()
         finally:
             self._fail_commands(f"job {self.graph.job!r} ended")
+            self.queries.set_running(False, f"job {self.graph.job!r} ended")
+            self.query_server.close()
         self.result.restarts = tracker.restarts
         self.result.duration_s = time.monotonic() - started
         return self.result
@@ -224,6 +235,8 @@ class LocalJob:
             self._fail_commands(str(exc).splitlines()[0])
             raise
         finally:
+            self.queries.set_running(False, f"job {self.graph.job!r} is restarting (attempt "
+                                            f"{self.attempt} ended)")
             server.close()
             stop_processes(self._procs.values(), grace_s=5.0 if finished else 0.0)
             for cid, (pending, _) in self._pending.items():
@@ -260,7 +273,7 @@ class LocalJob:
         left = deadline - time.monotonic()
         if left <= 0:
             raise JobFailedError(f"job {self.graph.job!r} did not finish in time")
-        self._check_heartbeats()
+        check_heartbeats(self._heard, self._finished, self.graph)
         try:
             item = self._inbox.get(timeout=min(left, wait_s if wait_s is not None else left))
         except queue.Empty:
@@ -302,16 +315,6 @@ class LocalJob:
         check_edges(found, self.graph, self.allow_non_restored_state)
         return found.url
 
-    def _check_heartbeats(self) -> None:
-        """A running task not heard from within the heartbeat timeout is hung."""
-        now = time.monotonic()
-        for task, heard in self._heard.items():
-            if task not in self._finished and now - heard > self.graph.heartbeat_timeout_s:
-                raise JobFailedError(
-                    f"job {self.graph.job!r}: task {task[0]}[{task[1]}] is hung: nothing "
-                    f"from its main loop for {now - heard:.1f} s (heartbeat timeout "
-                    f"{self.graph.heartbeat_timeout_s} s)")
-
     def _run(self, server: ControlServer, deadline: float) -> None:
         graph = self.graph
         tasks = set(graph.tasks())
@@ -327,12 +330,14 @@ class LocalJob:
         start = {"kind": "start", "addresses": addresses, "restore": self._restore_url()}
         for task in tasks:
             server.send(task, start)
+        self.queries.set_running(True)
         scheduler = CheckpointScheduler(self.checkpointing, _clock,
                                         first_id=self.coordinator.next_id)
         scheduler.start()
         run = _Attempt(server, scheduler, tasks, set(graph.sources()))
         while self._finished != tasks:
             self._take_commands(run)
+            self.queries.dispatch(server.send)
             for decision in scheduler.poll():
                 started_id = self._decide(decision, run)
                 if started_id is not None and run.final_id is None and run.ended == run.sources:
@@ -352,7 +357,8 @@ class LocalJob:
                         server.send(source, {"kind": "finish"})
                     run.final_id = -1
             elif kind == "decline":
-                for decision in scheduler.declined(int(message["id"]), _reason(message)):
+                for decision in scheduler.declined(int(message["id"]),
+                                                     CheckpointFailureReason.of_decline(message)):
                     self._decide(decision, run)
             elif kind == "source_end":
                 run.ended.add(task)
@@ -360,6 +366,8 @@ class LocalJob:
                     self._request_final(run)
             elif kind == "finished":
                 self._finished.add(task)
+            elif kind == "query_result":
+                self.queries.answered(message)
             if run.final_id not in (None, -1) and run.final_id not in self._pending and (
                     run.final_id not in self.result.completed):
                 if self._stopping is not None:  # Flink: a failed sync savepoint fails the job
@@ -507,9 +515,3 @@ CLIENT: TaskId = ("", -1)
 def _clock() -> int:
     return int(time.time() * 1000)
 
-
-def _reason(message: dict[str, Any]) -> CheckpointFailureReason:
-    try:
-        return CheckpointFailureReason[str(message.get("reason"))]
-    except KeyError:
-        return CheckpointFailureReason.CHECKPOINT_DECLINED

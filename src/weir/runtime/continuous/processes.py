@@ -1,5 +1,5 @@
-"""The task processes of a job: stopping them, naming the root cause when one fails,
-and what a task process sets on itself (its name, dying with its parent)."""
+"""The task processes of a job: stopping them, naming the root cause when one fails or
+hangs, and what a task process sets on itself (its name, dying with its parent)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from typing import Any, Protocol
 
 from weir.errors import JobFailedError
 from weir.runtime.continuous.control import TaskId
+from weir.runtime.continuous.graph import JobGraph
 
-__all__ = ["die_with_parent", "name_process", "root_cause", "stop_processes"]
+__all__ = ["check_heartbeats", "die_with_parent", "name_process", "root_cause",
+           "stop_processes"]
 
 
 Report = tuple[TaskId, dict[str, Any]]
@@ -63,6 +65,19 @@ class Process(Protocol):
     def poll(self) -> int | None: ...
     def wait(self, timeout: float | None = None) -> int: ...
     def kill(self) -> None: ...
+
+
+def check_heartbeats(heard: dict[TaskId, float], finished: set[TaskId],
+                     graph: JobGraph) -> None:
+    """A running task not heard from within the heartbeat timeout (``heard``: when each
+    was last, ``time.monotonic()``) is hung: :class:`~weir.errors.JobFailedError`."""
+    now = time.monotonic()
+    for task, last in heard.items():
+        if task not in finished and now - last > graph.heartbeat_timeout_s:
+            raise JobFailedError(
+                f"job {graph.job!r}: task {task[0]}[{task[1]}] is hung: nothing from its "
+                f"main loop for {now - last:.1f} s (heartbeat timeout "
+                f"{graph.heartbeat_timeout_s} s)")
 
 
 def stop_processes(procs: Iterable[Process], grace_s: float) -> None:

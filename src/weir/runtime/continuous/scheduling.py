@@ -61,6 +61,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 from weir.api.checkpointing import CheckpointConfig
 from weir.errors import CheckpointError, ConfigurationError
@@ -126,6 +127,14 @@ class CheckpointFailureReason(enum.Enum):
     TASK_FAILURE = (False, "Task has failed.")
     FINALIZE_CHECKPOINT_FAILURE = (False, "Failure to finalize checkpoint.", True)
     TRIGGER_CHECKPOINT_FAILURE = (False, "Trigger checkpoint failure.")
+
+    @staticmethod
+    def of_decline(message: Mapping[str, Any]) -> CheckpointFailureReason:
+        """The reason a task's ``decline`` message names (declined, if none known)."""
+        try:
+            return CheckpointFailureReason[str(message.get("reason"))]
+        except KeyError:
+            return CheckpointFailureReason.CHECKPOINT_DECLINED
 
 
 @dataclass(frozen=True)

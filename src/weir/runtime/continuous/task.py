@@ -71,9 +71,11 @@ from weir.runtime.continuous.gates import ChannelServer, InputGate
 from weir.runtime.continuous.graph import JobGraph, OpKind, Partitioner
 from weir.runtime.continuous.inflight import replay_records, write_channel_state
 from weir.runtime.continuous.metrics import sample
+from weir.runtime.continuous.queries import answer
 from weir.runtime.continuous.routing import discard, route
 from weir.runtime.continuous.source_loop import read_source
 from weir.runtime.continuous.wire import Kind
+from weir.runtime.operator import KeyedOperator
 from weir.runtime.operator_base import MIN_WATERMARK
 
 __all__ = ["Task", "task_address"]
@@ -272,6 +274,10 @@ class Task:
     def notified(self, message: dict[str, Any]) -> None:
         """A message from the coordinator other than trigger / finish."""
         kind, cid = message["kind"], int(message.get("id", 0))
+        if kind == "query":  # a live state query, between two buffers of input
+            self.control.send(answer({op.spec.name: op.core for op in self.chain.stateful
+                                      if isinstance(op.core, KeyedOperator)}, message))
+            return
         if kind == "complete":
             for sink in self.chain.sinks:
                 sink.spec.fn.commit([c for i, c in sink.committables if i <= cid])
