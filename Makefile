@@ -96,6 +96,8 @@ bench-continuous: setup peers
 	$(PY) -m bench.continuous_keyed_count
 	$(PY) -m bench.continuous_latency
 	$(PY) -m bench.continuous_checkpoint_overhead
+	$(PY) -m bench.backpressure
+	$(PY) -m bench.live_query
 
 
 clean:

@@ -144,7 +144,7 @@ def poll(gate: InputGate) -> tuple[int, Kind, Any]:
 def arrived(gate: InputGate, overtaking: int = 1) -> None:
     """Wait until the gate's reader threads have taken ``overtaking`` barriers in."""
     deadline = time.monotonic() + 5
-    while len(gate._priority) < overtaking:
+    while len(gate.priority) < overtaking:
         assert time.monotonic() < deadline, "no overtaking barrier arrived"
         time.sleep(0.005)
 
@@ -225,4 +225,46 @@ def test_a_recording_stops_when_its_checkpoint_is_aborted(server: ChannelServer)
     gate.stop_recording(3, "an upstream task declined it")
     with pytest.raises(ChannelError, match="aborted"):
         inputs.result(5)
+    out.close()
+
+
+def test_a_barrier_queued_in_order_overtakes_once_the_checkpoint_turns_unaligned(
+        server: ChannelServer) -> None:
+    config = ChannelConfig(buffer_records=1, buffer_timeout_ms=0)
+    gate = server.gate("e", 0, 1, config)
+    out = connect(server, 0, config)
+    out.emit("a")
+    out.emit("b")
+    out.emit_event(barrier(1))  # in order: an aligned checkpoint's barrier
+    out.emit("c")
+    deadline = time.monotonic() + 5
+    while gate.queued(0) < 4:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    inputs = gate.record(1, frozenset())  # its alignment timed out: now unaligned
+    assert [records(b) for b in inputs.result(5)] == [["a", "b"]]
+    _, kind, event = poll(gate)  # the barrier comes first now, marked overtaking
+    assert kind is Kind.EVENT and event["id"] == 1 and event["unaligned"] is True
+    assert [poll(gate)[2] for _ in range(3)] == [["a"], ["b"], ["c"]]
+    out.close()
+
+
+def test_a_queued_barrier_past_its_alignment_timeout_overtakes_before_any_is_taken(
+        server: ChannelServer) -> None:
+    config = ChannelConfig(buffer_records=1, buffer_timeout_ms=0)
+    gate = server.gate("e", 0, 1, config)
+    out = connect(server, 0, config)
+    out.emit("a")
+    out.emit_event({"kind": "barrier", "id": 1, "ts": 1000, "savepoint": None})
+    deadline = time.monotonic() + 5
+    while gate.queued(0) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    gate.overtake_due(1100, 200)  # 100 ms after its trigger: not yet
+    assert not gate.priority
+    gate.overtake_due(1200, 200)
+    _, kind, event = poll(gate)
+    assert kind is Kind.EVENT and event["unaligned"] is True
+    inputs = gate.record(1, frozenset())  # the task triggers on it: "a" came before
+    assert [records(b) for b in inputs.result(5)] == [["a"]]
     out.close()

@@ -102,3 +102,20 @@ def test_records_in_flight_reach_the_rescaled_job_exactly_once(
           f"{in_flight} bytes in flight: L={len(lost)} D={len(duplicates)}")
     assert (lost[:5], duplicates[:5]) == ([], [])
     assert sum(numbers.values()) == N
+
+
+def test_which_old_channels_each_new_subtask_replays() -> None:
+    """Every old consumer's channels go to exactly one new subtask (rebalance, forward),
+    to every new subtask filtered by key group (hash), or — broadcast — new subtask i
+    takes old subtask i % p_old's, as its broadcast state."""
+    from weir.runtime.continuous.graph import Partitioner
+    from weir.runtime.continuous.inflight import _old_consumers
+
+    for old, new in [(2, 3), (3, 2), (4, 1), (1, 4)]:
+        for partitioner in (Partitioner.REBALANCE, Partitioner.FORWARD):
+            taken = [k for i in range(new) for k in _old_consumers(partitioner, i, new, old)]
+            assert sorted(taken) == list(range(old)), (partitioner, old, new)
+        assert all(list(_old_consumers(Partitioner.HASH, i, new, old)) == list(range(old))
+                   for i in range(new))
+        assert [list(_old_consumers(Partitioner.BROADCAST, i, new, old)) for i in range(new)
+                ] == [[i % old] for i in range(new)]

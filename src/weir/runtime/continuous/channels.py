@@ -132,6 +132,9 @@ class OutputChannel:
         self._barriers: dict[int, tuple[bytes, float | None, Future[list[bytes]]]] = {}
         #: called about once a second while emit is blocked by backpressure
         self.on_blocked: Callable[[], None] | None = None
+        #: whether emit waits while max_backlog buffers wait for credit (False: the
+        #: task checks :attr:`available` itself, between batches)
+        self.blocking = True
         #: counters: records and buffers sent, ns the task waited for credit
         self.records_out = 0
         self.buffers_out = 0
@@ -149,7 +152,7 @@ class OutputChannel:
             self.records_out += 1
             if len(self._records) >= self.config.buffer_records or (
                     self.config.buffer_timeout_ms == 0):
-                self._finish(wait=True)
+                self._finish(wait=self.blocking, force=True)
 
     def emit_event(self, event: dict[str, Any]) -> None:
         """Send an event (a dict) after every record emitted before it."""
@@ -257,6 +260,12 @@ class OutputChannel:
         since = self._waiting_since
         return self._backpressured_ns + (0 if since is None
                                          else time.perf_counter_ns() - since)
+
+    @property
+    def available(self) -> bool:
+        """Whether fewer than ``max_backlog`` buffers wait for credit (emit would not
+        block)."""
+        return self._queued_data < self.config.max_backlog and self._error is None
 
     @property
     def backlog(self) -> int:

@@ -10,13 +10,15 @@ before any buffer. When its task takes an unaligned checkpoint it asks the gate 
 checkpoint's *input state* (:meth:`InputGate.record`): per channel, the buffers that
 came before that channel's barrier and that the task had not taken when it
 checkpointed — those queued then, and those arriving until the channel's barrier (or
-its end). The task still processes them afterwards; the checkpoint stores them so that a
+its end); a barrier already queued in order behind such buffers then overtakes them too.
+The task still processes them afterwards; the checkpoint stores them so that a
 restore replays them. A channel whose barrier the task already took in order (aligned
 until the checkpoint timed out into an unaligned one) records nothing."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import pickle
 import socket
 import threading
@@ -57,8 +59,11 @@ class InputGate:
         #: per channel: (Kind.DATA, records, their pickled bytes) or (Kind.EVENT, dict, None)
         self._queues: list[deque[tuple[Kind, Any, bytes | None]]] = [
             deque() for _ in range(producers)]
-        #: unaligned barriers, ahead of every queue: (channel, event)
-        self._priority: deque[tuple[int, dict[str, Any]]] = deque()
+        #: unaligned barriers, ahead of every queue: (channel, event); the task checks it
+        #: between records to stop a buffer midway (:meth:`unread`)
+        self.priority: deque[tuple[int, dict[str, Any]]] = deque()
+        #: ids of record lists put back by :meth:`unread` (their credit went back already)
+        self._unread: set[int] = set()
         #: channel -> (checkpoint id, buffers queued before it) of an unaligned barrier
         #: that arrived while no input state was being recorded
         self._cuts: dict[int, tuple[int, int]] = {}
@@ -98,8 +103,8 @@ class InputGate:
                 if self._error is not None:
                     raise failure(f"input {self.edge} of subtask {self.consumer}",
                                   self._error) from self._error
-                if self._priority:
-                    c, event = self._priority.popleft()
+                if self.priority:
+                    c, event = self.priority.popleft()
                     return c, Kind.EVENT, event
                 n = self.producers
                 for k in range(n):
@@ -108,7 +113,9 @@ class InputGate:
                         continue
                     self._next = c + 1
                     kind, item, _ = self._queues[c].popleft()
-                    if kind is Kind.DATA:
+                    if kind is Kind.DATA and id(item) in self._unread:
+                        self._unread.discard(id(item))  # (counted and credited once)
+                    elif kind is Kind.DATA:
                         self.buffers_in += 1
                         self.records_in += len(item)
                         self._returned(c)
@@ -165,11 +172,19 @@ class InputGate:
                     buffers[c] = [raw for _, _, raw in queue if raw is not None][:cut[1]]
                     continue
                 closed = self._ended[c]
-                for _, item, raw in queue:
+                for at, (_, item, raw) in enumerate(queue):
                     if raw is not None:
                         buffers[c].append(raw)
-                    elif item.get("kind") == "end" or (item.get("kind") == "barrier"
-                                                      and item.get("id") == checkpoint_id):
+                    elif item.get("kind") == "end":
+                        closed = True
+                        break
+                    elif item.get("kind") == "barrier" and item.get("id") == checkpoint_id:
+                        # queued in order behind buffers now recorded: it overtakes them
+                        # (Flink converts it to a priority event), so that the checkpoint
+                        # does not wait for the task to work through them
+                        del queue[at]
+                        self.priority.append((c, {**item, "unaligned": True}))
+                        self._cond.notify_all()
                         closed = True
                         break
                 if not closed:
@@ -178,6 +193,36 @@ class InputGate:
             self._recording = (checkpoint_id, buffers, still_open, future)
             self._recorded_if_closed()
         return future
+
+    def overtake_due(self, now_ms: float, timeout_ms: int) -> None:
+        """Let every barrier queued in order whose checkpoint is older than
+        ``timeout_ms`` overtake the buffers ahead of it (aligned checkpoints that time
+        out into unaligned ones: the task would otherwise see it only after working
+        through them; Flink announces such barriers ahead for the same reason)."""
+        with self._cond:
+            for c, queue in enumerate(self._queues):
+                for at, (_, item, raw) in enumerate(queue):
+                    if (raw is None and item.get("kind") == "barrier"
+                            and not item.get("aligned") and item.get("savepoint") is None
+                            and now_ms - int(item["ts"]) >= timeout_ms):
+                        ahead = sum(r is not None for _, _, r in itertools.islice(queue, at))
+                        del queue[at]
+                        self._cuts[c] = (int(item["id"]), ahead)
+                        self.priority.append((c, {**item, "unaligned": True}))
+                        self._cond.notify_all()
+                        break
+
+    def unread(self, channel: int, records: list[Any]) -> None:
+        """Put back the rest of a buffer the task stopped midway because an unaligned
+        barrier came (:attr:`priority`): first on its channel again, before that barrier
+        for the input state, and taken again after the checkpoint."""
+        with self._cond:
+            self._unread.add(id(records))
+            self._queues[channel].appendleft(
+                (Kind.DATA, records, pickle.dumps(records, protocol=5)))
+            cut = self._cuts.get(channel)
+            if cut is not None:
+                self._cuts[channel] = (cut[0], cut[1] + 1)
 
     def stop_recording(self, checkpoint_id: int, why: str) -> None:
         """Give up recording the input state of ``checkpoint_id`` (it was aborted)."""
@@ -259,7 +304,7 @@ class InputGate:
             if recording is None or recording[0] != event.get("id"):
                 self._cuts[c] = (int(event["id"]), sum(
                     raw is not None for _, _, raw in self._queues[c]))
-            self._priority.append((c, event))
+            self.priority.append((c, event))
         else:
             self._queues[c].append((Kind.EVENT, event, None))
 

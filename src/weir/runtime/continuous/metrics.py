@@ -71,12 +71,13 @@ class _Out(Protocol):
 
 
 def sample(*, idle_ns: int, records_in: int, gate: _Gate | None, outs: Sequence[_Out],
-           watermark: int | None) -> dict[str, Any]:
-    """A task's counters now, as its heartbeat carries them."""
+           watermark: int | None, backpressured_ns: int = 0) -> dict[str, Any]:
+    """A task's counters now, as its heartbeat carries them (``backpressured_ns``: time
+    the task waited for its outputs outside emit)."""
     return {
         "t_ns": time.monotonic_ns(), "ts": int(time.time() * 1000),
         "idle_ns": idle_ns,
-        "backpressured_ns": sum(o.backpressured_ns for o in outs),
+        "backpressured_ns": backpressured_ns + sum(o.backpressured_ns for o in outs),
         "in": records_in if gate is None else gate.records_in,
         "out": sum(o.records_out for o in outs),
         "queued": [] if gate is None else [gate.queued(c) for c in range(gate.producers)],

@@ -47,11 +47,25 @@ def read_source(task: Task) -> None:
         task.control.send({"kind": "source_end"})
 
     idle_flush = task.outs if task.graph.channel.flush_when_idle else []
+    # With unaligned checkpoints a source never blocks inside emit (where it could not
+    # see a trigger): it reads a batch only while every output takes more, and waits for
+    # that here, between batches, taking triggers (Flink's output availability). A
+    # channel then holds at most one batch beyond its backlog limit.
+    overtakes = task.graph.unaligned
+    for out in task.outs:
+        out.blocking = not overtakes
     while True:
         if exhausted:  # nothing to read: idle until told to finish
             waited = time.perf_counter_ns()
             message = task.control.receive(0.05)
             task.idle_ns += time.perf_counter_ns() - waited
+        elif overtakes and not all(out.available for out in task.outs):
+            waited = time.perf_counter_ns()
+            message = task.control.receive(0.002)
+            task.backpressured_ns += time.perf_counter_ns() - waited
+            if message is None:
+                task.heartbeat()
+                continue
         else:
             message = task.control.receive(0)
         while message is not None:

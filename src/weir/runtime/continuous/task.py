@@ -113,6 +113,7 @@ class Task:
         #: metrics (:mod:`.metrics`): ns waiting for input, records a source read, the
         #: task's event time
         self.idle_ns = 0
+        self.backpressured_ns = 0  # (waiting for output availability, not inside emit)
         self.records_read = 0
         self.watermark: int | None = None
 
@@ -296,7 +297,8 @@ class Task:
             self._next_heartbeat = now + 1.0
             self.control.send({"kind": "heartbeat", "metrics": sample(
                 idle_ns=self.idle_ns, records_in=self.records_read, gate=self._gate,
-                outs=self.outs, watermark=self.watermark)})
+                outs=self.outs, watermark=self.watermark,
+                backpressured_ns=self.backpressured_ns)})
 
     def fail(self, exc: BaseException) -> None:
         """Report a failure (else the coordinator sees the connection drop)."""
@@ -365,6 +367,8 @@ class Task:
             else aligner)
         self._handler = handler
         may_time_out = self.graph.unaligned and self.graph.aligned_timeout_ms > 0
+        overtakes, priority = self.graph.unaligned, gate.priority
+        next_due = 0.0
         head = self.chain.ops[0]
         push = self.chain.push[0]
         broadcast_side = self._broadcast_side
@@ -415,8 +419,12 @@ class Task:
             while message is not None:
                 self.notified(message)
                 message = self.control.receive(0)
-            if may_time_out and aligner.received:
-                aligner.check_timeout()
+            if may_time_out:  # aligned checkpoints that time out into unaligned ones
+                if aligner.received:
+                    aligner.check_timeout()
+                if time.monotonic() >= next_due:  # (barriers still queued behind data)
+                    gate.overtake_due(time.time() * 1000, self.graph.aligned_timeout_ms)
+                    next_due = time.monotonic() + 0.01
             got = gate.poll(0)
             if got is None:  # no input waiting: send what waits, then wait for input
                 for out in idle_flush:
@@ -432,6 +440,15 @@ class Task:
                                 itertools.repeat(None), item)):
                             for out in process_broadcast(record, ts):
                                 after(out, ts)
+                    elif overtakes:  # an unaligned barrier may stop the buffer midway
+                        for i, record in enumerate(item):
+                            if event_time:
+                                push(record[1], record[0])
+                            else:
+                                push(record, None)
+                            if priority and i + 1 < len(item):
+                                gate.unread(channel, item[i + 1:])
+                                break
                     elif event_time:
                         for ts, record in item:
                             push(record, ts)
