@@ -22,6 +22,7 @@ import weir
 from continuous_helpers import by_value, keyed_graph
 from weir.api.checkpointing import CheckpointConfig
 from weir.connectors.stream import SequenceSource, read_stream_sink
+from weir.processor.history import checkpoint_history
 from weir.runtime.continuous.channels import ChannelConfig
 from weir.runtime.continuous.master import LocalJob
 
@@ -96,6 +97,10 @@ def test_five_failures_under_backpressure_lose_duplicate_or_reorder_nothing(
           f"failures={len(causes)}, checkpoints with channel state={stored}")
     assert (lost, duplicates, disorder) == (0, 0, 0)
     assert stored > 0
+    history = checkpoint_history(str(tmp_path / "chk"))  # what the checkpoint page shows
+    assert history.summary["alignment_ms"] is not None
+    assert all(s.alignment_ms is not None for e in history.completed() for s in e.subtasks
+               if s.uid == "failing")
     for key in range(P):  # the running count of each committed row is its position
         assert [c for k, _, c in rows if k == key] == list(range(1, n // P + 1))
 

@@ -3,7 +3,7 @@ a backpressured job (tiny buffers, a slow function) is cancelled right after a
 checkpoint that stored records in flight, and a new job restores it with the slow
 operator at another parallelism. Every input number must come out exactly once — none
 lost with the records in flight, none replayed twice — for keyed, rebalance and union
-edges."""
+edges, and broadcast (every new subtask's broadcast state then holds every rule)."""
 
 from __future__ import annotations
 
@@ -40,6 +40,23 @@ class SlowKeyed(weir.KeyedProcessFunction[int, int]):
         yield value
 
 
+RULES = weir.MapStateDescriptor[int, int]("rules")
+R = 3_000  # rules, broadcast while the keyed side backs up
+
+
+class SlowWithRules(weir.KeyedBroadcastProcessFunction[int, int, int]):
+    """Passes every number on, slowly; keeps every rule in broadcast state."""
+
+    def process_broadcast_element(self, value: int, ctx: Any) -> Any:
+        ctx.get_broadcast_state(RULES).put(value, value)
+        return None
+
+    def process_element(self, value: int, ctx: Any) -> Any:
+        if value % 8 == 0:
+            time.sleep(0.002)
+        yield value
+
+
 class SlowPass(weir.ProcessFunction[int, int]):
     """Passes every number on, slowly (no key)."""
 
@@ -52,7 +69,12 @@ class SlowPass(weir.ProcessFunction[int, int]):
 def graph(tmp_path: Path, edge: str, parallelism: int, chk: str) -> Any:
     env = StreamEnvironment(parallelism=2, max_parallelism=32,
                             checkpoint_storage=tmp_path / chk)
-    if edge == "union":  # two sources of N numbers each: the second one's shifted by N
+    if edge == "broadcast":  # a keyed input and a broadcast one, both backed up
+        rules = env.from_source(SequenceSource(R, 2_000), uid="rules", parallelism=1)
+        stream = (env.from_source(SequenceSource(N), uid="numbers")
+                  .key_by(lambda v: v % 7).connect(rules.broadcast(RULES))
+                  .process(SlowWithRules(), uid="slow", parallelism=parallelism))
+    elif edge == "union":  # two sources of N numbers each: the second one's shifted by N
         first = env.from_source(SequenceSource(N // 2), uid="first")
         second = env.from_source(SequenceSource(N // 2), uid="second").map(lambda v: v + N // 2)
         stream = first.union(second).key_by(lambda v: v % 7).process(
@@ -71,7 +93,7 @@ def _by_value() -> None:
     by_value(sys.modules[__name__])
 
 
-@pytest.mark.parametrize("edge", ["keyed", "rebalance", "union"])
+@pytest.mark.parametrize("edge", ["keyed", "rebalance", "union", "broadcast"])
 # make test rescales 2 -> 3; make soak (WEIR_SOAK=1) also 2 -> 1
 @pytest.mark.parametrize("rescaled", [3, 1] if os.environ.get("WEIR_SOAK") else [3],
                          ids=lambda p: f"2-to-{p}")
@@ -102,6 +124,11 @@ def test_records_in_flight_reach_the_rescaled_job_exactly_once(
           f"{in_flight} bytes in flight: L={len(lost)} D={len(duplicates)}")
     assert (lost[:5], duplicates[:5]) == ([], [])
     assert sum(numbers.values()) == N
+    if edge == "broadcast":  # every new subtask's broadcast state holds every rule
+        reader = weir.read_state(str(tmp_path / "chk2"))
+        for i in range(rescaled):
+            _, rows = reader.rows("slow", "broadcast", "rules", subtasks=[i])
+            assert sorted(r[-1] for r in rows) == list(range(R)), i
 
 
 def test_which_old_channels_each_new_subtask_replays() -> None:

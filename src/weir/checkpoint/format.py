@@ -65,7 +65,8 @@ version, the 32-byte SHA-256 of the body, and the body: UTF-8 JSON (never pickle
          "operator_states": [{"name", "mode", "serializer"}],
          "broadcast_states": [{"name", "serializers"}],
          "operator_file": null | REF,
-         "stats": {"bytes", "sync_ms", "async_ms", "entries", "new_bytes"}}]}}}
+         "stats": {"bytes", "sync_ms", "async_ms", "entries", "new_bytes",
+                   "alignment_ms" (optional: its task's barrier alignment)}}]}}}
 
 where ``REF`` is ``{"path", "size", "sha256"}`` relative to the storage root. Every
 file a checkpoint needs is in its metadata with size and checksum; a reader verifies
@@ -157,6 +158,9 @@ class SubtaskStats:
     sync_ms: float = 0.0
     async_ms: float = 0.0
     entries: int = 0
+    #: its task's barrier alignment, first barrier to last (continuous runtime; None:
+    #: not known, or a task without inputs)
+    alignment_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +320,8 @@ def _subtask_json(s: SubtaskStateHandle) -> dict[str, Any]:
             "bytes": s.stats.bytes, "new_bytes": s.stats.new_bytes,
             "sync_ms": round(s.stats.sync_ms, 3), "async_ms": round(s.stats.async_ms, 3),
             "entries": s.stats.entries,
+            **({} if s.stats.alignment_ms is None
+               else {"alignment_ms": round(s.stats.alignment_ms, 3)}),
         },
     }
 
@@ -463,6 +469,7 @@ def _subtask_from(doc: Any, where: str) -> SubtaskStateHandle:
             int(stats.get("bytes", 0)), int(stats.get("new_bytes", 0)),
             float(stats.get("sync_ms", 0.0)), float(stats.get("async_ms", 0.0)),
             int(stats.get("entries", 0)),
+            None if stats.get("alignment_ms") is None else float(stats["alignment_ms"]),
         ),
     )
 

@@ -65,6 +65,7 @@ def _summary(history: History) -> str:
             ("Full checkpoint data size", "bytes", _size),
             ("Sync duration (per subtask)", "sync_ms", _ms),
             ("Async duration (per subtask)", "async_ms", _ms),
+            ("Alignment (per task, continuous runtime)", "alignment_ms", _ms),
             ("Records in flight stored (unaligned)", "channel_state_bytes", _size)]
     out = ['<table id="summary"><tr><th class="l"></th><th>minimum</th><th>average</th>'
            '<th>maximum</th></tr>']

@@ -31,7 +31,8 @@ _CHK = re.compile(r"chk-(\d+)$")
 def _subtask_rows(meta: CheckpointMetadata) -> list[dict[str, Any]]:
     return [{"uid": uid, "subtask": s.subtask_index, "bytes": s.stats.bytes,
              "new_bytes": s.stats.new_bytes, "sync_ms": s.stats.sync_ms,
-             "async_ms": s.stats.async_ms, "entries": s.stats.entries}
+             "async_ms": s.stats.async_ms, "entries": s.stats.entries,
+             "alignment_ms": s.stats.alignment_ms}
             for uid, op in sorted(meta.operators.items()) for s in op.subtasks]
 
 

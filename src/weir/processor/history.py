@@ -34,6 +34,8 @@ class SubtaskEntry:
     sync_ms: float
     async_ms: float
     entries: int
+    #: its task's barrier alignment (continuous runtime), if known
+    alignment_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,5 +154,7 @@ def checkpoint_history(location: str, *, limit: int | None = 100,
         "async_ms": Stat.of([s.async_ms for e in done_entries for s in e.subtasks]),
         "channel_state_bytes": Stat.of([float(e.channel_state_bytes) for e in done_entries
                                         if e.channel_state_bytes]),
+        "alignment_ms": Stat.of([s.alignment_ms for e in done_entries for s in e.subtasks
+                                 if s.alignment_ms is not None]),
     }
     return History(location, tuple(entries), counts, summary)

@@ -42,6 +42,7 @@ its operators, ends its output channels and reports ``finished``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import threading
 import time
@@ -52,7 +53,7 @@ from typing import Any
 from weir.api.connectors import SinkContext
 from weir.checkpoint.channel_state import ChannelState
 from weir.checkpoint.coordinator import load_checkpoint
-from weir.checkpoint.format import encode_part
+from weir.checkpoint.format import SubtaskStateHandle, encode_part
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import ChannelError
 from weir.runtime.checkpointer import PendingSnapshot, SubtaskCheckpointer
@@ -79,6 +80,15 @@ from weir.runtime.operator import KeyedOperator
 from weir.runtime.operator_base import MIN_WATERMARK
 
 __all__ = ["Task", "task_address"]
+
+
+def with_alignment(handle: SubtaskStateHandle, alignment_ms: float | None
+                   ) -> SubtaskStateHandle:
+    """``handle`` with its task's alignment in its stats (kept in ``_metadata``)."""
+    if alignment_ms is None:
+        return handle
+    return dataclasses.replace(handle, stats=dataclasses.replace(
+        handle.stats, alignment_ms=alignment_ms))
 
 
 def task_address(vertex: str, subtask: int) -> str:
@@ -235,14 +245,12 @@ class Task:
 
         def ack() -> None:
             try:
-                parts = [encode_part(c.uid, self.vertex.parallelism,
-                                     self.graph.max_parallelism, p.result(), {})
-                         for c, p in pending]
-                message: dict[str, Any] = {"kind": "ack", "id": cid, "parts": parts}
+                message: dict[str, Any] = {"kind": "ack", "id": cid}
+                alignment_ms = None if aligned_s is None else aligned_s * 1000
                 if unaligned:
                     received = [] if inputs is None else inputs.result()
                     if started is not None:  # every barrier is in: the alignment ended
-                        message["alignment_ms"] = (time.monotonic() - started) * 1000
+                        alignment_ms = (time.monotonic() - started) * 1000
                     state = ChannelState(dict(zip(self._in_ids, received, strict=False)),
                                          dict(zip(self._out_ids, (f.result() for f in outputs),
                                                   strict=False)))
@@ -251,8 +259,12 @@ class Task:
                     message["unaligned"] = True
                     if ref is not None:
                         message["channels"] = ref.to_json()
-                if aligned_s is not None:
-                    message["alignment_ms"] = aligned_s * 1000
+                if alignment_ms is not None:
+                    message["alignment_ms"] = alignment_ms
+                message["parts"] = [
+                    encode_part(c.uid, self.vertex.parallelism, self.graph.max_parallelism,
+                                with_alignment(p.result(), alignment_ms), {})
+                    for c, p in pending]
                 self.control.send(message)
             except Exception as exc:  # the upload failed: decline, the job goes on
                 self.control.send({"kind": "decline", "id": cid,
