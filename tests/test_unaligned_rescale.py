@@ -2,8 +2,9 @@
 a backpressured job (tiny buffers, a slow function) is cancelled right after a
 checkpoint that stored records in flight, and a new job restores it with the slow
 operator at another parallelism. Every input number must come out exactly once — none
-lost with the records in flight, none replayed twice — for keyed, rebalance and union
-edges, and broadcast (every new subtask's broadcast state then holds every rule)."""
+lost with the records in flight, none replayed twice — for keyed, forward (both sides
+rescaled), rebalance and union edges, and broadcast (every new subtask's broadcast
+state then holds every rule)."""
 
 from __future__ import annotations
 
@@ -67,9 +68,14 @@ class SlowPass(weir.ProcessFunction[int, int]):
 
 
 def graph(tmp_path: Path, edge: str, parallelism: int, chk: str) -> Any:
-    env = StreamEnvironment(parallelism=2, max_parallelism=32,
-                            checkpoint_storage=tmp_path / chk)
-    if edge == "broadcast":  # a keyed input and a broadcast one, both backed up
+    env = StreamEnvironment(parallelism=parallelism if edge == "forward" else 2,
+                            max_parallelism=32, checkpoint_storage=tmp_path / chk)
+    if edge == "forward":  # fan-out at one parallelism: two forward edges (not chained)
+        numbers = env.from_source(SequenceSource(N), uid="numbers")
+        numbers.process(SlowPass(), uid="side").sink_to(FileSink(tmp_path / "side"),
+                                                         uid="side-sink")
+        stream = numbers.process(SlowPass(), uid="slow")
+    elif edge == "broadcast":  # a keyed input and a broadcast one, both backed up
         rules = env.from_source(SequenceSource(R, 2_000), uid="rules", parallelism=1)
         stream = (env.from_source(SequenceSource(N), uid="numbers")
                   .key_by(lambda v: v % 7).connect(rules.broadcast(RULES))
@@ -93,7 +99,7 @@ def _by_value() -> None:
     by_value(sys.modules[__name__])
 
 
-@pytest.mark.parametrize("edge", ["keyed", "rebalance", "union", "broadcast"])
+@pytest.mark.parametrize("edge", ["keyed", "forward", "rebalance", "union", "broadcast"])
 # make test rescales 2 -> 3; make soak (WEIR_SOAK=1) also 2 -> 1
 @pytest.mark.parametrize("rescaled", [3, 1] if os.environ.get("WEIR_SOAK") else [3],
                          ids=lambda p: f"2-to-{p}")
@@ -124,6 +130,8 @@ def test_records_in_flight_reach_the_rescaled_job_exactly_once(
           f"{in_flight} bytes in flight: L={len(lost)} D={len(duplicates)}")
     assert (lost[:5], duplicates[:5]) == ([], [])
     assert sum(numbers.values()) == N
+    if edge == "forward":  # (the other consumer of the fan-out too)
+        assert Counter(read_stream_sink(tmp_path / "side")) == Counter(range(N))
     if edge == "broadcast":  # every new subtask's broadcast state holds every rule
         reader = weir.read_state(str(tmp_path / "chk2"))
         for i in range(rescaled):
