@@ -21,6 +21,7 @@ import test_continuous_acceptance as acceptance
 import weir
 from continuous_helpers import by_value, keyed_graph
 from weir.api.checkpointing import CheckpointConfig
+from weir.checkpoint.coordinator import CheckpointCoordinator
 from weir.connectors.stream import SequenceSource, read_stream_sink
 from weir.processor.history import checkpoint_history
 from weir.runtime.continuous.channels import ChannelConfig
@@ -93,16 +94,25 @@ def test_five_failures_under_backpressure_lose_duplicate_or_reorder_nothing(
     stored = with_channel_state()
     rows = read_stream_sink(tmp_path / "out")
     lost, duplicates, disorder = acceptance.oracle(rows, n)
-    print(f"[{aligned_timeout_ms} ms] L={lost} D={duplicates} out-of-order={disorder} | "
-          f"failures={len(causes)}, checkpoints with channel state={stored}")
-    assert (lost, duplicates, disorder) == (0, 0, 0)
+    # wrong state: a committed row whose running count is not its position in its key
+    mismatched = sum(c != i for key in range(P)
+                     for i, c in enumerate((c for k, _, c in rows if k == key), 1))
+    corrupt = 0
+    for completed in CheckpointCoordinator(tmp_path / "chk", clean_up=False
+                                           ).completed_checkpoints:
+        try:
+            completed.verify()
+        except weir.CorruptCheckpointError:
+            corrupt += 1
+    print(f"[{aligned_timeout_ms} ms] L={lost} D={duplicates} M={mismatched} C={corrupt} "
+          f"out-of-order={disorder} | failures={len(causes)}, checkpoints with channel "
+          f"state={stored}")
+    assert (lost, duplicates, mismatched, corrupt, disorder) == (0, 0, 0, 0, 0)
     assert stored > 0
     history = checkpoint_history(str(tmp_path / "chk"))  # what the checkpoint page shows
     assert history.summary["alignment_ms"] is not None
     assert all(s.alignment_ms is not None for e in history.completed() for s in e.subtasks
                if s.uid == "failing")
-    for key in range(P):  # the running count of each committed row is its position
-        assert [c for k, _, c in rows if k == key] == list(range(1, n // P + 1))
 
 
 @pytest.mark.spark
