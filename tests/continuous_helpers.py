@@ -23,6 +23,7 @@ import weir
 from weir.api.connectors import Sink, Source
 from weir.api.watermarks import WatermarkStrategy
 from weir.connectors.stream import FileSink, read_stream_sink
+from weir.runtime.continuous.channels import ChannelConfig
 from weir.runtime.continuous.graph import JobGraph
 from weir.runtime.continuous.master import LocalJob
 from weir.stream import StreamEnvironment
@@ -64,6 +65,11 @@ def check_exactly_once(tmp_path: Path, n: int) -> None:
     state = weir.read_state(str(tmp_path / "chk")).keyed_state("count", "count")
     assert dict(zip(state["key"], state["value"], strict=True)) == {k: n // 50 for k in range(50)}
     assert not list((tmp_path / "out" / ".pending").iterdir())
+
+
+#: tiny buffers and credits: a slow stage backs its inputs up at once (unaligned tests)
+TINY = ChannelConfig(buffer_records=4, buffer_timeout_ms=2, exclusive_buffers=2,
+                     floating_buffers=2, max_backlog=2)
 
 
 def keyed_graph(tmp_path: Path, *, source: Source[Any], function: Any,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,17 +18,14 @@ import pytest
 
 import test_continuous_acceptance as acceptance
 import weir
-from continuous_helpers import by_value, keyed_graph
+from continuous_helpers import TINY, Running, by_value, keyed_graph
 from weir.api.checkpointing import CheckpointConfig
 from weir.checkpoint.coordinator import CheckpointCoordinator
 from weir.connectors.stream import SequenceSource, read_stream_sink
 from weir.processor.history import checkpoint_history
-from weir.runtime.continuous.channels import ChannelConfig
 from weir.runtime.continuous.master import LocalJob
 
 P = acceptance.P
-TINY = ChannelConfig(buffer_records=4, buffer_timeout_ms=2, exclusive_buffers=2,
-                     floating_buffers=2, max_backlog=2)
 
 
 class SlowFailing(acceptance.Failing):
@@ -47,6 +43,19 @@ def _by_value() -> None:
     by_value(acceptance)
 
 
+def slow_failing_job(tmp_path: Path, n: int, markers: Path, *, parallelism: int,
+                     backend: str, config: CheckpointConfig, attempts: int,
+                     launcher: Any = None) -> LocalJob:
+    """Numbers 0..n-1 keyed by n % P into ``SlowFailing``, tiny buffers, a file sink."""
+    spec = keyed_graph(tmp_path, source=SequenceSource(n), source_uid="source",
+                       key_selector=lambda v: v % P, function=SlowFailing(str(markers)),
+                       function_uid="failing", parallelism=parallelism, backend=backend,
+                       max_parallelism=16, job="unaligned", channel=TINY)
+    return LocalJob(spec, config,
+                    restart=weir.RestartStrategy.fixed_delay(attempts=attempts, delay=0),
+                    launcher=launcher)
+
+
 @pytest.mark.parametrize("aligned_timeout_ms", [0, 20], ids=["unaligned", "aligned-timeout"])
 def test_five_failures_under_backpressure_lose_duplicate_or_reorder_nothing(
     tmp_path: Path, aligned_timeout_ms: int
@@ -55,38 +64,23 @@ def test_five_failures_under_backpressure_lose_duplicate_or_reorder_nothing(
     markers = tmp_path / "markers"
     markers.mkdir()
     (markers / "close").touch()  # armed from the start: fires at the end of the job
-    spec = keyed_graph(tmp_path, source=SequenceSource(n), source_uid="source",
-                       key_selector=lambda v: v % P, function=SlowFailing(str(markers)),
-                       function_uid="failing", parallelism=P, backend="rocksdb",
-                       max_parallelism=16, job="unaligned", channel=TINY)
-    job = LocalJob(spec, CheckpointConfig(interval_ms=50, unaligned=True,
-                                          aligned_timeout_ms=aligned_timeout_ms),
-                   restart=weir.RestartStrategy.fixed_delay(attempts=5, delay=0))
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            job.run(timeout_s=240)
-        except BaseException as exc:
-            errors.append(exc)
-
-    runner = threading.Thread(target=run)
-    runner.start()
+    job = slow_failing_job(tmp_path, n, markers, parallelism=P, backend="rocksdb",
+                           config=CheckpointConfig(interval_ms=50, unaligned=True,
+                                                   aligned_timeout_ms=aligned_timeout_ms),
+                           attempts=5)
+    running = Running(job, timeout_s=240)
 
     def with_channel_state() -> int:
         return sum(1 for s in job.checkpoint_stats() if s.channel_state_bytes)
 
     plan = [(0, 3, ["map"]), (1, 6, ["snapshot", "restore"]), (3, 9, ["map"])]
     for attempt, checkpoints, arm in plan:  # arm once the job got this far, with
-        deadline = time.monotonic() + 120  # records in flight in its latest checkpoint
-        while (job.attempt < attempt or len(job.result.completed) < checkpoints
-               or not job.checkpoint_stats()[-1].channel_state_bytes):
-            assert time.monotonic() < deadline and runner.is_alive(), errors
-            time.sleep(0.005)
+        running.until(lambda a=attempt, c=checkpoints: (  # records in flight in its latest
+            job.attempt >= a and len(job.result.completed) >= c  # checkpoint
+            and bool(job.checkpoint_stats()[-1].channel_state_bytes)), 120, 0.005)
         for where in arm:
             (markers / where).touch()
-    runner.join(240)
-    assert not runner.is_alive() and not errors, errors
+    assert not running.join(240)
     causes = [m.group(1) for f in job.result.failures
               if (m := re.search(r"injected failure at (\w+)", f))]
     assert causes == ["map", "snapshot", "restore", "map", "close"], job.result.failures
@@ -124,30 +118,14 @@ def test_on_spark_a_failure_restores_the_records_in_flight(tmp_path: Path, spark
     n = 30_000
     markers = tmp_path / "markers"
     markers.mkdir()
-    spec = keyed_graph(tmp_path, source=SequenceSource(n), source_uid="source",
-                       key_selector=lambda v: v % P, function=SlowFailing(str(markers)),
-                       function_uid="failing", parallelism=1, backend="hashmap",
-                       max_parallelism=16, job="unaligned-spark", channel=TINY)
-    job = LocalJob(spec, CheckpointConfig(interval_ms=50, unaligned=True),
-                   restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0),
-                   launcher=SparkLauncher(spark))
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            job.run(timeout_s=240)
-        except BaseException as exc:
-            errors.append(exc)
-
-    runner = threading.Thread(target=run)
-    runner.start()
-    deadline = time.monotonic() + 120
-    while len(job.result.completed) < 3 or not job.checkpoint_stats()[-1].channel_state_bytes:
-        assert time.monotonic() < deadline and runner.is_alive(), errors
-        time.sleep(0.005)
+    job = slow_failing_job(tmp_path, n, markers, parallelism=1, backend="hashmap",
+                           config=CheckpointConfig(interval_ms=50, unaligned=True),
+                           attempts=1, launcher=SparkLauncher(spark))
+    running = Running(job, timeout_s=240)
+    running.until(lambda: len(job.result.completed) >= 3
+                  and bool(job.checkpoint_stats()[-1].channel_state_bytes), 120, 0.005)
     (markers / "map").touch()
-    runner.join(240)
-    assert not runner.is_alive() and not errors, errors
+    assert not running.join(240)
     assert job.result.restarts == 1 and "injected failure at map" in job.result.failures[0]
     rows = read_stream_sink(tmp_path / "out")
     assert acceptance.oracle(rows, n) == (0, 0, 0)

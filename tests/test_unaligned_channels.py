@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import pickle
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
+import test_continuous_barriers as barrier_tests
 from weir.errors import ChannelError
 from weir.runtime.continuous.barriers import AbortReason, AlignedBarrierHandler, Barrier
 from weir.runtime.continuous.channels import ChannelConfig, OutputChannel
@@ -27,26 +28,12 @@ ONE = ChannelConfig(buffer_records=1, buffer_timeout_ms=0, exclusive_buffers=1,
                     floating_buffers=0, max_backlog=64)
 
 
-class Recorder:
-    """Gate and task in one, for the handler."""
+class Recorder(barrier_tests.Recorder):
+    """The barrier tests' gate-and-task, noting also which channels came in order."""
 
-    def __init__(self, channels: int) -> None:
-        self.blocked: set[int] = set()
-        self.calls: list[tuple[Any, ...]] = []
-        self.channels = channels
-
-    def block(self, channel: int) -> None:
-        self.blocked.add(channel)
-
-    def unblock(self, channel: int | None = None) -> None:
-        self.blocked -= set(range(self.channels)) if channel is None else {channel}
-
-    def trigger_checkpoint(self, barrier: Barrier,
+    def trigger_checkpoint(self, barrier: Barrier,  # type: ignore[override]
                            in_order: frozenset[int] | None = None) -> None:
         self.calls.append(("trigger", barrier.checkpoint_id, in_order))
-
-    def abort_checkpoint(self, checkpoint_id: int, reason: AbortReason) -> None:
-        self.calls.append(("abort", checkpoint_id, reason))
 
 
 def handler(timeout_ms: int, now: list[float], channels: int = 3
@@ -60,11 +47,11 @@ def handler(timeout_ms: int, now: list[float], channels: int = 3
 def test_unaligned_triggers_on_the_first_barrier_and_blocks_nothing() -> None:
     h, rec = handler(0, [1000.0])
     h.on_barrier(1, Barrier(1, 1000))
-    assert rec.calls == [("trigger", 1, frozenset({1}))] and not rec.blocked
+    assert rec.outcomes() == [("trigger", 1, frozenset({1}))] and not rec.blocked
     h.on_barrier(0, Barrier(1, 1000, unaligned=True))
     assert h.received == {0, 1} and h.triggered
     h.on_barrier(2, Barrier(1, 1000))
-    assert rec.calls == [("trigger", 1, frozenset({1}))]  # once
+    assert rec.outcomes() == [("trigger", 1, frozenset({1}))]  # once
     assert not h.received and not h.triggered  # done: every channel delivered it
 
 
@@ -73,22 +60,22 @@ def test_aligned_with_timeout_switches_to_unaligned_when_alignment_takes_too_lon
     h, rec = handler(50, now)
     h.on_barrier(0, Barrier(1, 1000))
     h.on_barrier(2, Barrier(1, 1000))
-    assert rec.blocked == {0, 2} and rec.calls == []
+    assert rec.blocked == {0, 2} and rec.outcomes() == []
     now[0] = 1049.0
     h.check_timeout()
-    assert rec.calls == []
+    assert rec.outcomes() == []
     now[0] = 1050.0
     h.check_timeout()  # the channels that delivered it in order record nothing
-    assert rec.calls == [("trigger", 1, frozenset({0, 2}))] and not rec.blocked
+    assert rec.outcomes() == [("trigger", 1, frozenset({0, 2}))] and not rec.blocked
     h.on_barrier(1, Barrier(1, 1000, unaligned=True))
-    assert not h.received and len(rec.calls) == 1
+    assert not h.received and len(rec.outcomes()) == 1
 
 
 def test_an_overtaking_barrier_switches_an_alignment_at_once() -> None:
     h, rec = handler(10_000, [1000.0])
     h.on_barrier(0, Barrier(1, 1000))
     h.on_barrier(1, Barrier(1, 1000, unaligned=True))
-    assert rec.calls == [("trigger", 1, frozenset({0}))] and not rec.blocked
+    assert rec.outcomes() == [("trigger", 1, frozenset({0}))] and not rec.blocked
 
 
 @pytest.mark.parametrize("barrier", [Barrier(1, 1000, savepoint="file:///sp"),
@@ -100,20 +87,21 @@ def test_savepoints_and_the_final_checkpoint_stay_aligned(barrier: Barrier) -> N
     h.on_barrier(0, barrier)
     now[0] = 99_999.0
     h.check_timeout()
-    assert rec.calls == [] and rec.blocked == {0}
+    assert rec.outcomes() == [] and rec.blocked == {0}
     h.on_barrier(1, barrier)
     h.on_barrier(2, barrier)
-    assert rec.calls == [("trigger", 1, None)] and not rec.blocked
+    assert rec.outcomes() == [("trigger", 1, None)] and not rec.blocked
 
 
 def test_a_cancellation_marker_after_an_unaligned_trigger_aborts_it() -> None:
     h, rec = handler(0, [1000.0])
     h.on_barrier(0, Barrier(1, 1000))
     h.on_cancellation(1, 1)
-    assert rec.calls[-1] == ("abort", 1, AbortReason.CHECKPOINT_DECLINED_ON_CANCELLATION_BARRIER)
+    assert rec.outcomes()[-1] == (
+        "abort", 1, AbortReason.CHECKPOINT_DECLINED_ON_CANCELLATION_BARRIER)
     assert not h.received and not h.triggered
     h.on_barrier(2, Barrier(1, 1000))  # a late barrier of the aborted checkpoint
-    assert len(rec.calls) == 2
+    assert len(rec.outcomes()) == 2
 
 
 # --------------------------------------------------------------- over real channels
@@ -141,12 +129,21 @@ def poll(gate: InputGate) -> tuple[int, Kind, Any]:
     return got
 
 
+def wait_for(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 5
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
 def arrived(gate: InputGate, overtaking: int = 1) -> None:
     """Wait until the gate's reader threads have taken ``overtaking`` barriers in."""
-    deadline = time.monotonic() + 5
-    while len(gate.priority) < overtaking:
-        assert time.monotonic() < deadline, "no overtaking barrier arrived"
-        time.sleep(0.005)
+    wait_for(lambda: len(gate.priority) >= overtaking, "no overtaking barrier arrived")
+
+
+def queued(gate: InputGate, items: int) -> None:
+    """Wait until channel 0 of the gate holds ``items`` buffers and events."""
+    wait_for(lambda: gate.queued(0) >= items, f"fewer than {items} queued")
 
 
 def barrier(n: int) -> dict[str, Any]:
@@ -237,10 +234,7 @@ def test_a_barrier_queued_in_order_overtakes_once_the_checkpoint_turns_unaligned
     out.emit("b")
     out.emit_event(barrier(1))  # in order: an aligned checkpoint's barrier
     out.emit("c")
-    deadline = time.monotonic() + 5
-    while gate.queued(0) < 4:
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
+    queued(gate, 4)
     inputs = gate.record(1, frozenset())  # its alignment timed out: now unaligned
     assert [records(b) for b in inputs.result(5)] == [["a", "b"]]
     _, kind, event = poll(gate)  # the barrier comes first now, marked overtaking
@@ -255,11 +249,8 @@ def test_a_queued_barrier_past_its_alignment_timeout_overtakes_before_any_is_tak
     gate = server.gate("e", 0, 1, config)
     out = connect(server, 0, config)
     out.emit("a")
-    out.emit_event({"kind": "barrier", "id": 1, "ts": 1000, "savepoint": None})
-    deadline = time.monotonic() + 5
-    while gate.queued(0) < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
+    out.emit_event({**barrier(1), "ts": 1000})
+    queued(gate, 2)
     gate.overtake_due(1100, 200)  # 100 ms after its trigger: not yet
     assert not gate.priority
     gate.overtake_due(1200, 200)

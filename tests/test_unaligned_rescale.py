@@ -19,16 +19,13 @@ from typing import Any
 import pytest
 
 import weir
-from continuous_helpers import Running, by_value
+from continuous_helpers import TINY, Running, by_value
 from weir.api.checkpointing import CheckpointConfig
 from weir.checkpoint.coordinator import CheckpointCoordinator
 from weir.connectors.stream import FileSink, SequenceSource, read_stream_sink
-from weir.runtime.continuous.channels import ChannelConfig
 from weir.runtime.continuous.master import LocalJob
 from weir.stream import StreamEnvironment
 
-TINY = ChannelConfig(buffer_records=4, buffer_timeout_ms=2, exclusive_buffers=2,
-                     floating_buffers=2, max_backlog=2)
 N = 30_000
 
 

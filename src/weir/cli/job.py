@@ -34,6 +34,16 @@ def _client(address: str, secret: str) -> QueryableStateClient:
         raise typer.BadParameter(str(exc)) from exc
 
 
+def _report(address: str, secret: str, which: str, json: bool) -> list[dict[str, Any]] | None:
+    """The job's ``metrics`` or ``checkpoints``; printed as JSON (and None) with ``json``."""
+    with _client(address, secret) as client:
+        rows = client.metrics() if which == "metrics" else client.checkpoints()
+    if json:
+        print_json(rows)
+        return None
+    return rows
+
+
 def _pct(value: float) -> str:
     return f"{100 * value:.0f}%"
 
@@ -44,10 +54,8 @@ def metrics(address: Address, secret: Secret, json: Json = False) -> None:
     queued per input channel and waiting per output, watermark.
 
     Example: weir job metrics 127.0.0.1:40123 --secret $SECRET"""
-    with _client(address, secret) as client:
-        rows = client.metrics()
-    if json:
-        print_json(rows)
+    rows = _report(address, secret, "metrics", json)
+    if rows is None:
         return
     table = Table(title=f"tasks of the job at {address}")
     for col in ("task", "backpressured", "idle", "busy", "in/s", "out/s", "queued in",
@@ -68,10 +76,8 @@ def checkpoints(address: Address, secret: Secret, json: Json = False) -> None:
     longest alignment, and the slowest task's sync / async parts.
 
     Example: weir job checkpoints 127.0.0.1:40123 --secret $SECRET"""
-    with _client(address, secret) as client:
-        rows = client.checkpoints()
-    if json:
-        print_json(rows)
+    rows = _report(address, secret, "checkpoints", json)
+    if rows is None:
         return
     table = Table(title=f"checkpoints of the job at {address}")
     for col in ("id", "kind", "status", "duration", "size", "in flight", "alignment",

@@ -151,6 +151,9 @@ class QueryRouter:
 
     def __init__(self, graph: JobGraph, wake: Callable[[], None]) -> None:
         self.graph, self._wake = graph, wake
+        #: keyed operator uid -> the vertex whose tasks hold its state
+        self._keyed = {op.name: v for v in graph.vertices for op in v.chain
+                       if op.kind is OpKind.KEYED}
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._queued: list[tuple[tuple[str, int], dict[str, Any], Future[Any]]] = []
@@ -166,14 +169,10 @@ class QueryRouter:
     def ask_encoded(self, uid: str, state: str, key_bytes: bytes,
                     key: Any = None) -> Future[Any]:
         """:meth:`ask` with the key already encoded."""
-        keyed = [v for v in self.graph.vertices for op in v.chain
-                 if op.kind is OpKind.KEYED and op.name == uid]
-        if not keyed:
-            names = sorted(op.name for v in self.graph.vertices for op in v.chain
-                           if op.kind is OpKind.KEYED)
+        vertex = self._keyed.get(uid)
+        if vertex is None:
             raise QueryError(f"job {self.graph.job!r} has no keyed operator {uid!r}; its "
-                             f"keyed operators: {names}")
-        vertex = keyed[0]
+                             f"keyed operators: {sorted(self._keyed)}")
         if key is None:
             key = _CODEC.decode(key_bytes)
         subtask = assign_key_to_parallel_operator(key, self.graph.max_parallelism,

@@ -117,6 +117,7 @@ class Task:
         self._in_ids: list[tuple[str, int]] = []
         self._out_ids: list[tuple[str, int]] = []
         self._gate: InputGate | None = None
+        self._keyed_ops: dict[str, KeyedOperator] = {}
         self._handler: AlignedBarrierHandler | BarrierTracker | None = None
         #: records in flight in the checkpoint restored, to replay first (edge, records)
         self._replay: list[tuple[str, list[Any]]] = []
@@ -174,6 +175,8 @@ class Task:
                 op.spec.fn.abort_attempts(context, [c for _, c in recovered])
                 op.writer = op.spec.fn.writer(context)
         self.chain.wire(self._router(start["addresses"], secret))
+        self._keyed_ops = {op.spec.name: op.core for op in self.chain.stateful
+                           if isinstance(op.core, KeyedOperator)}  # (live state queries)
 
     def _router(self, addresses: dict[str, list[Any]], secret: bytes) -> Push:
         """Open the output channels; the function that routes a record to them."""
@@ -288,8 +291,7 @@ class Task:
         """A message from the coordinator other than trigger / finish."""
         kind, cid = message["kind"], int(message.get("id", 0))
         if kind == "query":  # a live state query, between two buffers of input
-            self.control.send(answer({op.spec.name: op.core for op in self.chain.stateful
-                                      if isinstance(op.core, KeyedOperator)}, message))
+            self.control.send(answer(self._keyed_ops, message))
             return
         if kind == "complete":
             for sink in self.chain.sinks:
