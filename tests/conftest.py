@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 BACKENDS = ("hashmap", "rocksdb")
@@ -36,3 +42,14 @@ def spark():  # type: ignore[no-untyped-def]
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def rocksdb_tmp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """RocksDB's own temp dirs, on tmpfs if possible (opening RocksDB on disk is slow)."""
+    shm = Path("/dev/shm")
+    use_shm = shm.is_dir() and os.access(shm, os.W_OK)
+    base = Path(tempfile.mkdtemp(prefix="weir-model-", dir=shm)) if use_shm else tmp_path
+    monkeypatch.setattr(tempfile, "tempdir", str(base))
+    yield base
+    shutil.rmtree(base, ignore_errors=True)

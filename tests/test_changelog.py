@@ -1,7 +1,9 @@
-"""Changelog checkpoints of the hash map (weir.checkpoint.changelog): what each
-checkpoint writes, restore from a base plus deltas at any parallelism (a model test),
-materialization racing processing, a crash at every write step of a checkpoint that
-switches to a materialization, and the one-checkpointer rule."""
+"""Changelog checkpoints (weir.checkpoint.changelog) of the hash map and of RocksDB
+(weir.state.rocksdb_changes): what each checkpoint writes, restore from a base plus
+deltas at any parallelism and across backends (a model test), materialization racing
+processing, a crash at every write step of a checkpoint that switches to a
+materialization, the one-checkpointer rule, and extending only checkpoints known
+complete (the continuous runtime's rule)."""
 
 from __future__ import annotations
 
@@ -73,17 +75,18 @@ class Tracker(KeyedProcessFunction[Any, Any]):
         yield (ctx.current_key, timestamp)
 
 
-def _cluster(p: int, restore: Any = None) -> list[KeyedOperatorHarness]:
+def _cluster(p: int, restore: Any = None, backend: str = "hashmap"
+             ) -> list[KeyedOperatorHarness]:
     out = []
     for i in range(p):
         if restore is None:
             h = KeyedOperatorHarness(Tracker(), lambda v: v[0], max_parallelism=MAXP,
-                                     parallelism=p, subtask_index=i)
+                                     parallelism=p, subtask_index=i, state_backend=backend)
             h.open()
         else:
             h = KeyedOperatorHarness.restore(Tracker(), lambda v: v[0], restore,
                                              parallelism=p, subtask_index=i,
-                                             max_parallelism=MAXP)
+                                             max_parallelism=MAXP, state_backend=backend)
         out.append(h)
     return out
 
@@ -107,9 +110,10 @@ def _state(cluster: list[KeyedOperatorHarness], keys: list[str]) -> dict[str, An
     return out
 
 
-def _restored_state(url: str, keys: list[str], p: int = 1) -> dict[str, Any]:
+def _restored_state(url: str, keys: list[str], p: int = 1, backend: str = "hashmap"
+                    ) -> dict[str, Any]:
     """The state of ``keys`` in a cluster of ``p`` subtasks restored from ``url``."""
-    restored = _cluster(p, load_checkpoint(url))
+    restored = _cluster(p, load_checkpoint(url), backend)
     try:
         return _state(restored, keys)
     finally:
@@ -139,10 +143,10 @@ def _keyed(completed: Any, subtask: int = 0) -> KeyedChangelogHandle:
 # ---------------------------------------------------------------- bytes per checkpoint
 
 
-def test_checkpoint_bytes_follow_the_change_not_the_state(tmp_path: Path) -> None:
+def test_checkpoint_bytes_follow_the_change_not_the_state(tmp_path: Path, backend: str) -> None:
     keys = [f"key-{i}" for i in range(5_000)]
     coordinator = CheckpointCoordinator(str(tmp_path), retained=2)
-    cluster = _cluster(1)
+    cluster = _cluster(1, backend=backend)
     checkpointers = _checkpointers(cluster, coordinator.storage, SYNC)
     try:
         _send(cluster, [(k, 7 * i + 1) for i, k in enumerate(keys)])
@@ -164,6 +168,7 @@ def test_checkpoint_bytes_follow_the_change_not_the_state(tmp_path: Path) -> Non
         d.file.path for d in _keyed(churn).deltas] + [_keyed(deleted).deltas[-1].file.path]
     # the delete is recorded: the key is gone after a restore (its timers stay)
     assert _restored_state(deleted.url, keys) == want
+    assert _restored_state(deleted.url, keys, 2, backend="rocksdb") == want
     assert want[keys[0]][:3] == (None, [], {})
 
 
@@ -199,14 +204,14 @@ def test_a_checkpoint_that_changed_most_keys_writes_a_new_base_instead_of_a_delt
 
 
 def test_an_asynchronous_changelog_checkpoint_extends_the_one_still_uploading(
-    tmp_path: Path,
+    tmp_path: Path, backend: str,
 ) -> None:
     """Checkpoint 2 is taken while checkpoint 1's delta is still being written: it
     extends the chain that ends with that delta (its synchronous part waits for it),
     so a restore of 2 has every change of 1."""
     keys = [f"key-{i}" for i in range(100)]
     coordinator = CheckpointCoordinator(str(tmp_path), retained=3)
-    cluster = _cluster(1)
+    cluster = _cluster(1, backend=backend)
     policy = dataclasses.replace(SYNC, background=True)
     [checkpointer] = checkpointers = [SubtaskCheckpointer(
         cluster[0].operator, coordinator.storage, mode="changelog", asynchronous=True,
@@ -363,10 +368,12 @@ def test_native_checkpoints_hard_link_sst_files_next_to_the_working_directory(
 # ---------------------------------------------------------------- model, any parallelism
 
 
-def test_a_changelog_restores_base_plus_deltas_at_any_parallelism(tmp_path: Path) -> None:
+def test_a_changelog_restores_base_plus_deltas_at_any_parallelism(
+    tmp_path: Path, backend: str
+) -> None:
     keys = [f"k{i}" for i in range(40)]
     coordinator = CheckpointCoordinator(str(tmp_path), retained=3)
-    cluster = _cluster(2)
+    cluster = _cluster(2, backend=backend)
     checkpointers = _checkpointers(cluster, coordinator.storage, SYNC)
     expected = {}
     try:
@@ -382,17 +389,16 @@ def test_a_changelog_restores_base_plus_deltas_at_any_parallelism(tmp_path: Path
         _close(cluster, checkpointers)
     latest = coordinator.latest()
     assert latest is not None and len(_keyed(latest).deltas) == 5
-    for p in (1, 2, 3, 5):
-        assert _restored_state(latest.url, keys, p) == expected[latest.checkpoint_id], p
+    for p, other in ((1, "hashmap"), (2, "rocksdb"), (3, "hashmap"), (5, "rocksdb")):
+        got = _restored_state(latest.url, keys, p, other)
+        assert got == expected[latest.checkpoint_id], (p, other)
 
 
 class ChangelogMachine(ClusterMachine):
-    """The cluster of test_state_model on the hash map with changelog checkpoints:
-    each subtask checkpoints through a durable changelog (materializing every 1-3
-    deltas), and a rescale restores the newest checkpoint at a new parallelism;
+    """The cluster of test_state_model with changelog checkpoints: each subtask
+    checkpoints through a durable changelog (materializing every 1-3 deltas), and a
+    rescale restores the newest checkpoint at a new parallelism on the other backend;
     at the same parallelism the new subtasks adopt the changelog and go on with it."""
-
-    start_backend = "hashmap"
 
     def __init__(self) -> None:
         super().__init__()
@@ -422,9 +428,10 @@ class ChangelogMachine(ClusterMachine):
         assert latest is not None
         old_p = len(self.cluster)
         self.close_all()
+        self.backend = "rocksdb" if self.backend == "hashmap" else "hashmap"
         self.cluster = [
             KeyedOperatorHarness.restore(ApplyCommand(), key_of, latest, parallelism=new_p,
-                                         subtask_index=i, state_backend="hashmap")
+                                         subtask_index=i, state_backend=self.backend)
             for i in range(new_p)
         ]
         if new_p == old_p:  # go on with the restored changelog
@@ -444,19 +451,81 @@ class ChangelogMachine(ClusterMachine):
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def test_changelog_checkpoints_match_the_model_across_rescales() -> None:
-    run_state_machine_as_test(ChangelogMachine, settings=SETTINGS)
+def test_changelog_checkpoints_match_the_model_across_rescales(
+    backend: str, rocksdb_tmp: Path
+) -> None:
+    """Once per starting backend; each rescale switches to the other one."""
+    machine = type(f"ChangelogMachineFrom_{backend}", (ChangelogMachine,),
+                   {"start_backend": backend})
+    run_state_machine_as_test(machine, settings=SETTINGS)
+
+
+def test_a_changelog_extends_only_checkpoints_known_complete(
+    tmp_path: Path, backend: str
+) -> None:
+    """The continuous runtime's rule (``confirmed_only``): a barrier can overtake the
+    coordinator's notification, and a checkpoint not known complete may still be
+    aborted and its delta deleted. So checkpoint 3, taken before 2 is confirmed, writes
+    a new base, and 4 (3 confirmed) is a delta on it. A delta whose upload failed is
+    never extended either (its changes were taken): the next checkpoint writes a base,
+    even before the abort reaches the subtask."""
+    coordinator = CheckpointCoordinator(str(tmp_path), retained=10)
+    keys = [f"key-{i}" for i in range(21)]
+    [h] = cluster = _cluster(1, backend=backend)
+    [c] = checkpointers = [SubtaskCheckpointer(
+        h.operator, coordinator.storage, mode="changelog", asynchronous=False,
+        changelog=SYNC, confirmed_only=True)]
+    write = coordinator.storage.write
+
+    def failing(relative: str, data: bytes) -> Any:
+        if relative.endswith(".delta"):
+            raise OSError("injected: the delta upload failed")
+        return write(relative, data)
+
+    def checkpoint(step: int, notify: bool = True) -> Any:
+        _send(cluster, [(k, step) for k in keys[3 * step:3 * step + 3]])
+        pending = coordinator.trigger()
+        snap = c.snapshot(pending.checkpoint_id, pending.timestamp_ms)
+        try:
+            handle = snap.result()
+        except OSError:
+            coordinator.abort(pending)  # the subtask is not told (yet)
+            return None
+        pending.acknowledge(c.uid, 1, MAXP, handle)
+        completed = coordinator.complete(pending)
+        if notify:
+            c.notify_checkpoint_complete(pending.checkpoint_id)
+        return completed
+
+    try:
+        one = checkpoint(1)
+        two = checkpoint(2, notify=False)
+        three = checkpoint(3)
+        four = checkpoint(4)
+        coordinator.storage.write = failing  # type: ignore[method-assign]
+        assert checkpoint(5) is None
+        coordinator.storage.write = write  # type: ignore[method-assign]
+        six = checkpoint(6)
+        want = _state(cluster, keys)
+    finally:
+        _close(cluster, checkpointers)
+    assert _keyed(two).base == _keyed(one).base and len(_keyed(two).deltas) == 1
+    assert _keyed(three).base != _keyed(one).base and _keyed(three).deltas == ()
+    assert _keyed(four).base == _keyed(three).base and len(_keyed(four).deltas) == 1
+    assert _keyed(six).base != _keyed(three).base and _keyed(six).deltas == ()
+    assert _restored_state(six.url, keys, 2, backend) == want
+    assert want["key-15"][0] == 1  # written only before the checkpoint whose delta failed
 
 
 # ---------------------------------------------------------------- materialization
 
 
 def test_a_background_materialization_racing_processing_copies_one_consistent_state(
-    tmp_path: Path,
+    tmp_path: Path, backend: str,
 ) -> None:
     keys = [f"k{i}" for i in range(3_000)]
     coordinator = CheckpointCoordinator(str(tmp_path), retained=50)
-    cluster = _cluster(1)
+    cluster = _cluster(1, backend=backend)
     policy = ChangelogPolicy(interval_ms=None, max_deltas=1, background=True, rebase_share=None)
     checkpointers = _checkpointers(cluster, coordinator.storage, policy)
     expected: dict[int, Any] = {}
@@ -520,9 +589,9 @@ def test_a_materialization_older_than_max_lag_is_not_used(tmp_path: Path) -> Non
     assert _restored_state(completed.url, ["a", "b"]) == want
 
 
-def test_one_operator_has_one_changelog_checkpointer(tmp_path: Path) -> None:
+def test_one_operator_has_one_changelog_checkpointer(tmp_path: Path, backend: str) -> None:
     storage = CheckpointStorage(str(tmp_path))
-    [h] = _cluster(1)
+    [h] = _cluster(1, backend=backend)
     try:
         first = SubtaskCheckpointer(h.operator, storage, mode="changelog")
         with pytest.raises(ConfigurationError, match="already has a changelog checkpointer"):
@@ -531,15 +600,11 @@ def test_one_operator_has_one_changelog_checkpointer(tmp_path: Path) -> None:
         SubtaskCheckpointer(h.operator, storage, mode="changelog").close()  # free again
     finally:
         h.close()
-    rocks = KeyedOperatorHarness(Tracker(), lambda v: v[0], state_backend="rocksdb")
-    try:
-        with pytest.raises(ConfigurationError, match="hash-map backend"):
-            SubtaskCheckpointer(rocks.operator, storage, mode="changelog")
-    finally:
-        rocks.close()
 
 
-def test_delta_files_apply_ttl_filters_and_record_timer_changes(tmp_path: Path) -> None:
+def test_delta_files_apply_ttl_filters_and_record_timer_changes(
+    tmp_path: Path, backend: str
+) -> None:
     descriptor = ValueStateDescriptor(
         "v", ttl=StateTtlConfig(ttl_ms=1_000).cleanup_in_full_snapshot())
 
@@ -552,7 +617,8 @@ def test_delta_files_apply_ttl_filters_and_record_timer_changes(tmp_path: Path) 
             ctx.timer_service.register_event_time_timer(50)
 
     coordinator = CheckpointCoordinator(str(tmp_path))
-    h = KeyedOperatorHarness(Ttl(), lambda v: v[0], max_parallelism=MAXP)
+    h = KeyedOperatorHarness(Ttl(), lambda v: v[0], max_parallelism=MAXP,
+                             state_backend=backend)
     h.open()
     [c] = _checkpointers([h], coordinator.storage, SYNC)
     try:
@@ -583,7 +649,7 @@ def test_delta_files_apply_ttl_filters_and_record_timer_changes(tmp_path: Path) 
 
 
 def _three_checkpoints(
-    root: Path, crash_at: int | None, when: str
+    root: Path, crash_at: int | None, when: str, backend: str
 ) -> tuple[Any, dict[int, Any], bool]:
     """Checkpoints 1 (base), 2 (a delta; materializes) and 3 (on the materialization,
     releasing the old base and delta), each subtask writing synchronously; a crash at
@@ -592,7 +658,7 @@ def _three_checkpoints(
     storage = CheckpointStorage(str(root), fs=fs)
     coordinator = CheckpointCoordinator(storage, retained=1)
     policy = ChangelogPolicy(interval_ms=None, max_deltas=1, background=False, rebase_share=None)
-    cluster = _cluster(2)
+    cluster = _cluster(2, backend=backend)
     checkpointers = _checkpointers(cluster, storage, policy)
     keys = [f"k{i}" for i in range(12)]
     try:
@@ -615,10 +681,10 @@ def _three_checkpoints(
 
 
 def test_a_crash_at_any_step_of_a_checkpoint_switching_to_a_materialization(
-    tmp_path: Path,
+    tmp_path: Path, backend: str,
 ) -> None:
     keys = [f"k{i}" for i in range(12)]
-    fs, want, crashed = _three_checkpoints(tmp_path / "dry", None, "before")
+    fs, want, crashed = _three_checkpoints(tmp_path / "dry", None, "before", backend)
     assert not crashed
     steps = [(op, p.removeprefix(str(tmp_path / "dry") + "/")) for op, p in fs.steps]
     dry = load_checkpoint(str(tmp_path / "dry" / "chk-3"))
@@ -632,15 +698,15 @@ def test_a_crash_at_any_step_of_a_checkpoint_switching_to_a_materialization(
             if when == "during" and steps[crash_at][0] != "write":
                 continue
             root = tmp_path / f"{crash_at}-{when}"
-            _, _, crashed = _three_checkpoints(root, crash_at, when)
+            _, _, crashed = _three_checkpoints(root, crash_at, when, backend)
             runs += 1
             injected += crashed
             latest = CheckpointCoordinator(str(root)).latest()  # restart: clean-up too
             assert latest is not None and latest.checkpoint_id in (2, 3)
-            got = _restored_state(latest.url, keys, 3)
+            got = _restored_state(latest.url, keys, 3, backend)
             restored_new += latest.checkpoint_id == 3
             assert got == want[latest.checkpoint_id], (crash_at, when)
-    print(f"changelog switch crash points: steps={len(steps)} runs={runs} "
+    print(f"{backend} changelog switch crash points: steps={len(steps)} runs={runs} "
           f"injected={injected} restored chk-3={restored_new}")
     assert injected == runs and 0 < restored_new < runs
 

@@ -17,6 +17,7 @@ import weir
 from continuous_helpers import Count, Running, by_value, check_exactly_once, keyed_graph
 from weir import connectors as wc
 from weir.api.checkpointing import CheckpointConfig
+from weir.checkpoint.format import KeyedChangelogHandle, KeyedIncrementalHandle
 from weir.connectors.stream import SequenceSource, read_stream_sink
 from weir.runtime.continuous.graph import JobGraph
 from weir.runtime.continuous.master import LocalJob
@@ -89,6 +90,45 @@ def test_tasks_killed_with_sigkill_restart_from_the_latest_checkpoint_exactly_on
     assert [f.split(":")[1].strip() for f in job.result.failures] == [
         "task count[1] disappeared", "task numbers[0] disappeared"]
     check_exactly_once(tmp_path, n)
+
+
+@pytest.mark.parametrize("backend,changelog,kind,deltas", [
+    ("rocksdb", None, KeyedChangelogHandle, True),  # weir's default for RocksDB
+    ("rocksdb", False, KeyedIncrementalHandle, False),
+    # 50 keys, all written between two checkpoints: each writes a new base
+    # (ChangelogPolicy.rebase_share; RocksDB, which does not count its keys, never does)
+    ("hashmap", True, KeyedChangelogHandle, False),
+])
+def test_keyed_checkpoints_take_the_form_configured_and_restore_exactly_once(
+    tmp_path: Path, backend: str, changelog: bool | None, kind: type, deltas: bool
+) -> None:
+    """``CheckpointConfig.changelog``: RocksDB keyed state is checkpointed as a changelog
+    by default (deltas on a base), natively incremental with ``changelog=False``, and
+    the hash map as a changelog with ``changelog=True``. A keyed task killed after
+    checkpoints restores from the latest one (for a changelog: its base and deltas)
+    exactly once."""
+    n = 60_000
+    job = LocalJob(spec(tmp_path, backend, n, rate=30_000),
+                   CheckpointConfig(interval_ms=100, changelog=changelog),
+                   restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0),
+                   sleep=lambda s: None)
+    running = Running(job)
+    written = list[Path]()
+
+    def ready() -> bool:
+        written[:] = (tmp_path / "chk").glob("shared/**/*.delta")
+        return ("count", 1) in job._procs and len(job.result.completed) >= 4 and (
+            not deltas or bool(written))
+
+    running.until(ready)
+    running.kill(("count", 1))
+    assert not running.join()
+    assert job.result.restarts == 1
+    check_exactly_once(tmp_path, n)
+    latest = weir.CheckpointCoordinator(str(tmp_path / "chk")).latest()
+    assert latest is not None
+    assert {type(h.keyed) for h in latest.metadata.operators["count"].subtasks} == {kind}
+    assert bool(written) == deltas
 
 
 class Hangs(Count):

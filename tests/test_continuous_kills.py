@@ -6,7 +6,8 @@ completed checkpoint's transactions) — and the job must end exactly-once.
 
 The job: two source subtasks → ``map`` → ``rebalance`` into a non-keyed function with
 operator state (p = 3) → ``key_by`` → a running count per key (keyed state, p = 2,
-the backend alternating by seed) → a two-phase-commit file sink that can be made slow to
+by seed: RocksDB with changelog checkpoints, the hash map, RocksDB with incremental
+native checkpoints) → a two-phase-commit file sink that can be made slow to
 commit (an ``arm`` file), checkpoints every 50 ms.
 
 Reported per seed, all required 0: **L** numbers without an output row, **D** output
@@ -95,14 +96,18 @@ class SlowCommits(FileSink):
 
 
 def build(tmp_path: Path, backend: str) -> LocalJob:
-    env = StreamEnvironment(parallelism=2, max_parallelism=32, state_backend=backend,
+    """``backend``: hashmap, rocksdb (changelog checkpoints, the default) or
+    rocksdb-incremental (native incremental checkpoints)."""
+    env = StreamEnvironment(parallelism=2, max_parallelism=32,
+                            state_backend=backend.removesuffix("-incremental"),
                             checkpoint_storage=tmp_path / "chk")
     (env.from_source(SequenceSource(N, 15_000), uid="numbers")
         .map(lambda n: n)
         .rebalance().process(Tag(), uid="tag", parallelism=3)
         .key_by(lambda r: r[1] % KEYS).process(Count(), uid="count")
         .sink_to(SlowCommits(tmp_path / "out", tmp_path / "markers"), uid="sink"))
-    return LocalJob(env.job_graph("kills"), CheckpointConfig(interval_ms=50),
+    changelog = False if backend.endswith("-incremental") else None
+    return LocalJob(env.job_graph("kills"), CheckpointConfig(interval_ms=50, changelog=changelog),
                     restart=weir.RestartStrategy.fixed_delay(attempts=3, delay=0),
                     sleep=lambda s: None)
 
@@ -179,7 +184,7 @@ class Killer:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_kill_9_at_random_points_of_a_continuous_job(tmp_path: Path, seed: int) -> None:
     rng = random.Random(seed)
-    backend = ("hashmap", "rocksdb")[seed % 2]
+    backend = ("rocksdb", "hashmap", "rocksdb-incremental")[seed % 3]
     job = build(tmp_path, backend)
     errors: list[BaseException] = []
 

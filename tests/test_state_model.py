@@ -7,10 +7,6 @@ After every step each key reads as modelled on its owner and has entries nowhere
 from __future__ import annotations
 
 import operator
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -282,17 +278,6 @@ class ClusterMachine(RuleBasedStateMachine):
 
 
 SETTINGS = settings(max_examples=30, stateful_step_count=30, deadline=None)
-
-
-@pytest.fixture
-def rocksdb_tmp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
-    """RocksDB's own temp dirs, on tmpfs if possible (opening RocksDB on disk is slow)."""
-    shm = Path("/dev/shm")
-    use_shm = shm.is_dir() and os.access(shm, os.W_OK)
-    base = Path(tempfile.mkdtemp(prefix="weir-model-", dir=shm)) if use_shm else tmp_path
-    monkeypatch.setattr(tempfile, "tempdir", str(base))
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
 
 
 def test_cluster_state_matches_model_across_rescales(backend: str, rocksdb_tmp: Path) -> None:

@@ -27,6 +27,18 @@ Flink's ``Duration.toMillis``); they are stored as int milliseconds.
 * ``aligned_timeout_ms`` — ``execution.checkpointing.aligned-checkpoint-timeout`` (0):
   with unaligned checkpoints, a checkpoint starts aligned and switches to unaligned
   once its alignment takes longer than this; 0 means unaligned from the start.
+* ``changelog`` — ``state.changelog.enabled`` (Flink: false): keyed state is
+  checkpointed as a changelog (``weir.checkpoint.changelog``): each checkpoint writes
+  the keys changed since the previous one, and a background thread writes the whole
+  state now and then (*materialization*, see ``ChangelogPolicy``); a restore reads the
+  last materialization and the deltas after it. None (weir's default) chooses by
+  backend: on for RocksDB, whose native checkpoint flushes the memtables every
+  interval and leaves reads going to fresh level-0 files (16% of throughput at 1 s
+  and 200,000 keys, ``bench/continuous_checkpoint_overhead``), off for the hash map,
+  whose full snapshot is packed in C. The trade-off: checkpoint bytes follow the
+  change, restores read up to about twice the state (``size_ratio``), and a delta is
+  only extended once its checkpoint is known complete (else the next checkpoint
+  writes the whole state).
 """
 
 from __future__ import annotations
@@ -96,6 +108,8 @@ class CheckpointConfig:
     """Unaligned checkpoints (exactly-once with max_concurrent == 1 only)."""
     aligned_timeout_ms: int = 0
     """With unaligned: alignment time before switching to unaligned (>= 0)."""
+    changelog: bool | None = None
+    """Changelog keyed-state checkpoints; None: on for RocksDB, off for the hash map."""
 
     if TYPE_CHECKING:  # the signature callers see: durations may be timedeltas
         def __init__(self, interval_ms: int | timedelta | None = None,
@@ -103,7 +117,8 @@ class CheckpointConfig:
                      timeout_ms: int | timedelta = 600_000, min_pause_ms: int | timedelta = 0,
                      max_concurrent: int = 1, tolerable_failures: int = 0,
                      retain_on_cancel: bool = False, unaligned: bool = False,
-                     aligned_timeout_ms: int | timedelta = 0) -> None: ...
+                     aligned_timeout_ms: int | timedelta = 0,
+                     changelog: bool | None = None) -> None: ...
 
     def __post_init__(self) -> None:
         floor = MINIMAL_CHECKPOINT_TIME_MS
@@ -120,12 +135,19 @@ class CheckpointConfig:
         for name in ("retain_on_cancel", "unaligned"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.changelog is not None and not isinstance(self.changelog, bool):
+            raise ConfigurationError(f"changelog must be a bool or None (by backend), got "
+                                     f"{self.changelog!r}")
         if self.unaligned and self.mode is not CheckpointingMode.EXACTLY_ONCE:
             raise ConfigurationError("unaligned checkpoints need mode EXACTLY_ONCE; use "
                                      "aligned checkpoints (unaligned=False) with AT_LEAST_ONCE")
         if self.unaligned and self.max_concurrent != 1:
             raise ConfigurationError(f"unaligned checkpoints need max_concurrent == 1, got "
                                      f"{self.max_concurrent}; lower it or use aligned checkpoints")
+
+    def changelog_for(self, state_backend: str) -> bool:
+        """Whether keyed state on ``state_backend`` is checkpointed as a changelog."""
+        return state_backend == "rocksdb" if self.changelog is None else self.changelog
 
     @property
     def periodic(self) -> bool:

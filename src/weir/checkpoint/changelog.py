@@ -1,8 +1,9 @@
-"""Changelog checkpoints of the hash-map backend (checkpoint format version 2).
+"""Changelog checkpoints of keyed state (checkpoint format version 2).
 
-A hash-map subtask in changelog mode (``SnapshotMode.CHANGELOG``) writes its keyed
-state once in full (the *base*), then per checkpoint only what changed since the
-previous one (a *delta*), and every so often, in the background, a new full copy (a
+A subtask in changelog mode (``SnapshotMode.CHANGELOG``; hash map, or RocksDB:
+``weir.state.rocksdb_changes``) writes its keyed state once in full (the *base*),
+then per checkpoint only what changed since the previous one (a *delta*), and every
+so often, in the background, a new full copy (a
 *materialization*) that later checkpoints use as their base instead of the base and
 the deltas before it — Flink's changelog state backend, and Spark's HDFS state store
 (a delta file per batch, a snapshot every few). A checkpoint that changed nothing
@@ -56,13 +57,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from weir.api.descriptors import StateKind
-from weir.checkpoint.datafiles import Entries, pack_groups, pairs, unpack_groups
+from weir.checkpoint.datafiles import (
+    Entries,
+    PackedBody,
+    pack_array_header,
+    pack_groups,
+    pairs,
+    unpack_groups,
+)
 from weir.checkpoint.format import (
     KeyedChangelogHandle,
     KeyedFullHandle,
     decode_keyed,
 )
 from weir.checkpoint.storage import FileRef
+from weir.state._hashcore import pack_changes
 from weir.state.backend import split_map_key
 from weir.state.keygroups import KeyGroupRange
 from weir.state.snapshot import StateMeta
@@ -70,6 +79,7 @@ from weir.state.snapshot import StateMeta
 __all__ = [
     "ChangelogPolicy",
     "Changes",
+    "WrittenChanges",
     "checkpoint_of",
     "encode_delta",
     "decode_delta",
@@ -78,6 +88,9 @@ __all__ = [
 
 #: key group -> state name -> (primary keys replaced, their entries now)
 Changes = Mapping[int, Mapping[str, tuple[list[bytes], list[tuple[bytes, bytes]]]]]
+#: state name -> prefixed key -> the canonical value written last (None: deleted);
+#: value and list states of RocksDB without a snapshot filter
+WrittenChanges = Mapping[str, dict[bytes, bytes | None]]
 
 
 @dataclass(frozen=True)
@@ -107,19 +120,30 @@ def checkpoint_of(ref: FileRef) -> int:
     return int(head) if head.isdigit() else -1
 
 
-def encode_delta(changes: Changes) -> tuple[bytes, dict[int, tuple[int, int]], int]:
-    """A ``.delta`` file: the bytes, the key-group index and the number of keys
-    replaced."""
+def encode_delta(
+    changes: Changes, written: WrittenChanges | None = None,
+) -> tuple[bytes, dict[int, tuple[int, int]], int]:
+    """A ``.delta`` file of ``changes`` and of ``written`` (states whose changes are
+    the bytes each key was written last, None if deleted: packed in C): the bytes, the
+    key-group index and the number of keys replaced."""
     replaced = 0
+    packed: dict[int, dict[str, PackedBody]] = {}
+    header = pack_array_header
+    for name, last in (written or {}).items():
+        for group, (keys, n_keys, entries, n_entries) in pack_changes(last).items():
+            packed.setdefault(group, {})[name] = PackedBody(b"".join((
+                header(2), header(n_keys), keys, header(2 * n_entries), entries)))
+            replaced += n_keys
 
-    def bodies() -> Iterator[tuple[int, dict[str, list[Any]]]]:
+    def bodies() -> Iterator[tuple[int, dict[str, Any]]]:
         nonlocal replaced
-        for group in sorted(changes):
-            per_state: dict[str, list[Any]] = {}
-            for name, (keys, entries) in changes[group].items():
+        for group in sorted(changes.keys() | packed.keys()):
+            per_state: dict[str, Any] = {}
+            for name, (keys, entries) in changes.get(group, {}).items():
                 if keys:
                     per_state[name] = [keys, [x for pair in entries for x in pair]]
                     replaced += len(keys)
+            per_state.update(packed.get(group, {}))
             yield group, per_state
 
     data, index = pack_groups(bodies())

@@ -75,22 +75,41 @@ def check_data_header(data: bytes, where: str) -> None:
     _check_header(data, _DATA_MAGIC, where)
 
 
-_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+_packer = msgpack.Packer(use_bin_type=True, autoreset=True)
+_packb = _packer.pack
+#: the msgpack header of an array of n items
+pack_array_header = _packer.pack_array_header
+
+
+class PackedBody(bytes):
+    """A state's body in a key group already encoded as msgpack (written as it is)."""
+
+    __slots__ = ()
+
+
+def _pack_group(per_state: Mapping[str, Any]) -> bytes:
+    if not any(type(body) is PackedBody for body in per_state.values()):
+        return bytes(_packb(per_state))
+    parts = [_packer.pack_map_header(len(per_state))]
+    for name, body in per_state.items():
+        parts += (_packb(name), body if type(body) is PackedBody else _packb(body))
+    return b"".join(parts)
 
 
 def pack_groups(
     groups: Iterable[tuple[int, Mapping[str, Any]]],
 ) -> tuple[bytes, dict[int, tuple[int, int]]]:
     """A data file of key groups: the header, then one msgpack map (state name ->
-    body) per key group, in the order given; empty maps are left out. Returns the
-    bytes and the key-group index (group -> offset after the header, length)."""
+    body, a :class:`PackedBody` as it is) per key group, in the order given; empty maps
+    are left out. Returns the bytes and the key-group index (group -> offset after the
+    header, length)."""
     parts = [_header()]
     index: dict[int, tuple[int, int]] = {}
     offset = 0
     for group, per_state in groups:
         if not per_state:
             continue
-        blob = _packb(per_state)
+        blob = _pack_group(per_state)
         index[group] = (offset, len(blob))
         offset += len(blob)
         parts.append(blob)

@@ -5,14 +5,18 @@
   ``HashMapStateBackend.frozen_sources``), RocksDB takes a RocksDB snapshot per column
   family — and captures timers, operator and broadcast state. A worker thread then
   encodes the canonical entries and uploads them while processing goes on.
-* **Changelog** (hash-map checkpoints, ``weir.checkpoint.changelog``): the first
+* **Changelog** (hash map or RocksDB, ``weir.checkpoint.changelog``): the first
   checkpoint writes the keyed state in full as the base; each later one writes only
   the keys and timers changed since the previous one (nothing when nothing changed)
   and operator state only when it changed; a background thread materializes the
   state now and then, and later checkpoints use it as their base. A changelog
   checkpointer assumes each checkpoint completes or the subtask restarts from the
   last completed one (the Spark runtime's rule); an aborted checkpoint makes the
-  next one write a new base.
+  next one write a new base. With ``confirmed_only`` (the continuous runtime, where
+  a checkpoint may be aborted while the job goes on and the abort can reach the
+  subtask after the next barrier) a delta extends only a chain whose checkpoint is
+  known complete, else the checkpoint writes a new base; a delta whose upload failed
+  is never extended.
 * **Incremental** (RocksDB checkpoints): the synchronous part is a native RocksDB
   checkpoint (memtables flushed, SST files hard-linked into a local directory). The
   worker uploads each SST file that the last *completed* checkpoint did not already
@@ -111,6 +115,7 @@ class SubtaskCheckpointer:
         mode: SnapshotMode | str = SnapshotMode.FULL,
         asynchronous: bool = True,
         changelog: ChangelogPolicy | None = None,
+        confirmed_only: bool = False,
     ) -> None:
         self.operator = operator
         self.storage = storage
@@ -122,12 +127,15 @@ class SubtaskCheckpointer:
             ) from None
         if self.mode is SnapshotMode.CHANGELOG and not (
             isinstance(operator, KeyedOperator)
-            and isinstance(operator.backend, HashMapStateBackend)
+            and isinstance(operator.backend, HashMapStateBackend | RocksDBStateBackend)
         ):
             raise ConfigurationError(
                 f"{operator.config.describe()}: changelog snapshots need a keyed operator "
-                f"on the hash-map backend (RocksDB checkpoints are incremental natively)"
+                f"on the hash-map or RocksDB backend"
             )
+        #: extend only a changelog whose checkpoint is known complete (the continuous
+        #: runtime, where a checkpoint may be aborted while the job goes on)
+        self.confirmed_only = confirmed_only
         self.policy = changelog or ChangelogPolicy(background=asynchronous)
         if self.mode is SnapshotMode.CHANGELOG:
             owner = getattr(operator, "changelog_owner", None)
@@ -140,6 +148,10 @@ class SubtaskCheckpointer:
             operator.changelog_owner = weakref.ref(self)  # type: ignore[union-attr]
         #: the changelog this subtask's next checkpoint extends (None: write a base)
         self._chain: KeyedChangelogHandle | None = None
+        #: the checkpoint whose snapshot wrote ``_chain`` (-1: adopted, or none yet),
+        #: and the newest one known complete (``confirmed_only``)
+        self._chain_id = -1
+        self._completed_id = -1
         self._op_file: FileRef | None = None
         #: (checkpoint id, generation, upload) of the running materialization
         self._materializing: tuple[int, int, Future[KeyedFullHandle]] | None = None
@@ -310,6 +322,7 @@ class SubtaskCheckpointer:
         assert isinstance(self.operator, KeyedOperator)
         self.operator.track_changes()
         self._chain = keyed
+        self._chain_id = -1
         self._op_file = handle.operator_file
         self._generation += 1
         return True
@@ -320,10 +333,17 @@ class SubtaskCheckpointer:
         op = self.operator
         assert isinstance(op, KeyedOperator)
         started = time.perf_counter()
-        if self._last_changelog is not None:  # the chain this one extends: written first
-            self._last_changelog.exception()
+        # the chain this one extends is written first; if that failed, its changes were
+        # taken but never written, and only a base holds them now
+        if self._last_changelog is not None and self._last_changelog.exception() is not None:
+            self._chain = None
         prefix = f"shared/{uid_dir(self.uid)}/{checkpoint_id}-{uuid.uuid4().hex[:12]}"
+        if self.confirmed_only and self._chain_id > self._completed_id:
+            # the checkpoint that wrote the chain may still be aborted (and its delta
+            # deleted): do not reference it
+            self._chain = None
         chain = self._chain
+        self._chain_id = checkpoint_id
         rebase = self.policy.rebase_share
         if chain is None or (rebase is not None and op.changed_share() >= rebase):
             # a base: the whole state, as a full snapshot does (first, or instead of a
@@ -344,16 +364,19 @@ class SubtaskCheckpointer:
 
             return self._changelog_pending(checkpoint_id, sync_ms, base)
         chain = self._adopt_materialization(checkpoint_id, chain)
-        snap, changes = op.snapshot_changes(checkpoint_id, timestamp)
+        snap, changes, written = op.snapshot_changes(checkpoint_id, timestamp)
         changed = sum(len(k) + len(v) for per in changes.values()
                       for _, entries in per.values() for k, v in entries)
-        self._maybe_materialize(checkpoint_id, chain, storage, bool(changes), changed)
+        for last in written.values():  # (map and filter run in C)
+            changed += sum(map(len, last)) + sum(map(len, filter(None, last.values())))
+        self._maybe_materialize(checkpoint_id, chain, storage, bool(changes or written),
+                                changed)
         sync_ms = (time.perf_counter() - started) * 1000
 
         def delta() -> SubtaskStateHandle:
-            written = time.perf_counter()
+            upload_started = time.perf_counter()
             new_bytes = 0
-            data, index, replaced = encode_delta(changes)
+            data, index, replaced = encode_delta(changes, written)
             keyed = chain
             if index:
                 ref = storage.write(prefix + ".delta", data)
@@ -369,7 +392,7 @@ class SubtaskCheckpointer:
                     new_bytes += op_file.size
             self._chain, self._op_file = keyed, op_file
             return subtask_handle(snap, self._range(), keyed, op_file, new_bytes=new_bytes,
-                                  sync_ms=sync_ms, started=written, entries=replaced)
+                                  sync_ms=sync_ms, started=upload_started, entries=replaced)
 
         return self._changelog_pending(checkpoint_id, sync_ms, delta)
 
@@ -509,6 +532,7 @@ class SubtaskCheckpointer:
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` completed: its SST files are the base that
         later incremental checkpoints reference."""
+        self._completed_id = max(self._completed_id, checkpoint_id)
         shared = self._pending.pop(checkpoint_id, None)
         if shared is not None:
             self._uploaded = shared

@@ -315,7 +315,7 @@ class KeyedOperator(OperatorBase, KeyedContext, TimerService):
 
     # changelog snapshots -------------------------------------------------------------
     def track_changes(self) -> None:
-        """Start recording keyed-state and timer changes (hash map only): the state as
+        """Start recording keyed-state and timer changes (hash map, RocksDB): the state as
         of now is the base of the next :meth:`snapshot_changes`."""
         self.backend.track_changes()
         self.event_timers.track_changes()
@@ -355,24 +355,27 @@ class KeyedOperator(OperatorBase, KeyedContext, TimerService):
 
     def snapshot_changes(
         self, checkpoint_id: int, timestamp: int | None = None
-    ) -> tuple[OperatorSubtaskSnapshot, dict[int, dict[str, Any]]]:
+    ) -> tuple[OperatorSubtaskSnapshot, dict[int, dict[str, Any]],
+               dict[str, dict[bytes, bytes | None]]]:
         """A changelog snapshot: operator and broadcast state in full, keyed state as
-        the changes since the last snapshot (``KeyedStateStore.changes``; the
-        snapshot's ``keyed`` holds the state metadata and no entries)."""
+        the changes since the last snapshot (``KeyedStateStore.changes``: by key group,
+        and the states reported as the bytes written last; the snapshot's ``keyed``
+        holds the state metadata and no entries)."""
         self._require_open()
         ts = self.clock() if timestamp is None else timestamp
         common = self._snapshot_common(checkpoint_id, ts)
+        written: dict[str, dict[bytes, bytes | None]] = {}
         changes = self.keyed_state.changes({
             EVENT_TIMERS: self.event_timers.take_changes(),
             PROCESSING_TIMERS: self.processing_timers.take_changes(),
-        })
+        }, written)
         cfg = self.config
         keyed = KeyedStateSnapshot(cfg.max_parallelism, cfg.key_group_range,
                                    self.keyed_state.metas, (EVENT_TIMERS, PROCESSING_TIMERS), {})
         return OperatorSubtaskSnapshot(
             cfg.uid, checkpoint_id, ts, cfg.parallelism, cfg.subtask_index,
             cfg.max_parallelism, keyed, **common,
-        ), changes
+        ), changes, written
 
     def prepare_materialization(self) -> Callable[[], KeyedStateSnapshot]:
         """Freeze the keyed state and timers now (no ``snapshot_state`` call); the

@@ -568,6 +568,9 @@ static PyMethodDef module_methods[] = {
      "spark_hash_bytes(data, seed) -> Spark's Murmur3 hashUnsafeBytes, unsigned."},
     {"common_key_hash", (PyCFunction)(void (*)(void))weir_py_common_key_hash, METH_FASTCALL,
      "common_key_hash(key, seed) -> the key hash of None/str/int64/tuples of them, or None."},
+    {"pack_changes", (PyCFunction)(void (*)(void))weir_pack_changes, METH_FASTCALL,
+     "pack_changes(written) -> {key group: (keys, count, entries, count)}: a changelog "
+     "delta's primary keys and entries as msgpack bin objects (see _packed.c)"},
     {"pack_entries", (PyCFunction)(void (*)(void))weir_pack_entries, METH_FASTCALL,
      "pack_entries(entries) -> {key group: (bytearray, count)}: each (key, value) as two "
      "msgpack bin objects, grouped by the key's first two bytes (see _packed.c)."},

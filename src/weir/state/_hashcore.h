@@ -34,6 +34,8 @@ PyObject *weir_py_spark_hash_long(PyObject *module, PyObject *const *args, Py_ss
 PyObject *weir_py_spark_hash_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *weir_py_common_key_hash(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
+/* pack_changes(written) -> {key group: (keys, count, entries, count)} (see _packed.c). */
+PyObject *weir_pack_changes(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* pack_entries(entries) -> {key group: (bytearray, count)} (see _packed.c). */
 PyObject *weir_pack_entries(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 

@@ -58,6 +58,9 @@ class MapCore(TableCore):
     def get(self, user_key: Any, default: Any = None) -> Any: ...
     def put(self, user_key: Any, value: Any) -> None: ...
 
+def pack_changes(
+    written: dict[bytes, bytes | None],
+) -> dict[int, tuple[bytearray, int, bytearray, int]]: ...
 def pack_entries(entries: Any) -> dict[int, tuple[bytearray, int]]:
     """Each ``(prefixed key, value)`` bytes pair as two msgpack bin objects, per key group
     (the key's first two bytes): the group's buffer and its number of entries."""

@@ -135,3 +135,87 @@ done:
     PyMem_Free(counts);
     return out;
 }
+
+/* The hot loop of a RocksDB changelog delta (weir.checkpoint.changelog): a dict of
+ * prefixed key -> bytes written last (None: deleted) packed by key group into two
+ * buffers of msgpack bin objects, every key (the primary keys replaced) and every
+ * (key, value) still present, in the dict's order. */
+PyObject *
+weir_pack_changes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1 || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "pack_changes(dict of bytes -> bytes | None)");
+        return NULL;
+    }
+    PyObject **keys = PyMem_Calloc(GROUPS, sizeof(PyObject *));
+    PyObject **entries = PyMem_Calloc(GROUPS, sizeof(PyObject *));
+    Py_ssize_t *nkeys = PyMem_Calloc(GROUPS, sizeof(Py_ssize_t));
+    Py_ssize_t *nentries = PyMem_Calloc(GROUPS, sizeof(Py_ssize_t));
+    PyObject *out = NULL, *key, *value;
+    Py_ssize_t pos = 0;
+    if (keys == NULL || entries == NULL || nkeys == NULL || nentries == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    while (PyDict_Next(args[0], &pos, &key, &value)) {
+        if (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) < 2
+            || (value != Py_None && !PyBytes_Check(value))) {
+            PyErr_SetString(PyExc_TypeError, "pack_changes: keys must be bytes with their "
+                                             "key group, values bytes or None");
+            goto done;
+        }
+        const char *k = PyBytes_AS_STRING(key);
+        Py_ssize_t kn = PyBytes_GET_SIZE(key);
+        int group = (((const unsigned char *)k)[0] << 8) | ((const unsigned char *)k)[1];
+        if (keys[group] == NULL) {
+            keys[group] = PyByteArray_FromStringAndSize(NULL, 0);
+            entries[group] = PyByteArray_FromStringAndSize(NULL, 0);
+            if (keys[group] == NULL || entries[group] == NULL) {
+                goto done;
+            }
+        }
+        if (append_bin(keys[group], k, kn) < 0) {
+            goto done;
+        }
+        nkeys[group]++;
+        if (value != Py_None) {
+            if (append_bin(entries[group], k, kn) < 0
+                || append_bin(entries[group], PyBytes_AS_STRING(value),
+                              PyBytes_GET_SIZE(value)) < 0) {
+                goto done;
+            }
+            nentries[group]++;
+        }
+    }
+    out = PyDict_New();
+    if (out == NULL) {
+        goto done;
+    }
+    for (int g = 0; g < GROUPS; g++) {
+        if (keys[g] == NULL) {
+            continue;
+        }
+        PyObject *slot = Py_BuildValue("(OnOn)", keys[g], nkeys[g], entries[g], nentries[g]);
+        PyObject *group = PyLong_FromLong(g);
+        if (slot == NULL || group == NULL || PyDict_SetItem(out, group, slot) < 0) {
+            Py_XDECREF(slot);
+            Py_XDECREF(group);
+            Py_CLEAR(out);
+            goto done;
+        }
+        Py_DECREF(slot);
+        Py_DECREF(group);
+    }
+done:
+    if (keys != NULL && entries != NULL) {
+        for (int g = 0; g < GROUPS; g++) {
+            Py_XDECREF(keys[g]);
+            Py_XDECREF(entries[g]);
+        }
+    }
+    PyMem_Free(keys);
+    PyMem_Free(entries);
+    PyMem_Free(nkeys);
+    PyMem_Free(nentries);
+    return out;
+}

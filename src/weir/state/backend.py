@@ -365,16 +365,18 @@ class KeyedStateBackend(ABC):
 
     def track_changes(self) -> None:
         """Start recording which keys are written (changelog snapshots): the state as
-        of now is the base that :meth:`take_changes` reports changes against. Only
-        the hash map tracks changes (RocksDB checkpoints are incremental natively)."""
+        of now is the base that :meth:`take_changes` reports changes against. The
+        hash-map and RocksDB backends record changes."""
         raise StateError(f"the {self.name} backend does not record changes; changelog "
-                         f"snapshots need the hash-map backend")
+                         f"snapshots need the hash-map or RocksDB backend")
 
     def take_changes(
         self,
     ) -> Iterable[tuple[str, Iterable[tuple[bytes, Iterable[tuple[bytes, bytes]]]]]]:
         """Per state with changes since the last call: ``(name, ((prefixed key, its
-        canonical entries now — none if deleted), ...))``; the record starts over."""
+        canonical entries now — none if deleted), ...))``, or ``(name, {prefixed key:
+        its one canonical value now, or None if deleted})`` for a state of one entry
+        per key; the record starts over."""
         raise StateError(f"the {self.name} backend does not record changes")
 
     def restore_native(self, natives: Sequence[NativeRocksDBState]) -> None:

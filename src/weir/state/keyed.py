@@ -278,15 +278,23 @@ class KeyedStateStore:
 
     def changes(
         self, timer_changes: Mapping[str, Iterable[tuple[bytes, Iterable[tuple[bytes, bytes]]]]],
+        written: dict[str, dict[bytes, bytes | None]] | None = None,
     ) -> dict[int, dict[str, tuple[list[bytes], list[tuple[bytes, bytes]]]]]:
         """What changed since the last call (or the backend's ``track_changes``), by
         key group and state: the primary keys changed and their canonical entries now
-        (after the full-snapshot TTL filter) — the body of a changelog delta."""
+        (after the full-snapshot TTL filter) — the body of a changelog delta. States
+        the backend reports as a dict of the bytes written last (RocksDB values and
+        lists) and that have no filter go into ``written`` as they are, if given."""
         filters = {name: make() for name, make in self._snapshot_filters.items()}
         out: dict[int, dict[str, tuple[list[bytes], list[tuple[bytes, bytes]]]]] = {}
         sources = itertools.chain(self.backend.take_changes(), timer_changes.items())
         for name, changed in sources:
             keep = filters.get(name)
+            if isinstance(changed, dict):
+                if keep is None and written is not None:
+                    written[name] = changed
+                    continue
+                changed = [(k, [] if v is None else [(k, v)]) for k, v in changed.items()]
             for primary, entries in changed:
                 group = (primary[0] << 8) | primary[1]
                 per = out.get(group)

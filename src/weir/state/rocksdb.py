@@ -220,6 +220,9 @@ class RocksDBStateBackend(KeyedStateBackend):
         self._write_options.disable_wal = True  # type: ignore[method-assign,assignment]
         self._db.set_write_options(self._write_options)
         self._families: dict[str, Any] = {}
+        #: the tables made, by state (they record their writes once changes are tracked)
+        self._tables: dict[str, RocksValueTable | RocksListTable | RocksMapTable] = {}
+        self._tracking = False
         self._timer_families: dict[str, Any] = {}
         self._closed = False
         #: shared-file references of the SST files of an adopted native checkpoint
@@ -269,15 +272,49 @@ class RocksDBStateBackend(KeyedStateBackend):
         if len(batch):
             self._db.write(batch, self._write_options)
 
+    def _register(
+        self, table: RocksValueTable | RocksListTable | RocksMapTable
+    ) -> Any:
+        self._tables[table.name] = table
+        if self._tracking:
+            table.track()
+        return table
+
+    def track_changes(self) -> None:
+        """Start (or start over) recording what is written (``weir.state.rocksdb_changes``):
+        the state as of now is the base that :meth:`take_changes` reports against."""
+        self._tracking = True
+        for table in self._tables.values():
+            table.track()
+
+    def take_changes(
+        self,
+    ) -> Iterator[tuple[str, Any]]:
+        """Per state with changes since the last call (or :meth:`track_changes`): a
+        value or list state's dict of prefixed key -> bytes written last (None:
+        deleted), a map state's ``((prefixed key, its canonical entries now), ...)``
+        (no entry: gone; read now). The record starts over."""
+        for name, table in self._tables.items():
+            if table.changed():
+                yield name, table.take()
+
+    def change_counts(self) -> tuple[int, int]:
+        """``(keys written since the last take_changes, 0)``: RocksDB does not count the
+        keys it holds, so a changelog of RocksDB never starts over by share (it
+        materializes by the policy instead)."""
+        return sum(t.changed() for t in self._tables.values()), 0
+
     def create_value_table(
         self, name: str, serializer: Serializer[Any], check_writes: bool = True
     ) -> ValueTable:
-        return RocksValueTable(name, self.key_context, self._family(name), serializer)
+        return self._register(  # type: ignore[no-any-return]
+            RocksValueTable(name, self.key_context, self._family(name), serializer))
 
     def create_list_table(
         self, name: str, serializer: Serializer[Any], check_writes: bool = True
     ) -> ListTable:
-        return RocksListTable(name, self.key_context, self._family(name), serializer)
+        return self._register(  # type: ignore[no-any-return]
+            RocksListTable(name, self.key_context, self._family(name), serializer))
 
     def create_map_table(
         self,
@@ -286,7 +323,8 @@ class RocksDBStateBackend(KeyedStateBackend):
         serializer: Serializer[Any],
         check_writes: bool = True,
     ) -> MapTable:
-        return RocksMapTable(name, self.key_context, self._family(name), key_serializer, serializer)
+        return self._register(  # type: ignore[no-any-return]
+            RocksMapTable(name, self.key_context, self._family(name), key_serializer, serializer))
 
     def restore_entries(self, name: str, entries: Iterable[tuple[bytes, bytes]]) -> None:
         cf = self._family(name)
@@ -399,6 +437,8 @@ class RocksDBStateBackend(KeyedStateBackend):
         else:
             it.seek(cursor)
         visited = dropped = 0
+        table = self._tables.get(name)
+        note = table.note if table is not None and self._tracking else None
         while it.valid():  # the iterator reads a snapshot: writes below do not move it
             key = it.key()
             if visited >= limit:
@@ -410,6 +450,8 @@ class RocksDBStateBackend(KeyedStateBackend):
                 dropped += 1
             elif kept != data:
                 cf.put(key, kept)
+            if note is not None and kept != data:
+                note(key, kept)
             visited += 1
             it.next()
         return visited, dropped, None

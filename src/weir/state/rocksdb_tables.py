@@ -29,6 +29,7 @@ from weir.state.backend import (
     unframe,
 )
 from weir.state.keycontext import KeyContext
+from weir.state.rocksdb_changes import ChangeRecord
 
 __all__ = ["RocksListTable", "RocksMapTable", "RocksValueTable", "successor"]
 
@@ -41,7 +42,7 @@ def successor(prefix: bytes) -> bytes | None:
     return stripped[:-1] + bytes([stripped[-1] + 1])
 
 
-class _RocksTable:
+class _RocksTable(ChangeRecord):
     def __init__(self, name: str, ctx: KeyContext, cf: Any, serializer: Serializer[Any]):
         self.name = name
         self._ctx = ctx
@@ -84,7 +85,7 @@ class _RocksTable:
         return page, None
 
     def clear_at(self, key: bytes) -> None:
-        self._cf.delete(key)
+        self._delete(key)
 
     def filter_at(self, key: bytes, keep: EntryFilter) -> int:
         """Apply a bytes-level filter to one key's stored bytes without decoding
@@ -94,9 +95,9 @@ class _RocksTable:
             return 0
         kept = keep(key, data)
         if kept is None:
-            self._cf.delete(key)
+            self._delete(key)
         elif kept != data:
-            self._cf.put(key, kept)
+            self._put(key, kept)
         else:
             return 0
         return 1
@@ -111,17 +112,20 @@ class RocksValueTable(_RocksTable, ValueTable, ValueState[Any]):
         if value is None:
             self.clear()
         else:
-            self._cf.put(self._current(), self._encode(value))
+            key, data = self._current(), self._encode(value)
+            self._cf.put(key, data)
+            if self._written is not None:  # (inline: the hot write)
+                self._written[key] = data
 
     def clear(self) -> None:
-        self._cf.delete(self._current())
+        self._delete(self._current())
 
     def value_at(self, key: bytes) -> Any:
         data = self._cf.get(key)
         return None if data is None else self._decode(data)
 
     def update_at(self, key: bytes, value: Any) -> None:
-        self._cf.put(key, self._encode(value))
+        self._put(key, self._encode(value))
 
 
 class RocksListTable(_RocksTable, ListTable, ListState[Any]):
@@ -143,24 +147,27 @@ class RocksListTable(_RocksTable, ListTable, ListState[Any]):
     def add(self, value: Any) -> None:
         key = self._current()
         items, count = self._frame_checked((value,))
-        self._cf.put(key, frame_append(self._cf.get(key), items, count))
+        data = frame_append(self._cf.get(key), items, count)
+        self._cf.put(key, data)
+        if self._written is not None:  # (inline: the hot write)
+            self._written[key] = data
 
     def add_all(self, values: Iterable[Any]) -> None:
         key = self._current()
         items, count = self._frame_checked(values)
         if count:
-            self._cf.put(key, frame_append(self._cf.get(key), items, count))
+            self._put(key, frame_append(self._cf.get(key), items, count))
 
     def update(self, values: Iterable[Any]) -> None:
         key = self._current()
         items, count = self._frame_checked(values)
         if count:
-            self._cf.put(key, frame_append(None, items, count))
+            self._put(key, frame_append(None, items, count))
         else:
-            self._cf.delete(key)
+            self._delete(key)
 
     def clear(self) -> None:
-        self._cf.delete(self._current())
+        self._delete(self._current())
 
     def get_at(self, key: bytes) -> list[Any]:
         data = self._cf.get(key)
@@ -177,12 +184,14 @@ class RocksListTable(_RocksTable, ListTable, ListState[Any]):
 
     def update_at(self, key: bytes, values: list[Any]) -> None:
         if values:
-            self._cf.put(key, frame((self._encode(v) for v in values), self._inline))
+            self._put(key, frame((self._encode(v) for v in values), self._inline))
         else:
-            self._cf.delete(key)
+            self._delete(key)
 
 
 class RocksMapTable(_RocksTable, MapTable, MapState[Any, Any]):
+    is_map = True
+
     def __init__(
         self,
         name: str,
@@ -202,10 +211,13 @@ class RocksMapTable(_RocksTable, MapTable, MapState[Any, Any]):
         return default if data is None else self._decode(data)
 
     def put(self, user_key: Any, value: Any) -> None:
-        self._cf.put(self._current() + self._user_key(user_key), self._encode(value))
+        key = self._current()
+        self._cf.put(key + self._user_key(user_key), self._encode(value))
+        if self._touched is not None:  # (inline: the hot write)
+            self._touched.add(key)
 
     def remove(self, user_key: Any) -> None:
-        self._cf.delete(self._current() + self._user_key(user_key))
+        self.remove_at(self._current(), user_key)
 
     def contains(self, user_key: Any) -> bool:
         return self._cf.get(self._current() + self._user_key(user_key)) is not None
@@ -221,6 +233,7 @@ class RocksMapTable(_RocksTable, MapTable, MapState[Any, Any]):
         self.clear_at(self._current())
 
     def clear_at(self, key: bytes) -> None:
+        self._touch(key)
         end = successor(key)
         if end is None:
             for composite, _ in list(self._scan(key)):
@@ -246,6 +259,7 @@ class RocksMapTable(_RocksTable, MapTable, MapState[Any, Any]):
         for composite, data in list(self._scan(key)):
             if keep(composite, data) is None:
                 self._cf.delete(composite)
+                self._touch(key)
                 dropped += 1
         return dropped
 
@@ -259,6 +273,8 @@ class RocksMapTable(_RocksTable, MapTable, MapState[Any, Any]):
 
     def remove_at(self, key: bytes, user_key: Any) -> None:
         self._cf.delete(key + self._user_key(user_key))
+        self._touch(key)
 
     def put_at(self, key: bytes, user_key: Any, value: Any) -> None:
         self._cf.put(key + self._user_key(user_key), self._encode(value))
+        self._touch(key)

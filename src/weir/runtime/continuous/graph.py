@@ -160,6 +160,8 @@ class JobGraph:
     #: unaligned (0: unaligned from the start; set from the job's CheckpointConfig)
     unaligned: bool = False
     aligned_timeout_ms: int = 0
+    #: keyed state checkpointed as a changelog (set from the job's CheckpointConfig)
+    changelog: bool = False
     #: a task whose main loop is silent this long is taken as hung (Flink's
     #: heartbeat.timeout: 50 s)
     heartbeat_timeout_s: float = 50.0
