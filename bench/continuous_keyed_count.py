@@ -173,15 +173,32 @@ def weir_run(records: int, keys: int, backend: str, interval_ms: int | None,
         .sink_to(FileSink(work / "out"), uid="sink"))
     load = _load()
     started = time.perf_counter()
-    result = env.execute("bench", runner="local" if spark is None else "spark", spark=spark)
+    client = env.execute_async("bench", runner="local" if spark is None else "spark",
+                               spark=spark)
+    result = client.wait()
     seconds = time.perf_counter() - started
     return {"peer": f"weir-{backend}" + ("" if spark is None else "-on-spark"),
+            "sync_ms": sync_pauses(client.checkpoints(), "count"),
             "checkpoints": "1 s" if interval_ms else "final only",
             "interval_ms": interval_ms, "keys": keys, "records": records,
             "seconds": round(seconds, 2), "records_per_s": round(records / seconds),
             "steady_records_per_s": read_marks(marks), "cpu_us_per_record": read_cpu(marks),
             "completed": len(result.completed),
             "load": [load, _load()]}
+
+
+def sync_pauses(history: Sequence[Any], vertex: str) -> dict[str, float] | None:
+    """The synchronous pause of ``vertex``'s tasks per checkpoint (the snapshot's part
+    in the task thread; ``JobClient.checkpoints()``): p50, p99 and max in ms, over
+    every subtask of every checkpoint acknowledged (None: none)."""
+    pauses = sorted(s.sync_ms for c in history for s in c.subtasks if s.vertex == vertex)
+    if not pauses:
+        return None
+
+    def at(q: float) -> float:
+        return round(float(pauses[min(len(pauses) - 1, int(q * len(pauses)))]), 2)
+
+    return {"p50": at(0.5), "p99": at(0.99), "max": round(pauses[-1], 2)}
 
 
 def raw_limit(records: int, keys: int) -> dict[str, Any]:

@@ -18,6 +18,7 @@ writer writes the body after the header, and a restore reads a file's body in pl
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -30,6 +31,8 @@ __all__ = ["Entries", "PackedGroups", "pack_sources", "pairs", "unpack_group"]
 
 T = TypeVar("T")
 Entries = tuple[tuple[bytes, bytes], ...]
+#: entries packed per call (a few ms of holding the GIL)
+_CHUNK = 4096
 _header_packer = msgpack.Packer(use_bin_type=True, autoreset=True)
 _packb = _header_packer.pack
 _packb_map_header = _header_packer.pack_map_header
@@ -133,11 +136,18 @@ def pack_sources(
     slots: dict[int, dict[str, list[Any]]] = {}
     for name, entries in sources:
         keep = filters.get(name)
-        for group, (buf, count) in pack_entries(
-                entries if keep is None else _kept(entries, keep)).items():
-            slot = slots.setdefault(group, {}).setdefault(name, [[], 0])
-            slot[0].append(buf)
-            slot[1] += count
+        it = iter(entries if keep is None else _kept(entries, keep))
+        while True:
+            # a chunk at a time: pack_entries holds the GIL throughout, and this runs
+            # in a worker thread beside the task's processing (a RocksDB iterator
+            # never lets go of the GIL on its own)
+            chunk = pack_entries(itertools.islice(it, _CHUNK))
+            if not chunk:
+                break
+            for group, (buf, count) in chunk.items():
+                slot = slots.setdefault(group, {}).setdefault(name, [[], 0])
+                slot[0].append(buf)
+                slot[1] += count
     parts: list[bytes] = []
     index: dict[int, tuple[int, int]] = {}
     offset = total = 0

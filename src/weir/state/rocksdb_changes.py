@@ -83,18 +83,10 @@ class ChangeRecord:
         entry: gone), read now — this call is the synchronous part of a checkpoint."""
         if self.is_map:
             touched, self._touched = self._touched or set(), set()
-            return iter([(key, self._entries(key)) for key in touched])
+            return iter([(key, list(self._scan(key))) for key in touched])
         written, self._written = self._written or {}, {}
         return written
 
-    def _entries(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
-        out = []
-        it = self._cf.iter()
-        it.seek(prefix)
-        while it.valid():
-            key = it.key()
-            if not key.startswith(prefix):
-                break
-            out.append((key, it.value()))
-            it.next()
-        return out
+    def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The stored entries whose keys start with ``prefix`` (the table's)."""
+        raise NotImplementedError
