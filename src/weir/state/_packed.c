@@ -45,6 +45,17 @@ append_bin(PyObject *buf, const char *data, Py_ssize_t n)
     return 0;
 }
 
+/* out[g] = slot, a new reference (NULL: the error already set) that this consumes. */
+static int
+put_group(PyObject *out, int g, PyObject *slot)
+{
+    PyObject *group = slot == NULL ? NULL : PyLong_FromLong(g);
+    int failed = group == NULL || PyDict_SetItem(out, group, slot) < 0;
+    Py_XDECREF(slot);
+    Py_XDECREF(group);
+    return failed ? -1 : 0;
+}
+
 PyObject *
 weir_pack_entries(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -113,16 +124,10 @@ weir_pack_entries(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (bufs[g] == NULL) {
             continue;
         }
-        PyObject *slot = Py_BuildValue("(On)", bufs[g], counts[g]);
-        PyObject *group = PyLong_FromLong(g);
-        if (slot == NULL || group == NULL || PyDict_SetItem(out, group, slot) < 0) {
-            Py_XDECREF(slot);
-            Py_XDECREF(group);
+        if (put_group(out, g, Py_BuildValue("(On)", bufs[g], counts[g])) < 0) {
             Py_CLEAR(out);
             goto done;
         }
-        Py_DECREF(slot);
-        Py_DECREF(group);
     }
 done:
     Py_DECREF(it);
@@ -196,15 +201,10 @@ weir_pack_changes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             continue;
         }
         PyObject *slot = Py_BuildValue("(OnOn)", keys[g], nkeys[g], entries[g], nentries[g]);
-        PyObject *group = PyLong_FromLong(g);
-        if (slot == NULL || group == NULL || PyDict_SetItem(out, group, slot) < 0) {
-            Py_XDECREF(slot);
-            Py_XDECREF(group);
+        if (put_group(out, g, slot) < 0) {
             Py_CLEAR(out);
             goto done;
         }
-        Py_DECREF(slot);
-        Py_DECREF(group);
     }
 done:
     if (keys != NULL && entries != NULL) {

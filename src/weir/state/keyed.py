@@ -278,20 +278,20 @@ class KeyedStateStore:
 
     def changes(
         self, timer_changes: Mapping[str, Iterable[tuple[bytes, Iterable[tuple[bytes, bytes]]]]],
-        written: dict[str, dict[bytes, bytes | None]] | None = None,
+        written: dict[str, dict[bytes, bytes | None]],
     ) -> dict[int, dict[str, tuple[list[bytes], list[tuple[bytes, bytes]]]]]:
         """What changed since the last call (or the backend's ``track_changes``), by
         key group and state: the primary keys changed and their canonical entries now
         (after the full-snapshot TTL filter) — the body of a changelog delta. States
         the backend reports as a dict of the bytes written last (RocksDB values and
-        lists) and that have no filter go into ``written`` as they are, if given."""
+        lists) and that have no filter go into ``written`` as they are."""
         filters = {name: make() for name, make in self._snapshot_filters.items()}
         out: dict[int, dict[str, tuple[list[bytes], list[tuple[bytes, bytes]]]]] = {}
         sources = itertools.chain(self.backend.take_changes(), timer_changes.items())
         for name, changed in sources:
             keep = filters.get(name)
             if isinstance(changed, dict):
-                if keep is None and written is not None:
+                if keep is None:
                     written[name] = changed
                     continue
                 changed = [(k, [] if v is None else [(k, v)]) for k, v in changed.items()]

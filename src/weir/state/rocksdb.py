@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import rocksdict
 
@@ -47,6 +47,7 @@ __all__ = [
     "scan_native", "shared_memory_usage",
 ]
 
+_Table = TypeVar("_Table", RocksValueTable, RocksListTable, RocksMapTable)
 _CF_PREFIX = "s:"
 #: column families mirroring the timers (the timer queues stay on the heap; the
 #: mirror makes incremental checkpoints carry timers as changed SST files)
@@ -272,9 +273,7 @@ class RocksDBStateBackend(KeyedStateBackend):
         if len(batch):
             self._db.write(batch, self._write_options)
 
-    def _register(
-        self, table: RocksValueTable | RocksListTable | RocksMapTable
-    ) -> Any:
+    def _register(self, table: _Table) -> _Table:
         self._tables[table.name] = table
         if self._tracking:
             table.track()
@@ -287,9 +286,7 @@ class RocksDBStateBackend(KeyedStateBackend):
         for table in self._tables.values():
             table.track()
 
-    def take_changes(
-        self,
-    ) -> Iterator[tuple[str, Any]]:
+    def take_changes(self) -> Iterator[tuple[str, Any]]:
         """Per state with changes since the last call (or :meth:`track_changes`): a
         value or list state's dict of prefixed key -> bytes written last (None:
         deleted), a map state's ``((prefixed key, its canonical entries now), ...)``
@@ -298,22 +295,16 @@ class RocksDBStateBackend(KeyedStateBackend):
             if table.changed():
                 yield name, table.take()
 
-    def change_counts(self) -> tuple[int, int]:
-        """``(keys written since the last take_changes, 0)``: RocksDB does not count the
-        keys it holds, so a changelog of RocksDB never starts over by share (it
-        materializes by the policy instead)."""
-        return sum(t.changed() for t in self._tables.values()), 0
-
     def create_value_table(
         self, name: str, serializer: Serializer[Any], check_writes: bool = True
     ) -> ValueTable:
-        return self._register(  # type: ignore[no-any-return]
+        return self._register(
             RocksValueTable(name, self.key_context, self._family(name), serializer))
 
     def create_list_table(
         self, name: str, serializer: Serializer[Any], check_writes: bool = True
     ) -> ListTable:
-        return self._register(  # type: ignore[no-any-return]
+        return self._register(
             RocksListTable(name, self.key_context, self._family(name), serializer))
 
     def create_map_table(
@@ -323,7 +314,7 @@ class RocksDBStateBackend(KeyedStateBackend):
         serializer: Serializer[Any],
         check_writes: bool = True,
     ) -> MapTable:
-        return self._register(  # type: ignore[no-any-return]
+        return self._register(
             RocksMapTable(name, self.key_context, self._family(name), key_serializer, serializer))
 
     def restore_entries(self, name: str, entries: Iterable[tuple[bytes, bytes]]) -> None:
