@@ -42,8 +42,10 @@ $(STAMP): pyproject.toml $(wildcard src/weir/state/_*.c src/weir/state/_*.h)
 demo: setup
 	$(PY) -m weir.examples.fraud_demo
 
+# Two test processes (pytest-xdist), each with its own SparkSession: a test waits on a
+# JVM, a subprocess or a timer most of the time, so two share the 2 cores of CI.
 test: setup
-	$(PY) -m pytest -q --durations=30
+	$(PY) -m pytest -q -n 2 --durations=30
 
 # The long fault-injection runs: kill -9 of executors and drivers on local-cluster,
 # six seeds over 12 files (make test runs one over 6); speculative and zombie attempts

@@ -21,8 +21,9 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
-    """The one SparkSession of the test run (``local[2]``); tests using it are marked
-    ``spark``. Python workers run this interpreter, so they see the project's venv."""
+    """The one SparkSession of this test process (``local[2]``; ``make test`` runs two
+    processes, pytest-xdist); tests using it are marked ``spark``. Python workers run
+    this interpreter, so they see the project's venv."""
     import os
     import sys
 
