@@ -557,6 +557,41 @@ def test_a_background_materialization_racing_processing_copies_one_consistent_st
         assert _restored_state(completed.url, keys) == expected[completed.checkpoint_id]
 
 
+def test_a_materialization_starts_once_the_deltas_written_hold_size_ratio_times_the_base(
+    tmp_path: Path, backend: str,
+) -> None:
+    """By bytes, a materialization is due once the deltas already written hold
+    ``size_ratio`` times the base (this checkpoint's delta is not counted: its size is
+    known only once it is encoded, off the task's thread)."""
+    keys = [f"k{i}" for i in range(2_000)]
+    coordinator = CheckpointCoordinator(str(tmp_path), retained=50)
+    cluster = _cluster(1, backend=backend)
+    policy = ChangelogPolicy(interval_ms=None, max_deltas=1_000, size_ratio=2.0,
+                             background=False, rebase_share=None)
+    checkpointers = _checkpointers(cluster, coordinator.storage, policy)
+    seen: list[tuple[int, bool]] = []  # (bytes of the deltas written before, started)
+    try:
+        _send(cluster, [(k, 1) for k in keys])
+        previous = take_checkpoint(coordinator, checkpointers)
+        base = _keyed(previous).base
+        for step in range(2, 40):
+            _send(cluster, [(k, step) for k in keys[step % 4::4]])  # a quarter of the keys
+            written = sum(d.file.size for d in _keyed(previous).deltas)
+            previous = take_checkpoint(coordinator, checkpointers)
+            started = checkpointers[0].materialization() is not None
+            seen.append((written, started))
+            if started:
+                break
+        want = _state(cluster, keys)
+    finally:
+        _close(cluster, checkpointers)
+    assert seen[-1][1], f"no materialization started: {seen}"
+    assert all(w < 2.0 * base.file.size for w, _ in seen[:-1]), (seen, base.file.size)
+    assert seen[-1][0] >= 2.0 * base.file.size, (seen, base.file.size)
+    assert len(seen) >= 3  # a few deltas first: a quarter of the keys each
+    assert _restored_state(previous.url, keys) == want
+
+
 def test_a_materialization_older_than_max_lag_is_not_used(tmp_path: Path) -> None:
     coordinator = CheckpointCoordinator(str(tmp_path), retained=1)
     cluster = _cluster(1)

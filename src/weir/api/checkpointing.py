@@ -36,7 +36,9 @@ Flink's ``Duration.toMillis``); they are stored as int milliseconds.
   interval and leaves reads going to fresh level-0 files (16% of throughput at 1 s
   and 200,000 keys, ``bench/continuous_checkpoint_overhead``), off for the hash map,
   whose full snapshot is packed in C. The trade-off: checkpoint bytes follow the
-  change, restores read up to about twice the state (``size_ratio``), and a delta is
+  change, restores read the last materialization and the deltas after it (up to
+  about 9 times the state in the continuous runtime: ``ChangelogPolicy.size_ratio``
+  8, ``weir.runtime.continuous.task.CHANGELOG_POLICY``), and a delta is
   only extended once its checkpoint is known complete (else the next checkpoint
   writes the whole state).
 """

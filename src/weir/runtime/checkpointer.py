@@ -365,12 +365,7 @@ class SubtaskCheckpointer:
             return self._changelog_pending(checkpoint_id, sync_ms, base)
         chain = self._adopt_materialization(checkpoint_id, chain)
         snap, changes, written = op.snapshot_changes(checkpoint_id, timestamp)
-        changed = sum(len(k) + len(v) for per in changes.values()
-                      for _, entries in per.values() for k, v in entries)
-        for last in written.values():  # (map and filter run in C)
-            changed += sum(map(len, last)) + sum(map(len, filter(None, last.values())))
-        self._maybe_materialize(checkpoint_id, chain, storage, bool(changes or written),
-                                changed)
+        self._maybe_materialize(checkpoint_id, chain, storage, bool(changes or written))
         sync_ms = (time.perf_counter() - started) * 1000
 
         def delta() -> SubtaskStateHandle:
@@ -432,16 +427,17 @@ class SubtaskCheckpointer:
 
     def _maybe_materialize(
         self, checkpoint_id: int, chain: KeyedChangelogHandle, storage: CheckpointStorage,
-        changed: bool, changed_bytes: int,
+        changed: bool,
     ) -> None:
         """Start a materialization of the state as of now (``checkpoint_id``'s) if one
-        is due by the policy (counting this checkpoint's delta: ``changed``, about
-        ``changed_bytes``) and none is running."""
+        is due by the policy (counting this checkpoint's delta if ``changed``; by bytes,
+        the deltas written so far: counting this one's bytes would take a pass over
+        every changed key in the task's thread) and none is running."""
         policy = self.policy
         deltas = len(chain.deltas) + changed
         if self._materializing is not None or not deltas:
             return
-        delta_bytes = sum(d.file.size for d in chain.deltas) + changed_bytes
+        delta_bytes = sum(d.file.size for d in chain.deltas)
         elapsed_ms = (time.monotonic() - self._materialized_at) * 1000
         if not (
             deltas >= policy.max_deltas
