@@ -45,13 +45,16 @@ def _per_entry(sources: list[tuple[str, list[tuple[bytes, bytes]]]],
 
 
 @settings(max_examples=300, deadline=None)
-@given(_SOURCES, st.booleans(), st.integers(0, 40), st.integers(0, 40))
+@given(_SOURCES, st.booleans(), st.integers(0, 40), st.integers(0, 40),
+       st.sampled_from([1, 2, 7, 16384]))
 def test_a_packed_snapshot_writes_reads_and_clips_as_the_per_entry_form(
-    sources: list[tuple[str, list[tuple[bytes, bytes]]]], filtered: bool, lo: int, hi: int
+    sources: list[tuple[str, list[tuple[bytes, bytes]]]], filtered: bool, lo: int, hi: int,
+    chunk: int,
 ) -> None:
+    """Whatever the entries packed per call into C (``chunk``; RocksDB packs fewer)."""
     filters = {"b": _drop_odd_rewrite_long} if filtered else {}
     expected = _per_entry(sources, filters)
-    packed = pack_sources(iter(sources), filters)
+    packed = pack_sources(iter(sources), filters, chunk)
 
     assert encode_keyed(packed) == encode_keyed(expected)
     assert dict(packed) == {g: {n: tuple(e) for n, e in per.items()}

@@ -322,6 +322,9 @@ class KeyedStateBackend(ABC):
 
     #: ``"hashmap"`` or ``"rocksdb"``
     name: str = ""
+    #: entries a full snapshot packs per call while holding the GIL
+    #: (``weir.state.packed.pack_sources``)
+    snapshot_chunk: int = 16384
 
     def __init__(self, key_context: KeyContext) -> None:
         self.key_context = key_context

@@ -339,7 +339,8 @@ class KeyedStateStore:
         if filters is None:
             filters = {name: make() for name, make in self._snapshot_filters.items()}
         states = self.backend.snapshot_sources() if sources is None else sources
-        groups = pack_sources(itertools.chain(states, timer_entries.items()), filters)
+        groups = pack_sources(itertools.chain(states, timer_entries.items()), filters,
+                              self.backend.snapshot_chunk)
         ctx = self.backend.key_context
         return KeyedStateSnapshot(
             ctx.max_parallelism, key_group_range, self.metas, tuple(timer_entries), groups

@@ -31,10 +31,10 @@ __all__ = ["Entries", "PackedGroups", "pack_sources", "pairs", "unpack_group"]
 
 T = TypeVar("T")
 Entries = tuple[tuple[bytes, bytes], ...]
-#: entries packed per call, each holding the GIL throughout: about 3 ms from a hash
-#: map's entries, 20-35 ms from a RocksDB iterator (the task thread's longest wait);
-#: 4,096 measured slower for the hash map (GIL hand-offs); one call per state stalled
-#: RocksDB tasks 124-162 ms per materialization
+#: entries packed per call by default, each holding the GIL throughout: about 3 ms
+#: from a hash map's entries; 4,096 measured slower for the hash map (GIL hand-offs);
+#: one call per state stalled RocksDB tasks 124-162 ms per materialization (RocksDB
+#: packs fewer per call: ``KeyedStateBackend.snapshot_chunk``)
 _CHUNK = 16384
 _header_packer = msgpack.Packer(use_bin_type=True, autoreset=True)
 _packb = _header_packer.pack
@@ -130,11 +130,13 @@ def _kept(entries: Iterable[tuple[bytes, bytes]],
 def pack_sources(
     sources: Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]],
     filters: Mapping[str, Callable[[bytes, bytes], bytes | None]],
+    chunk: int = _CHUNK,
 ) -> PackedGroups:
     """Every state's canonical entries (``sources``: state name, entries whose keys
     start with their 2-byte key group) packed by key group, after the full-snapshot
     filter of the state in ``filters`` (None drops an entry, bytes replace its
-    value). Holds the encoded entries only, never a tuple per entry."""
+    value), ``chunk`` entries per call into C. Holds the encoded entries only, never a
+    tuple per entry."""
     # group -> name -> [buffers of packed entries (one per source), entries]
     slots: dict[int, dict[str, list[Any]]] = {}
     for name, entries in sources:
@@ -144,10 +146,10 @@ def pack_sources(
             # a chunk at a time: pack_entries holds the GIL throughout, and this runs
             # in a worker thread beside the task's processing (a RocksDB iterator
             # never lets go of the GIL on its own)
-            chunk = pack_entries(itertools.islice(it, _CHUNK))
-            if not chunk:
+            done = pack_entries(itertools.islice(it, chunk))
+            if not done:
                 break
-            for group, (buf, count) in chunk.items():
+            for group, (buf, count) in done.items():
                 slot = slots.setdefault(group, {}).setdefault(name, [[], 0])
                 slot[0].append(buf)
                 slot[1] += count
