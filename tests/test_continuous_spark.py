@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from continuous_helpers import Count, by_value, check_exactly_once
+from procs import descendants
 from weir.connectors import FileSink, SequenceSource
 from weir.connectors.stream import read_stream_sink
 from weir.errors import ConfigurationError
@@ -52,25 +53,6 @@ def check_in_order(out: Path) -> None:
     assert all(counts == list(range(1, len(counts) + 1)) for counts in per_key.values())
 
 
-def _descendants(root: int) -> set[int]:
-    """Every process below ``root`` (by the parent pids in ``/proc``)."""
-    children: dict[int, list[int]] = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(ppid), []).append(int(pid))
-    found: set[int] = set()
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
 def tasks_left(timeout_s: float = 20.0) -> list[str]:
     """Weir task processes started by this process's Spark (named ``weir <task>``,
     below a Spark Python worker below this test process: a test running beside it in
@@ -78,7 +60,7 @@ def tasks_left(timeout_s: float = 20.0) -> list[str]:
     deadline = time.monotonic() + timeout_s
     while True:
         left = []
-        for pid in _descendants(os.getpid()):
+        for pid in descendants(os.getpid()):
             try:
                 name = Path(f"/proc/{pid}/comm").read_text().strip()
                 ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]

@@ -46,6 +46,7 @@ import pytest
 
 import test_spark_cluster_faults as faults  # type: ignore[import-not-found]
 import weir
+from procs import descendants
 from weir import CheckpointCoordinator, CorruptCheckpointError
 from weir.connectors import read_stream_sink
 
@@ -74,7 +75,7 @@ class Paths:
 def task_processes(driver: faults.Driver) -> set[int]:
     """The weir task processes of ``driver``'s application (named ``weir <task>``)."""
     found = set()
-    for pid in faults._descendants(driver.proc.pid):
+    for pid in descendants(driver.proc.pid):
         with contextlib.suppress(OSError):
             name = Path(f"/proc/{pid}/comm").read_text()
             if name.startswith("weir ") and faults._alive(pid):

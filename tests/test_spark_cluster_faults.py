@@ -80,6 +80,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from procs import descendants
 from weir import CheckpointCoordinator, CheckpointStorage, CorruptCheckpointError, load_checkpoint
 from weir.runtime.spark.epochs import SPARK_FILE
 from weir.runtime.spark.prior import SUMMARY_FILE
@@ -146,23 +147,6 @@ def _cmdline(pid: int) -> list[str]:
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
-def _descendants(root: int) -> set[int]:
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            stat = _stat(int(entry))
-            if stat is not None:
-                children[stat[1]].append(int(entry))
-    found: set[int] = set()
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
 def _is_executor(pid: int, app_id: str) -> bool:
     cmd = _cmdline(pid)
     return (
@@ -187,13 +171,13 @@ def _executor_above(pid: int, app_id: str) -> int:
 
 def _executors(jvm: int, app_id: str) -> list[int]:
     """The live executor JVMs of ``app_id`` (children of the driver JVM ``jvm``)."""
-    return [p for p in _descendants(jvm) if _is_executor(p, app_id) and _alive(p)]
+    return [p for p in descendants(jvm) if _is_executor(p, app_id) and _alive(p)]
 
 
 def _runs_python(executor: int) -> bool:
     """Whether an executor has Python workers, i.e. is registered and has run tasks."""
     return any("python" in os.path.basename(next(iter(_cmdline(p)), ""))
-               for p in _descendants(executor) if _alive(p))
+               for p in descendants(executor) if _alive(p))
 
 
 def _wait_dead(pids: dict[int, int | None], timeout: float) -> set[int]:
@@ -256,7 +240,7 @@ class Driver:
             return {}
 
     def track(self) -> None:
-        for pid in _descendants(self.proc.pid):
+        for pid in descendants(self.proc.pid):
             self.seen.setdefault(pid, _started(pid))
 
     def tail(self) -> str:
