@@ -122,15 +122,15 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for backend, keys in groups:
         base = base_cpu = None
         for interval in INTERVALS:
-            rates = [r["steady_records_per_s"] for r in runs
-                     if r["peer"] == f"weir-{backend}" and r["keys"] == keys
-                     and r["interval_ms"] == interval and r["steady_records_per_s"]]
-            cpus = [r["cpu_us_per_record"] for r in runs
-                    if r["peer"] == f"weir-{backend}" and r["keys"] == keys
-                    and r["interval_ms"] == interval and r.get("cpu_us_per_record")]
-            pauses = [r["sync_ms"] for r in runs
-                      if r["peer"] == f"weir-{backend}" and r["keys"] == keys
-                      and r["interval_ms"] == interval and r.get("sync_ms")]
+            def of(field: str, interval: int | None = interval, backend: str = backend,
+                   keys: int = keys) -> list[Any]:
+                """``field`` of every run of this setting that has it."""
+                return [r[field] for r in runs
+                        if r["peer"] == f"weir-{backend}" and r["keys"] == keys
+                        and r["interval_ms"] == interval and r.get(field)]
+
+            rates, cpus, pauses = of("steady_records_per_s"), of("cpu_us_per_record"), of(
+                "sync_ms")
             median = round(statistics.median(rates))
             cpu = statistics.median(cpus)
             base = median if interval is None else base

@@ -137,7 +137,7 @@ def pack_sources(
     filter of the state in ``filters`` (None drops an entry, bytes replace its
     value), ``chunk`` entries per call into C. Holds the encoded entries only, never a
     tuple per entry."""
-    # group -> name -> [buffers of packed entries (one per source), entries]
+    # group -> name -> [buffers of packed entries (one per call), entries]
     slots: dict[int, dict[str, list[Any]]] = {}
     for name, entries in sources:
         keep = filters.get(name)
