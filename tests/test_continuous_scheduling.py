@@ -18,6 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from weir.api.checkpointing import CheckpointConfig, CheckpointingMode
 from weir.errors import CheckpointError, ConfigurationError
+from weir.runtime.continuous.barriers import AbortReason, decline_message
 from weir.runtime.continuous.scheduling import (
     MAX_QUEUED_REQUESTS,
     AbortedCheckpoint,
@@ -297,7 +298,11 @@ def test_max_concurrent_two() -> None:
     assert _starts(s.poll()) == [(3, K.MANUAL)]
 
 
-def test_with_unaligned_checkpoints_savepoints_are_not_forced() -> None:
+def test_with_unaligned_checkpoints_nothing_is_forced() -> None:
+    """Unaligned checkpoints run one at a time: a savepoint or the job's final (forced)
+    checkpoint waits for the pending one. Started beside it, its barrier would reach a
+    task that took the pending one unaligned before that one's last barrier, and the
+    task would give the pending one up (subsumed)."""
     s, _ = _scheduler(unaligned=True)
     first = _start(s, K.MANUAL)
     s.request(K.SAVEPOINT)
@@ -305,7 +310,10 @@ def test_with_unaligned_checkpoints_savepoints_are_not_forced() -> None:
     s.request(K.FORCED)  # Flink looks at the head only: the savepoint ranks first and waits
     assert s.poll() == [] and s.queued == 2
     s.completed(first)
-    assert _starts(s.poll()) == [(2, K.SAVEPOINT), (3, K.FORCED)]  # forced: beyond the max
+    assert _starts(s.poll()) == [(2, K.SAVEPOINT)]
+    assert s.poll() == [] and s.queued == 1  # the forced one waits for the savepoint
+    s.completed(2)
+    assert _starts(s.poll()) == [(3, K.FORCED)]
 
 
 def test_queue_order_savepoints_forced_manual_periodic_oldest_first() -> None:
@@ -507,6 +515,23 @@ def test_other_reasons_never_count(reason: CheckpointFailureReason) -> None:
     declined = s.declined(_start(s, K.MANUAL), reason)
     failed = s.failed(_start(s, K.MANUAL), reason)
     assert _failures(declined + failed) == [] and s.consecutive_failures == 0
+
+
+@pytest.mark.parametrize("abort", list(AbortReason), ids=lambda r: r.name)
+def test_a_task_declining_at_its_barriers_says_why_and_the_job_goes_on(
+        abort: AbortReason) -> None:
+    """A task gives a checkpoint up at its barriers for the reason its handler names
+    (subsumed by a newer barrier, a cancellation marker, an input ended): the decline
+    message carries that reason, and none counts against ``tolerable_failures``, as in
+    Flink (``CheckpointFailureManager`` ignores every ``CHECKPOINT_DECLINED_*``)."""
+    s, _ = _scheduler()  # tolerable_failures=0: a counted failure would fail the job
+    cid = _start(s, K.MANUAL)
+    message = decline_message(cid, abort)
+    assert message["id"] == cid and message["error"] == abort.value
+    reason = CheckpointFailureReason.of_decline(message)
+    assert reason.name == abort.name and not reason.counted
+    assert s.declined(cid, reason) == [AbortedCheckpoint(cid, K.MANUAL, reason)]
+    assert s.consecutive_failures == 0
 
 
 def test_failures_count_up_to_the_threshold() -> None:
@@ -751,8 +776,8 @@ class SchedulerMachine(RuleBasedStateMachine):
     @invariant()
     def at_most_max_concurrent_non_forced_pending(self) -> None:
         if hasattr(self, "s"):
-            forced = {K.FORCED} | (set() if self.config.unaligned
-                                   else {K.SAVEPOINT, K.SYNC_SAVEPOINT})
+            forced = (set() if self.config.unaligned
+                      else {K.FORCED, K.SAVEPOINT, K.SYNC_SAVEPOINT})
             non_forced = [p for p in self.s.pending.values() if p.kind not in forced]
             assert len(non_forced) <= self.config.max_concurrent
 

@@ -20,6 +20,7 @@ import test_continuous_acceptance as acceptance
 import weir
 from continuous_helpers import TINY, Running, by_value, keyed_graph
 from weir.api.checkpointing import CheckpointConfig
+from weir.api.connectors import SourceReader
 from weir.checkpoint.coordinator import CheckpointCoordinator
 from weir.connectors.stream import SequenceSource, read_stream_sink
 from weir.processor.history import checkpoint_history
@@ -107,6 +108,49 @@ def test_five_failures_under_backpressure_lose_duplicate_or_reorder_nothing(
     assert history.summary["alignment_ms"] is not None
     assert all(s.alignment_ms is not None for e in history.completed() for s in e.subtasks
                if s.uid == "failing")
+
+
+class _LateToTrigger(SourceReader[int]):
+    def __init__(self, inner: SourceReader[int], delay_s: float) -> None:
+        self.inner, self.delay_s = inner, delay_s
+
+    def poll(self, max_records: int) -> list[int] | None:
+        return self.inner.poll(max_records)
+
+    def positions(self) -> list[Any]:  # read at each trigger, before the barrier goes
+        time.sleep(self.delay_s)
+        return self.inner.positions()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class LateToTrigger(SequenceSource):
+    """Numbers; subtask 1 emits each barrier 300 ms after its trigger."""
+
+    def reader(self, subtask: int, parallelism: int, positions: list[Any] | None
+               ) -> SourceReader[int]:
+        return _LateToTrigger(super().reader(subtask, parallelism, positions),
+                              0.3 if subtask == 1 else 0.0)
+
+
+def test_the_final_checkpoint_waits_for_the_pending_unaligned_one(tmp_path: Path) -> None:
+    """A bounded job's final checkpoint starts once its sources ended, with a periodic
+    one still pending (one source is late with every barrier). Started beside it, the
+    final one's barrier reached the keyed tasks ahead of the late source's barrier of
+    the pending one, and they gave the pending one up — a decline counted against
+    ``tolerable_failures`` (0), so the job restarted. Unaligned checkpoints run one at
+    a time: nothing is aborted, nothing restarts."""
+    n = 2_000
+    spec = keyed_graph(tmp_path, source=LateToTrigger(n), key_selector=lambda v: v % P,
+                       function=acceptance.Failing(str(tmp_path)), function_uid="failing",
+                       parallelism=2, max_parallelism=16, job="final", channel=TINY)
+    job = LocalJob(spec, CheckpointConfig(interval_ms=10, unaligned=True),
+                   restart=weir.RestartStrategy.fixed_delay(attempts=3, delay=0))
+    job.run()
+    assert (job.result.aborted, job.result.restarts) == ([], 0), job.result.failures
+    assert len(job.result.completed) >= 2
+    assert acceptance.oracle(read_stream_sink(tmp_path / "out"), n) == (0, 0, 0)
 
 
 @pytest.mark.spark

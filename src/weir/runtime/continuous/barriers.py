@@ -105,6 +105,16 @@ class AbortReason(enum.Enum):
     CHECKPOINT_DECLINED_INPUT_END_OF_STREAM = "an input ended during the alignment"
 
 
+def decline_message(checkpoint_id: int, reason: AbortReason) -> dict[str, Any]:
+    """A task's ``decline`` of ``checkpoint_id`` at its barriers, for the coordinator:
+    the reason is the handler's (``CheckpointFailureReason`` by name), none of which
+    counts against ``tolerable_failures`` — a checkpoint given up at the barriers is
+    not a failed one (Flink's ``abortCheckpointOnBarrier`` declines with the
+    handler's ``CheckpointException`` reason)."""
+    return {"kind": "decline", "id": checkpoint_id, "reason": reason.name,
+            "error": reason.value}
+
+
 class GateControl(Protocol):
     """What a handler may do to the task's input gate."""
 

@@ -15,7 +15,8 @@ The rules, and the Flink class each comes from:
   A request waits in a queue ordered savepoints first, then forced requests, then
   manual (non-periodic) ones, then periodic ones, oldest first within each. Savepoints
   are forced unless checkpoints are unaligned (``CheckpointProperties.forSavepoint(
-  !unaligned)``). The queue holds at most 1000 requests: a request beyond that is
+  !unaligned)``), and so is the job's final checkpoint (``FORCED``): unaligned ones run
+  one at a time. The queue holds at most 1000 requests: a request beyond that is
   dropped with ``TOO_MANY_CHECKPOINT_REQUESTS`` — the new one if every queued request
   is non-periodic, else the queue's last (the newest periodic one).
 * Start (``CheckpointRequestDecider.chooseRequestToExecute``). While ``max_concurrent``
@@ -82,7 +83,8 @@ class RequestKind(enum.Enum):
     SYNC_SAVEPOINT = "sync_savepoint"
     """The savepoint of stop-with-savepoint: a task's failure of it fails the job."""
     FORCED = "forced"
-    """A checkpoint that starts even with ``max_concurrent`` checkpoints pending."""
+    """A checkpoint that starts even with ``max_concurrent`` checkpoints pending (the
+    job's final one), unless checkpoints are unaligned."""
     MANUAL = "manual"
     """A checkpoint asked for now (Flink's REST trigger): no minimum pause."""
     PERIODIC = "periodic"
@@ -265,7 +267,10 @@ class CheckpointScheduler:
         if not isinstance(kind, RequestKind):
             raise TypeError(f"kind must be a RequestKind, got {kind!r}")
         rid, self._next_request = self._next_request, self._next_request + 1
-        forced = kind is RequestKind.FORCED or (kind.savepoint and not self.config.unaligned)
+        # unaligned checkpoints run one at a time: a second barrier would reach a task
+        # that took the pending one unaligned before that one's last barrier did, and
+        # the task would give the pending one up (subsumed)
+        forced = (kind is RequestKind.FORCED or kind.savepoint) and not self.config.unaligned
         periodic = kind is RequestKind.PERIODIC
         new = _Request((not kind.savepoint, not forced, periodic, self._clock(), rid),
                        rid, kind, forced)

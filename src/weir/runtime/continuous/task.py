@@ -65,6 +65,7 @@ from weir.runtime.continuous.barriers import (
     BarrierTracker,
     barrier_event,
     cancel_event,
+    decline_message,
 )
 from weir.runtime.continuous.chain import OperatorChain, Push
 from weir.runtime.continuous.channels import OutputChannel
@@ -296,8 +297,7 @@ class Task:
     def decline(self, checkpoint_id: int, reason: AbortReason) -> None:
         """Decline a checkpoint at its barriers; downstream learns by a cancellation
         marker (Flink's abortCheckpointOnBarrier)."""
-        self.control.send({"kind": "decline", "id": checkpoint_id,
-                           "reason": "CHECKPOINT_DECLINED", "error": reason.value})
+        self.control.send(decline_message(checkpoint_id, reason))
         if self._gate is not None:  # (an unaligned one records its input state no more)
             self._gate.stop_recording(checkpoint_id, reason.value)
         event = cancel_event(checkpoint_id)
