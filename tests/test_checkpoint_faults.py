@@ -34,6 +34,7 @@ import dataclasses
 import errno
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -1062,6 +1063,51 @@ def test_an_aborted_asynchronous_checkpoint_leaves_no_files_of_subtasks_still_up
     assert on_disk == coordinator.referenced_files(), sorted(
         on_disk - coordinator.referenced_files()
     )
+
+
+class _TaskStillWriting:
+    """Delegates to ``wrapped``; the first recursive delete of a checkpoint directory
+    races with a task in another process that writes one more file into it meanwhile,
+    and fails as a local disk's does then (ENOTEMPTY)."""
+
+    def __init__(self, wrapped: Any) -> None:
+        self.wrapped = wrapped
+        self.raced = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+    def rm(self, path: str, recursive: bool = False, **kwargs: Any) -> Any:
+        result = self.wrapped.rm(path, recursive=recursive, **kwargs)
+        if recursive and not self.raced and re.search(r"/chk-\d+$", str(path).rstrip("/")):
+            self.raced += 1
+            self.wrapped.makedirs(f"{path}/op", exist_ok=True)
+            with self.wrapped.open(f"{path}/op/late.bin", "wb") as f:
+                f.write(b"an upload that ended after the abort")
+            raise OSError(errno.ENOTEMPTY, "Directory not empty", str(path))
+        return result
+
+
+def test_a_checkpoint_aborted_while_a_task_still_writes_it_is_deleted_again_later(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The continuous runtime aborts a checkpoint while tasks in other processes may
+    still upload into it: the abort must not fail the job (it raised the disk's
+    ENOTEMPTY into the driver, which crashed), says what it left, and aborting it again
+    once the tasks are stopped (the attempt's end) deletes the rest."""
+    fs = _TaskStillWriting(_local_fs())
+    storage = CheckpointStorage(str(tmp_path), fs=fs)
+    coordinator = CheckpointCoordinator(storage)
+    pending = coordinator.trigger()
+    storage.write(f"{pending.directory}/op/part.bin", b"a task's upload")
+    with caplog.at_level(logging.WARNING, "weir.checkpoint"):
+        coordinator.abort(pending)
+    assert fs.raced == 1
+    assert f"aborted checkpoint {pending.checkpoint_id}" in caplog.text
+    assert f"{tmp_path}/{pending.directory}" in caplog.text
+    assert storage.walk_files() == [f"{pending.directory}/op/late.bin"]
+    coordinator.abort(pending)  # the attempt's end: its tasks are stopped
+    assert storage.walk_files() == []
 
 
 # ---------------------------------------------------------------- 4. zombie attempts

@@ -93,12 +93,14 @@ def test_five_failures_under_backpressure_lose_duplicate_or_reorder_nothing(
     mismatched = sum(c != i for key in range(P)
                      for i, c in enumerate((c for k, _, c in rows if k == key), 1))
     corrupt = 0
-    for completed in CheckpointCoordinator(tmp_path / "chk", clean_up=False
-                                           ).completed_checkpoints:
+    coordinator = CheckpointCoordinator(tmp_path / "chk", clean_up=False)
+    for completed in coordinator.completed_checkpoints:
         try:
             completed.verify()
         except weir.CorruptCheckpointError:
             corrupt += 1
+    # every checkpoint aborted on a failure is gone, whatever its tasks wrote into it
+    assert set(coordinator.storage.walk_files()) == coordinator.referenced_files()
     print(f"[{aligned_timeout_ms} ms] L={lost} D={duplicates} M={mismatched} C={corrupt} "
           f"out-of-order={disorder} | failures={len(causes)}, checkpoints with channel "
           f"state={stored}")

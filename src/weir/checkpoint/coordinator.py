@@ -560,17 +560,31 @@ class CheckpointCoordinator:
         """Give up ``pending``: delete what it wrote — its directory and the shared files
         it uploaded (named ``shared/<operator>/<id>-…``) that no completed checkpoint
         references. Shared files of other checkpoints are never touched: another one may
-        be pending at the same time (``max_concurrent`` > 1) and reference them."""
-        if pending.kind is CheckpointKind.SAVEPOINT:
-            for path in pending.storage.walk_files():
-                pending.storage.delete(path)
-            return
-        pending.storage.delete(pending.directory, recursive=True)
-        keep = self.referenced_files()
-        mine = f"{pending.checkpoint_id}-"
-        for path in self.storage.walk_files("shared"):
-            if posixpath.basename(path).startswith(mine) and path not in keep:
-                self.storage.delete(path)
+        be pending at the same time (``max_concurrent`` > 1) and reference them.
+
+        Tasks in other processes may still be writing into it (the continuous runtime
+        cannot wait for them): what cannot be deleted now is logged, and the runtime
+        aborts it again once the attempt's tasks are stopped (a coordinator's start
+        deletes any checkpoint directory left incomplete, :meth:`clean_up_orphans`)."""
+        savepoint = pending.kind is CheckpointKind.SAVEPOINT
+        where = pending.storage.url if savepoint else (
+            f"{pending.storage.url.rstrip('/')}/{pending.directory}")
+        try:
+            if savepoint:
+                for path in pending.storage.walk_files():
+                    pending.storage.delete(path)
+                return
+            pending.storage.delete(pending.directory, recursive=True)
+            keep = self.referenced_files()
+            mine = f"{pending.checkpoint_id}-"
+            for path in self.storage.walk_files("shared"):
+                if posixpath.basename(path).startswith(mine) and path not in keep:
+                    self.storage.delete(path)
+        except OSError as exc:
+            log.warning("aborted checkpoint %d: not every file of it could be deleted in %s "
+                        "(%s: %s), probably a task still writing it; they are deleted when "
+                        "it is aborted again, at the end of the attempt",
+                        pending.checkpoint_id, where, type(exc).__name__, exc)
 
     def _add(self, completed: CompletedCheckpoint) -> None:
         self._completed.append(completed)

@@ -60,7 +60,7 @@ from weir.checkpoint.coordinator import (
     PendingCheckpoint,
     load_checkpoint,
 )
-from weir.checkpoint.format import decode_part
+from weir.checkpoint.format import CheckpointKind, decode_part
 from weir.checkpoint.storage import FileRef
 from weir.errors import CheckpointError, ConfigurationError, JobFailedError, WeirError
 from weir.runtime.continuous import zygote
@@ -119,6 +119,8 @@ class LocalJob:
         #: its executor's host)
         self.task_pids: dict[TaskId, int] = {}
         self._pending: dict[int, tuple[PendingCheckpoint, set[TaskId]]] = {}
+        #: savepoints aborted while the attempt's tasks ran (deleted again at its end)
+        self._aborted: list[PendingCheckpoint] = []
         self._finished: set[TaskId] = set()
         self._heard: dict[TaskId, float] = {}  # when each task was last heard from
         #: what the running tasks' heartbeats report (JobClient.metrics())
@@ -244,6 +246,13 @@ class LocalJob:
                 self.history.update(cid, status=CheckpointStatus.FAILED,
                                     failure="the attempt ended")
             self._pending.clear()
+            # the attempt's tasks are stopped, no checkpoint is in flight: delete what
+            # they wrote that nothing references (an upload that ended after its
+            # checkpoint's abort, a materialization no checkpoint completed with)
+            for pending in self._aborted:  # (a savepoint's files: in its own directory)
+                self.coordinator.abort(pending)
+            self._aborted.clear()
+            self.coordinator.clean_up_orphans()
 
     # -- phases
 
@@ -434,6 +443,8 @@ class LocalJob:
             entry = self._pending.pop(decision.checkpoint_id, None)
             if entry is not None:
                 self.coordinator.abort(entry[0])
+                if entry[0].kind is CheckpointKind.SAVEPOINT:
+                    self._aborted.append(entry[0])
                 self.result.aborted.append((decision.checkpoint_id, decision.reason.name))
                 self.history.update(decision.checkpoint_id, status=CheckpointStatus.FAILED,
                                     failure=decision.reason.message,
