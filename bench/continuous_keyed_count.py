@@ -63,6 +63,7 @@ from pyspark import cloudpickle
 
 import weir
 from weir.connectors import FileSink, SequenceSource
+from weir.runtime.checkpoint_cpu import checkpoint_cpu_ns
 from weir.stream import CheckpointConfig, RestartStrategy, StreamEnvironment
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,14 +73,16 @@ PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
 PEERS = ("pyflink", "bytewax", "bytewax-2")  # bytewax-2: a cluster of 2 processes
 COUNT = weir.ValueStateDescriptor[int]("count", weir.IntSerializer())
 Marks = list[tuple[float, int]]
-#: (monotonic time, records so far, CPU seconds of the whole task process so far)
-CpuMarks = list[tuple[float, int, float]]
+#: (monotonic time, records so far, CPU seconds of the whole task process so far, of
+#: which on checkpoints: ``weir.runtime.checkpoint_cpu``)
+CpuMarks = list[tuple[float, int, float, float]]
 
 
 class Count(weir.KeyedProcessFunction[int, Any]):
     """A running count per key; emits nothing (the sink stays out of the measure).
     Notes (time, records so far, the task process's CPU time so far: every thread,
-    the snapshot uploads' too) every ``every`` records into ``marks_dir``."""
+    the snapshot uploads' too, and of it the checkpoints') every ``every`` records
+    into ``marks_dir``."""
 
     def __init__(self, marks_dir: str | None = None, every: int = 20_000) -> None:
         self.marks_dir, self.every = marks_dir, every
@@ -93,7 +96,8 @@ class Count(weir.KeyedProcessFunction[int, Any]):
         self.count.update((self.count.value() or 0) + 1)
         self.n += 1
         if self.n % self.every == 0:
-            self.marks.append((time.monotonic(), self.n, time.process_time()))
+            self.marks.append((time.monotonic(), self.n, time.process_time(),
+                               checkpoint_cpu_ns() / 1e9))
 
     def close(self) -> None:
         if self.marks_dir:
@@ -127,13 +131,15 @@ def read_marks(directory: Path) -> float | None:
     return None if rate is None else round(rate)
 
 
-def read_cpu(directory: Path) -> float | None:
+def read_cpu(directory: Path, field: int = 2) -> float | None:
     """CPU µs per record of the keyed task processes in the steady window (the one of
     :func:`read_marks`): their CPU time there over the records they counted there.
     Less noisy than a rate on shared cores: another process's load slows a run but
-    adds little to the CPU time its records take."""
-    subtasks = [[(float(t), int(n), float(c)) for t, n, c in json.loads(p.read_text())]
-                for p in sorted(directory.glob("*.json"))]
+    adds little to the CPU time its records take. ``field=3``: only the CPU time the
+    processes spent on checkpoints (``weir.runtime.checkpoint_cpu``), which a slow
+    spell of the shared cores moves together with the rest."""
+    subtasks = [[(float(t), int(n), float(c), float(k)) for t, n, c, k in json.loads(
+        p.read_text())] for p in sorted(directory.glob("*.json"))]
     if not subtasks or any(len(m) < 2 for m in subtasks):
         return None
     lo, hi = max(m[0][0] for m in subtasks), min(m[-1][0] for m in subtasks)
@@ -148,7 +154,7 @@ def read_cpu(directory: Path) -> float | None:
         raise ValueError("time outside the marks")
 
     records = sum(at(m, hi, 1) - at(m, lo, 1) for m in subtasks)
-    cpu = sum(at(m, hi, 2) - at(m, lo, 2) for m in subtasks)
+    cpu = sum(at(m, hi, field) - at(m, lo, field) for m in subtasks)
     return round(cpu / records * 1e6, 3) if records > 0 else None
 
 
@@ -183,6 +189,7 @@ def weir_run(records: int, keys: int, backend: str, interval_ms: int | None,
             "interval_ms": interval_ms, "keys": keys, "records": records,
             "seconds": round(seconds, 2), "records_per_s": round(records / seconds),
             "steady_records_per_s": read_marks(marks), "cpu_us_per_record": read_cpu(marks),
+            "checkpoint_cpu_us_per_record": read_cpu(marks, field=3),
             "completed": len(result.completed),
             "load": [load, _load()]}
 

@@ -71,6 +71,7 @@ from weir.checkpoint.format import (
 from weir.checkpoint.storage import CheckpointStorage, FileRef
 from weir.checkpoint.subtask_files import operator_file_data, subtask_handle, write_snapshot
 from weir.errors import ConfigurationError
+from weir.runtime.checkpoint_cpu import counted
 from weir.runtime.operator import KeyedOperator, NonKeyedOperator, StateChange
 from weir.state.hashmap import HashMapStateBackend
 from weir.state.keygroups import KeyGroupRange
@@ -230,7 +231,7 @@ class SubtaskCheckpointer:
         if self._asynchronous:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"weir-snapshot-{self.uid}")
-            future = self._pool.submit(work)
+            future = self._pool.submit(counted(work))
         else:
             future = _run_now(work)
         return PendingSnapshot(
@@ -458,7 +459,7 @@ class SubtaskCheckpointer:
             if self._mat_pool is None:
                 self._mat_pool = ThreadPoolExecutor(
                     1, thread_name_prefix=f"weir-materialize-{self.uid}")
-            future = self._mat_pool.submit(work)
+            future = self._mat_pool.submit(counted(work))
         else:
             future = _run_now(work)
         self._materializing = (checkpoint_id, self._generation, future)

@@ -57,6 +57,7 @@ from weir.checkpoint.coordinator import load_checkpoint
 from weir.checkpoint.format import SubtaskStateHandle, encode_part
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import ChannelError
+from weir.runtime.checkpoint_cpu import counted, counting
 from weir.runtime.checkpointer import PendingSnapshot, SubtaskCheckpointer
 from weir.runtime.continuous.barriers import (
     AbortReason,
@@ -231,6 +232,10 @@ class Task:
     def checkpoint(self, barrier: Barrier, in_order: frozenset[int] | None = None) -> None:
         """Take checkpoint ``barrier`` (see the module doc): aligned, or unaligned
         (``in_order``: the input channels whose barrier came in order)."""
+        with counting():
+            self._checkpoint(barrier, in_order)
+
+    def _checkpoint(self, barrier: Barrier, in_order: frozenset[int] | None) -> None:
         cid = barrier.checkpoint_id
         for sink in self.chain.sinks:
             committable = sink.writer.prepare_commit(cid)
@@ -292,7 +297,7 @@ class Task:
                                    "reason": "CHECKPOINT_ASYNC_EXCEPTION",
                                    "error": f"{type(exc).__name__}: {exc}"})
 
-        threading.Thread(target=ack, name=f"ack {cid}", daemon=True).start()
+        threading.Thread(target=counted(ack), name=f"ack {cid}", daemon=True).start()
 
     def decline(self, checkpoint_id: int, reason: AbortReason) -> None:
         """Decline a checkpoint at its barriers; downstream learns by a cancellation
@@ -310,6 +315,10 @@ class Task:
         if kind == "query":  # a live state query, between two buffers of input
             self.control.send(answer(self._keyed_ops, message))
             return
+        with counting():
+            self._notified(kind, cid)
+
+    def _notified(self, kind: str, cid: int) -> None:
         if kind == "complete":
             for sink in self.chain.sinks:
                 sink.spec.fn.commit([c for i, c in sink.committables if i <= cid])
