@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from weir.checkpoint.datafiles import decode_keyed, encode_keyed
 from weir.state.keygroups import KeyGroupRange
-from weir.state.packed import PackedGroups, pack_sources
+from weir.state.packed import FixedWidthValues, PackedGroups, _pack_fixed, pack_sources
 
 _KEYS = st.builds(lambda g, rest: g.to_bytes(2, "big") + rest,
                   st.integers(0, 40), st.binary(max_size=6))
@@ -89,3 +89,39 @@ def test_entries_packed_in_c_are_the_bytes_msgpack_packs(entries: list[Any]) -> 
         want[group] = (packed + msgpack.packb(key) + msgpack.packb(data), count + 1)
     got = {g: (bytes(buf), n) for g, (buf, n) in pack_entries(iter(pairs)).items()}
     assert got == want
+
+
+_INT64 = st.one_of(st.integers(-(1 << 63), (1 << 63) - 1),
+                   st.sampled_from([-(1 << 63), (1 << 63) - 1, 0, -1]))
+_FLOAT = st.one_of(st.floats(allow_nan=True), st.integers(-(1 << 53), 1 << 53),
+                   st.sampled_from([0.0, -0.0, float("inf"), 1e308, 5e-324]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data(), st.sampled_from(["int", "float"]), st.sampled_from([1, 2, 7, 16384]))
+def test_a_hash_map_state_of_ints_or_floats_packs_in_c_to_the_same_bytes(
+    data: st.DataObject, kind: str, chunk: int,
+) -> None:
+    """A hash-map state whose serializer is ``IntSerializer`` or ``FloatSerializer`` is
+    packed from its values in C (``pack_fixed``), chunk by chunk: the same groups and
+    bytes as its entries encoded one by one. A value C does not pack (an int beyond 64
+    bits) takes the general path, which raises the typed error naming the state."""
+    import pytest
+
+    from weir import FloatSerializer, IntSerializer, StateSerializationError
+    from weir.state.backend import encode_values
+
+    serializer = IntSerializer() if kind == "int" else FloatSerializer()
+    values = data.draw(st.dictionaries(_KEYS, _INT64 if kind == "int" else _FLOAT,
+                                       max_size=40))
+    fast = encode_values("count", serializer, values)
+    assert fast.fixed == (0 if kind == "int" else 1) and isinstance(fast, FixedWidthValues)
+    assert _pack_fixed(values, fast.fixed, chunk) is not None  # C takes every value
+    general = [(key, serializer.encode(v)) for key, v in values.items()]
+    packed = pack_sources(iter([("count", fast), ("b", [])]), {}, chunk)
+    assert encode_keyed(packed) == encode_keyed(pack_sources(iter([("count", general)]), {},
+                                                             chunk))
+    if kind == "int":
+        with pytest.raises(StateSerializationError, match="'count'"):
+            pack_sources(iter([("count", encode_values(
+                "count", serializer, {**values, b"\x00\x01big": 1 << 64}))]), {}, chunk)

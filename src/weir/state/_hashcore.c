@@ -574,6 +574,9 @@ static PyMethodDef module_methods[] = {
     {"pack_entries", (PyCFunction)(void (*)(void))weir_pack_entries, METH_FASTCALL,
      "pack_entries(entries) -> {key group: (bytearray, count)}: each (key, value) as two "
      "msgpack bin objects, grouped by the key's first two bytes (see _packed.c)."},
+    {"pack_fixed", (PyCFunction)(void (*)(void))weir_pack_fixed, METH_FASTCALL,
+     "pack_fixed(values, kind, pos, limit) -> (groups, next pos or -1): pack_entries of "
+     "a dict of int (kind 0) or float (kind 1) values, encoded in C (see _packed.c)."},
     {NULL},
 };
 

@@ -38,5 +38,7 @@ PyObject *weir_py_common_key_hash(PyObject *module, PyObject *const *args, Py_ss
 PyObject *weir_pack_changes(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* pack_entries(entries) -> {key group: (bytearray, count)} (see _packed.c). */
 PyObject *weir_pack_entries(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* pack_fixed(values, kind, pos, limit) -> (groups, next pos | -1) (see _packed.c). */
+PyObject *weir_pack_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #endif /* WEIR_HASHCORE_H */

@@ -64,3 +64,10 @@ def pack_changes(
 def pack_entries(entries: Any) -> dict[int, tuple[bytearray, int]]:
     """Each ``(prefixed key, value)`` bytes pair as two msgpack bin objects, per key group
     (the key's first two bytes): the group's buffer and its number of entries."""
+
+def pack_fixed(values: dict[bytes, Any], kind: int, pos: int, limit: int
+               ) -> tuple[dict[int, tuple[bytearray, int]], int]:
+    """:func:`pack_entries` of up to ``limit`` entries of ``values`` from dict position
+    ``pos``, each value an int encoded as big-endian int64 (``kind`` 0) or an int or
+    float as a big-endian double (1), in C: the groups and the next position (-1 at
+    the end). Raises TypeError / OverflowError for any other value."""

@@ -56,6 +56,38 @@ put_group(PyObject *out, int g, PyObject *slot)
     return failed ? -1 : 0;
 }
 
+/* {group: (buffer, count)} of every group with entries (NULL: the error set). */
+static PyObject *
+collect(PyObject **bufs, Py_ssize_t *counts)
+{
+    PyObject *out = PyDict_New();
+    if (out == NULL) {
+        return NULL;
+    }
+    for (int g = 0; g < GROUPS; g++) {
+        if (bufs[g] == NULL) {
+            continue;
+        }
+        if (put_group(out, g, Py_BuildValue("(On)", bufs[g], counts[g])) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+static void
+release(PyObject **bufs, Py_ssize_t *counts)
+{
+    if (bufs != NULL) {
+        for (int g = 0; g < GROUPS; g++) {
+            Py_XDECREF(bufs[g]);
+        }
+    }
+    PyMem_Free(bufs);
+    PyMem_Free(counts);
+}
+
 PyObject *
 weir_pack_entries(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -113,31 +145,107 @@ weir_pack_entries(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         counts[group]++;
     }
-    if (PyErr_Occurred()) {
-        goto done;
-    }
-    out = PyDict_New();
-    if (out == NULL) {
-        goto done;
-    }
-    for (int g = 0; g < GROUPS; g++) {
-        if (bufs[g] == NULL) {
-            continue;
-        }
-        if (put_group(out, g, Py_BuildValue("(On)", bufs[g], counts[g])) < 0) {
-            Py_CLEAR(out);
-            goto done;
-        }
+    if (!PyErr_Occurred()) {
+        out = collect(bufs, counts);
     }
 done:
     Py_DECREF(it);
-    if (bufs != NULL) {
-        for (int g = 0; g < GROUPS; g++) {
-            Py_XDECREF(bufs[g]);
+    release(bufs, counts);
+    return out;
+}
+
+/* The hot loop of a hash-map full snapshot of a state whose serializer is a fixed-width
+ * one (weir.state.backend.encode_values): up to `limit` entries of a dict of prefixed
+ * key -> Python int (kind 0: IntSerializer, big-endian int64) or int / float (kind 1:
+ * FloatSerializer, big-endian IEEE double) from dict position `pos`, packed as
+ * pack_entries packs their encoded (key, value) — the same bytes, no bytes object or
+ * tuple per entry. Returns (groups, the next position or -1 at the end). A value of
+ * another type, or an int beyond 64 bits, raises: the caller encodes the state the
+ * general way, which names the value. */
+PyObject *
+weir_pack_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyDict_Check(args[0]) || !PyLong_Check(args[1])
+        || !PyLong_Check(args[2]) || !PyLong_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "pack_fixed(values: dict, kind, pos, limit)");
+        return NULL;
+    }
+    long kind = PyLong_AsLong(args[1]);
+    Py_ssize_t pos = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t limit = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if ((kind != 0 && kind != 1) || pos < 0 || limit < 1) {
+        PyErr_SetString(PyExc_ValueError, "pack_fixed: kind 0 or 1, pos >= 0, limit >= 1");
+        return NULL;
+    }
+    PyObject **bufs = PyMem_Calloc(GROUPS, sizeof(PyObject *));
+    Py_ssize_t *counts = PyMem_Calloc(GROUPS, sizeof(Py_ssize_t));
+    PyObject *out = NULL, *groups = NULL, *key, *value;
+    if (bufs == NULL || counts == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t n = 0;
+    int more = 0;
+    while (PyDict_Next(args[0], &pos, &key, &value)) {
+        if (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) < 2) {
+            PyErr_SetString(PyExc_TypeError, "pack_fixed: keys must be bytes with their "
+                                             "key group");
+            goto done;
+        }
+        unsigned char data[8];
+        if (kind == 0) {
+            if (!PyLong_Check(value)) {
+                PyErr_SetString(PyExc_TypeError, "pack_fixed: not an int");
+                goto done;
+            }
+            long long v = PyLong_AsLongLong(value);
+            if (v == -1 && PyErr_Occurred()) {
+                goto done;
+            }
+            unsigned long long u = (unsigned long long)v;
+            for (int i = 7; i >= 0; i--) {
+                data[i] = (unsigned char)u;
+                u >>= 8;
+            }
+        }
+        else {
+            if (!PyFloat_CheckExact(value) && !PyLong_Check(value)) {
+                PyErr_SetString(PyExc_TypeError, "pack_fixed: not a float or an int");
+                goto done;
+            }
+            double d = PyFloat_AsDouble(value);
+            if (d == -1.0 && PyErr_Occurred()) {
+                goto done;
+            }
+            if (PyFloat_Pack8(d, (char *)data, 0) < 0) {
+                goto done;
+            }
+        }
+        const char *k = PyBytes_AS_STRING(key);
+        int group = (((const unsigned char *)k)[0] << 8) | ((const unsigned char *)k)[1];
+        if (bufs[group] == NULL
+            && (bufs[group] = PyByteArray_FromStringAndSize(NULL, 0)) == NULL) {
+            goto done;
+        }
+        if (append_bin(bufs[group], k, PyBytes_GET_SIZE(key)) < 0
+            || append_bin(bufs[group], (const char *)data, 8) < 0) {
+            goto done;
+        }
+        counts[group]++;
+        if (++n == limit) {
+            more = 1;
+            break;
         }
     }
-    PyMem_Free(bufs);
-    PyMem_Free(counts);
+    groups = collect(bufs, counts);
+    if (groups != NULL) {
+        out = Py_BuildValue("(Nn)", groups, more ? pos : (Py_ssize_t)-1);
+    }
+done:
+    release(bufs, counts);
     return out;
 }
 

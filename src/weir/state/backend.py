@@ -139,30 +139,49 @@ def encode_checked(name: str, serializer: Serializer[Any], value: Any) -> bytes:
 _ENCODE_CHUNK = 1 << 14
 
 
+class EncodedValues:
+    """``(key, encoded value)`` of every entry of ``values`` (a hash-map table's dict,
+    or a frozen copy of it), in its order, each time it is iterated; the same bytes as
+    :func:`encode_checked` per value. The values passed the table's ``WriteCheck``, so
+    their types are ones the serializer accepted: the fixed-width serializers run as
+    their bare packers, ``_ENCODE_CHUNK`` values at a time by ``map`` (a snapshot's hot
+    loop: a third of the per-entry cost of calling ``encode_checked``). A value that
+    still cannot be encoded (an int beyond 64 bits) is encoded again through
+    ``encode_checked`` for its typed error.
+
+    ``fixed``: 0 if the serializer is ``IntSerializer``, 1 if ``FloatSerializer``, else
+    None — :func:`weir.state.packed.pack_sources` then packs ``values`` in C without
+    encoding each value in Python (``pack_fixed``), to the same bytes."""
+
+    __slots__ = ("fixed", "name", "serializer", "values")
+
+    def __init__(self, name: str, serializer: Serializer[Any], values: Mapping[bytes, Any]
+                 ) -> None:
+        self.name, self.serializer, self.values = name, serializer, values
+        kind = type(serializer)
+        self.fixed = 0 if kind is IntSerializer else 1 if kind is FloatSerializer else None
+
+    def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
+        serializer, values = self.serializer, self.values
+        encode: Callable[[Any], bytes] = (
+            _INT64.pack if self.fixed == 0
+            else _FLOAT64.pack if self.fixed == 1  # (ints too, as its encode)
+            else serializer.encode
+        )
+        keys, rest = iter(values), iter(values.values())
+        while chunk := list(islice(rest, _ENCODE_CHUNK)):
+            try:
+                encoded = list(map(encode, chunk))
+            except Exception:
+                encoded = [encode_checked(self.name, serializer, v) for v in chunk]
+            yield from zip(list(islice(keys, len(chunk))), encoded, strict=True)
+
+
 def encode_values(
     name: str, serializer: Serializer[Any], values: Mapping[bytes, Any]
-) -> Iterator[tuple[bytes, bytes]]:
-    """``(key, encoded value)`` of every entry of ``values`` (a hash-map table's dict,
-    or a frozen copy of it), in its order; the same bytes as :func:`encode_checked` per
-    value. The values passed the table's ``WriteCheck``, so their types are ones the
-    serializer accepted: the fixed-width serializers run as their bare packers,
-    ``_ENCODE_CHUNK`` values at a time by ``map`` (a snapshot's hot loop: a third of
-    the per-entry cost of calling ``encode_checked``). A value that still cannot be
-    encoded (an int beyond 64 bits) is encoded again through ``encode_checked`` for
-    its typed error."""
-    kind = type(serializer)
-    encode: Callable[[Any], bytes] = (
-        _INT64.pack if kind is IntSerializer
-        else _FLOAT64.pack if kind is FloatSerializer  # (ints too, as its encode)
-        else serializer.encode
-    )
-    keys, rest = iter(values), iter(values.values())
-    while chunk := list(islice(rest, _ENCODE_CHUNK)):
-        try:
-            encoded = list(map(encode, chunk))
-        except Exception:
-            encoded = [encode_checked(name, serializer, v) for v in chunk]
-        yield from zip(list(islice(keys, len(chunk))), encoded, strict=True)
+) -> EncodedValues:
+    """The encoded entries of ``values`` (see :class:`EncodedValues`)."""
+    return EncodedValues(name, serializer, values)
 
 
 def decode_checked(name: str, serializer: Serializer[Any], data: bytes) -> Any:

@@ -175,7 +175,7 @@ class _ValueTable(ValueCore, _HashMapTable, ValueTable, ValueState[Any]):
         value = self._data.get(key)
         return [] if value is None else [(key, self._encode(value))]
 
-    def snapshot_entries(self) -> Iterator[tuple[bytes, bytes]]:
+    def snapshot_entries(self) -> Iterable[tuple[bytes, bytes]]:
         return encode_values(self.name, self._serializer, self._data)
 
     def freeze(self) -> Iterable[tuple[bytes, bytes]]:

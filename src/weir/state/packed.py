@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import msgpack
 
 from weir.errors import CorruptCheckpointError
-from weir.state._hashcore import pack_entries
+from weir.state._hashcore import pack_entries, pack_fixed
 
 __all__ = ["Entries", "PackedGroups", "pack_sources", "pairs", "unpack_group"]
 
@@ -127,6 +127,33 @@ def _kept(entries: Iterable[tuple[bytes, bytes]],
             yield key, kept
 
 
+@runtime_checkable
+class FixedWidthValues(Protocol):
+    """Entries that are a dict's values encoded by a fixed-width serializer
+    (``weir.state.backend.EncodedValues``): ``fixed`` 0 for int64, 1 for float64, None
+    for any other serializer."""
+
+    fixed: int | None
+    values: Mapping[bytes, Any]
+
+
+def _pack_fixed(values: Mapping[bytes, Any], kind: int, chunk: int
+                ) -> list[dict[int, tuple[bytearray, int]]] | None:
+    """``pack_fixed`` over all of ``values``, ``chunk`` entries per call (each holds the
+    GIL); None if a value is not one C packs (the general path then names it)."""
+    if not isinstance(values, dict):
+        return None
+    out = []
+    pos = 0
+    try:
+        while pos >= 0:
+            done, pos = pack_fixed(values, kind, pos, chunk)
+            out.append(done)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return out
+
+
 def pack_sources(
     sources: Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]],
     filters: Mapping[str, Callable[[bytes, bytes], bytes | None]],
@@ -141,6 +168,17 @@ def pack_sources(
     slots: dict[int, dict[str, list[Any]]] = {}
     for name, entries in sources:
         keep = filters.get(name)
+        # a hash-map state of ints or floats (weir.state.backend.EncodedValues): packed
+        # in C from its values, no bytes object or tuple per entry
+        if keep is None and isinstance(entries, FixedWidthValues) and entries.fixed is not None:
+            fixed = _pack_fixed(entries.values, entries.fixed, chunk)
+            if fixed is not None:
+                for done in fixed:
+                    for group, (buf, count) in done.items():
+                        slot = slots.setdefault(group, {}).setdefault(name, [[], 0])
+                        slot[0].append(buf)
+                        slot[1] += count
+                continue
         it = iter(entries if keep is None else _kept(entries, keep))
         while True:
             # a chunk at a time: pack_entries holds the GIL throughout, and this runs
