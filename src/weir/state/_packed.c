@@ -7,10 +7,10 @@
 
 #define GROUPS 65536
 
-static int
-append_bin(PyObject *buf, const char *data, Py_ssize_t n)
+/* The msgpack bin header of n bytes into head; its length (-1: too large, error set). */
+static Py_ssize_t
+bin_head(unsigned char *head, Py_ssize_t n)
 {
-    unsigned char head[5];
     Py_ssize_t h;
     if (n < 256) {
         head[0] = 0xc4;
@@ -35,6 +35,17 @@ append_bin(PyObject *buf, const char *data, Py_ssize_t n)
         PyErr_SetString(PyExc_ValueError, "pack_entries: an entry of 4 GiB or more");
         return -1;
     }
+    return h;
+}
+
+static int
+append_bin(PyObject *buf, const char *data, Py_ssize_t n)
+{
+    unsigned char head[5];
+    Py_ssize_t h = bin_head(head, n);
+    if (h < 0) {
+        return -1;
+    }
     Py_ssize_t old = PyByteArray_GET_SIZE(buf);
     if (PyByteArray_Resize(buf, old + h + n) < 0) {
         return -1;
@@ -42,6 +53,28 @@ append_bin(PyObject *buf, const char *data, Py_ssize_t n)
     char *p = PyByteArray_AS_STRING(buf) + old;
     memcpy(p, head, (size_t)h);
     memcpy(p + h, data, (size_t)n);
+    return 0;
+}
+
+/* append_bin of a key, then of a value: one resize of the buffer. */
+static int
+append_pair(PyObject *buf, const char *key, Py_ssize_t kn, const char *value,
+            Py_ssize_t vn)
+{
+    unsigned char khead[5], vhead[5];
+    Py_ssize_t kh = bin_head(khead, kn), vh = kh < 0 ? -1 : bin_head(vhead, vn);
+    if (vh < 0) {
+        return -1;
+    }
+    Py_ssize_t old = PyByteArray_GET_SIZE(buf);
+    if (PyByteArray_Resize(buf, old + kh + kn + vh + vn) < 0) {
+        return -1;
+    }
+    char *p = PyByteArray_AS_STRING(buf) + old;
+    memcpy(p, khead, (size_t)kh);
+    memcpy(p + kh, key, (size_t)kn);
+    memcpy(p + kh + kn, vhead, (size_t)vh);
+    memcpy(p + kh + kn + vh, value, (size_t)vn);
     return 0;
 }
 
@@ -135,8 +168,8 @@ weir_pack_entries(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             && (bufs[group] = PyByteArray_FromStringAndSize(NULL, 0)) == NULL) {
             failed = 1;
         }
-        failed = failed || append_bin(bufs[group], key.buf, key.len) < 0
-                 || append_bin(bufs[group], value.buf, value.len) < 0;
+        failed = failed || append_pair(bufs[group], key.buf, key.len, value.buf,
+                                       value.len) < 0;
         PyBuffer_Release(&key);
         PyBuffer_Release(&value);
         Py_DECREF(item);
@@ -230,8 +263,7 @@ weir_pack_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             && (bufs[group] = PyByteArray_FromStringAndSize(NULL, 0)) == NULL) {
             goto done;
         }
-        if (append_bin(bufs[group], k, PyBytes_GET_SIZE(key)) < 0
-            || append_bin(bufs[group], (const char *)data, 8) < 0) {
+        if (append_pair(bufs[group], k, PyBytes_GET_SIZE(key), (const char *)data, 8) < 0) {
             goto done;
         }
         counts[group]++;
@@ -292,9 +324,8 @@ weir_pack_changes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         nkeys[group]++;
         if (value != Py_None) {
-            if (append_bin(entries[group], k, kn) < 0
-                || append_bin(entries[group], PyBytes_AS_STRING(value),
-                              PyBytes_GET_SIZE(value)) < 0) {
+            if (append_pair(entries[group], k, kn, PyBytes_AS_STRING(value),
+                            PyBytes_GET_SIZE(value)) < 0) {
                 goto done;
             }
             nentries[group]++;

@@ -252,7 +252,12 @@ class LocalJob:
             for pending in self._aborted:  # (a savepoint's files: in its own directory)
                 self.coordinator.abort(pending)
             self._aborted.clear()
-            self.coordinator.clean_up_orphans()
+            try:
+                self.coordinator.clean_up_orphans()
+            except OSError as exc:  # (never in place of the attempt's own outcome)
+                log.warning("weir: job %r: cleaning up the checkpoint storage after attempt "
+                            "%d failed (%s); the next start deletes what is left",
+                            self.graph.job, self.attempt, exc)
 
     # -- phases
 
