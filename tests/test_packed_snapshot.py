@@ -125,3 +125,28 @@ def test_a_hash_map_state_of_ints_or_floats_packs_in_c_to_the_same_bytes(
         with pytest.raises(StateSerializationError, match="'count'"):
             pack_sources(iter([("count", encode_values(
                 "count", serializer, {**values, b"\x00\x01big": 1 << 64}))]), {}, chunk)
+
+
+def test_a_dict_that_changes_while_packed_in_c_is_an_error_not_a_wrong_snapshot(
+    monkeypatch: Any,
+) -> None:
+    """``pack_fixed`` resumes from a dict position between chunks: a dict written
+    meanwhile (only a frozen copy may be packed in the background) would be packed
+    partly twice or not at all, so it raises as iterating the dict would."""
+    import pytest
+
+    from weir import IntSerializer
+    from weir.state import packed
+    from weir.state.backend import encode_values
+
+    values = {bytes([0, g]) + b"k": g for g in range(8)}
+    real = packed.pack_fixed
+
+    def writer_meanwhile(*args: Any) -> Any:
+        out = real(*args)
+        values[b"\x00\x09new"] = 1
+        return out
+
+    monkeypatch.setattr(packed, "pack_fixed", writer_meanwhile)
+    with pytest.raises(RuntimeError, match="changed size during a snapshot"):
+        pack_sources(iter([("count", encode_values("count", IntSerializer(), values))]), {}, 2)

@@ -144,13 +144,15 @@ def _pack_fixed(values: Mapping[bytes, Any], kind: int, chunk: int
     if not isinstance(values, dict):
         return None
     out = []
-    pos = 0
+    pos, size = 0, len(values)
     try:
         while pos >= 0:
             done, pos = pack_fixed(values, kind, pos, chunk)
             out.append(done)
     except (TypeError, ValueError, OverflowError):
         return None
+    if len(values) != size:  # (a dict position means nothing once it changed)
+        raise RuntimeError("dictionary changed size during a snapshot")
     return out
 
 
@@ -166,6 +168,13 @@ def pack_sources(
     tuple per entry."""
     # group -> name -> [buffers of packed entries (one per call), entries]
     slots: dict[int, dict[str, list[Any]]] = {}
+
+    def add(name: str, done: dict[int, tuple[bytearray, int]]) -> None:
+        for group, (buf, count) in done.items():
+            slot = slots.setdefault(group, {}).setdefault(name, [[], 0])
+            slot[0].append(buf)
+            slot[1] += count
+
     for name, entries in sources:
         keep = filters.get(name)
         # a hash-map state of ints or floats (weir.state.backend.EncodedValues): packed
@@ -174,23 +183,14 @@ def pack_sources(
             fixed = _pack_fixed(entries.values, entries.fixed, chunk)
             if fixed is not None:
                 for done in fixed:
-                    for group, (buf, count) in done.items():
-                        slot = slots.setdefault(group, {}).setdefault(name, [[], 0])
-                        slot[0].append(buf)
-                        slot[1] += count
+                    add(name, done)
                 continue
         it = iter(entries if keep is None else _kept(entries, keep))
-        while True:
-            # a chunk at a time: pack_entries holds the GIL throughout, and this runs
-            # in a worker thread beside the task's processing (a RocksDB iterator
-            # never lets go of the GIL on its own)
-            done = pack_entries(itertools.islice(it, chunk))
-            if not done:
-                break
-            for group, (buf, count) in done.items():
-                slot = slots.setdefault(group, {}).setdefault(name, [[], 0])
-                slot[0].append(buf)
-                slot[1] += count
+        # a chunk at a time: pack_entries holds the GIL throughout, and this runs in a
+        # worker thread beside the task's processing (a RocksDB iterator never lets go
+        # of the GIL on its own)
+        while done := pack_entries(itertools.islice(it, chunk)):
+            add(name, done)
     parts: list[bytes] = []
     index: dict[int, tuple[int, int]] = {}
     offset = total = 0
