@@ -17,13 +17,18 @@ Flink's ``Duration.toMillis``); they are stored as int milliseconds.
   completion of a checkpoint to the trigger of the next periodic one.
 * ``max_concurrent`` — ``execution.checkpointing.max-concurrent-checkpoints`` (1).
 * ``tolerable_failures`` — ``execution.checkpointing.tolerable-failed-checkpoints``
-  (0): consecutive checkpoint failures tolerated before the job fails.
+  (0): consecutive checkpoint failures tolerated before the job fails (restarts, as
+  its restart strategy allows). Counted as in Flink: an expiry, an upload or I/O
+  failure, a task's own decline; not a checkpoint a task gave up at its barriers
+  (subsumed by a newer one, cancelled upstream, an input ended) nor one aborted
+  because a task failed.
 * ``retain_on_cancel`` — ``execution.checkpointing.externalized-checkpoint-retention``
   = ``RETAIN_ON_CANCELLATION`` (default ``DELETE_ON_CANCELLATION``).
 * ``unaligned`` — ``execution.checkpointing.unaligned.enabled`` (false): barriers
   overtake in-flight data, which is stored with the checkpoint. Only with exactly-once
   and at most one concurrent checkpoint (Flink's rule; Flink silently turns unaligned
-  off otherwise, weir refuses the setting).
+  off otherwise, weir refuses the setting); savepoints and a bounded job's final
+  checkpoint then wait for the pending one too.
 * ``aligned_timeout_ms`` — ``execution.checkpointing.aligned-checkpoint-timeout`` (0):
   with unaligned checkpoints, a checkpoint starts aligned and switches to unaligned
   once its alignment takes longer than this; 0 means unaligned from the start.
