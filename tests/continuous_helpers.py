@@ -114,6 +114,22 @@ class Running:
             assert time.monotonic() < deadline and self.thread.is_alive(), self.errors
             time.sleep(poll_s)
 
+    def arm_in_turn(self, markers: Path, plan: list[tuple[int, int, list[str]]],
+                    ready: Callable[[], bool] = lambda: True) -> None:
+        """For each ``(attempt, checkpoints, names)`` of ``plan`` in turn: once the job
+        is at ``attempt`` (or later) and has completed ``checkpoints`` more since it got
+        there (and ``ready()``), create the marker files ``names`` in ``markers``. Only
+        the attempt's own checkpoints count: one completes once every task of the
+        attempt runs, so no marker is armed while a restart's tasks still open (an
+        earlier attempt's count armed ``restore`` before ``snapshot`` fired)."""
+        for attempt, checkpoints, names in plan:
+            self.until(lambda a=attempt: self.job.attempt >= a, 120, 0.005)
+            target = len(self.job.result.completed) + checkpoints
+            self.until(lambda t=target: len(self.job.result.completed) >= t and ready(),
+                       120, 0.005)
+            for name in names:
+                (markers / name).touch()
+
     def kill(self, task: tuple[str, int]) -> None:
         """SIGKILL the process of ``task``."""
         os.kill(self.job._procs[task].pid, signal.SIGKILL)

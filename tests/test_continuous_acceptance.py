@@ -13,8 +13,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,7 @@ import pytest
 from pyspark import cloudpickle
 
 import weir
-from continuous_helpers import keyed_graph
+from continuous_helpers import Running, keyed_graph
 from weir.api.checkpointing import CheckpointConfig
 from weir.connectors.stream import SequenceSource, read_stream_sink
 from weir.runtime.continuous.master import LocalJob
@@ -122,26 +120,12 @@ def test_five_failures_at_every_stage_lose_duplicate_or_reorder_nothing(
     job = LocalJob(spec, CheckpointConfig(interval_ms=50),
                    restart=weir.RestartStrategy.fixed_delay(attempts=5, delay=0),
                    launcher=launcher)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            job.run(timeout_s=240)
-        except BaseException as exc:
-            errors.append(exc)
-
-    runner = threading.Thread(target=run)
-    runner.start()
-    plan = [(0, 3, ["map"]), (1, 6, ["snapshot", "restore"]), (3, 9, ["map"])]
-    for attempt, checkpoints, arm in plan:  # arm once the job got this far
-        deadline = time.monotonic() + 120
-        while job.attempt < attempt or len(job.result.completed) < checkpoints:
-            assert time.monotonic() < deadline and runner.is_alive(), errors
-            time.sleep(0.01)
-        for where in arm:
-            (markers / where).touch()
-    runner.join(240)
-    assert not runner.is_alive() and not errors, errors
+    running = Running(job, timeout_s=240)
+    # each armed once its attempt completed 3 checkpoints
+    running.arm_in_turn(markers, [(0, 3, ["map"]), (1, 3, ["snapshot", "restore"]),
+                                  (3, 3, ["map"])])
+    errors = running.join(240)
+    assert not errors, errors
     fired = sorted(p.name for p in markers.iterdir())
     assert fired == ["close.fired", "map.fired", "restore.fired", "snapshot.fired"]
     causes = [m.group(1) for f in job.result.failures

@@ -74,13 +74,10 @@ def test_five_failures_under_backpressure_lose_duplicate_or_reorder_nothing(
     def with_channel_state() -> int:
         return sum(1 for s in job.checkpoint_stats() if s.channel_state_bytes)
 
-    plan = [(0, 3, ["map"]), (1, 6, ["snapshot", "restore"]), (3, 9, ["map"])]
-    for attempt, checkpoints, arm in plan:  # arm once the job got this far, with
-        running.until(lambda a=attempt, c=checkpoints: (  # records in flight in its latest
-            job.attempt >= a and len(job.result.completed) >= c  # checkpoint
-            and bool(job.checkpoint_stats()[-1].channel_state_bytes)), 120, 0.005)
-        for where in arm:
-            (markers / where).touch()
+    # each armed once its attempt completed 3 checkpoints, the latest with records in flight
+    running.arm_in_turn(markers, [(0, 3, ["map"]), (1, 3, ["snapshot", "restore"]),
+                                  (3, 3, ["map"])],
+                        lambda: bool(job.checkpoint_stats()[-1].channel_state_bytes))
     assert not running.join(240)
     causes = [m.group(1) for f in job.result.failures
               if (m := re.search(r"injected failure at (\w+)", f))]
