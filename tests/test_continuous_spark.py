@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from continuous_helpers import Count, by_value, check_exactly_once
-from procs import descendants
+from procs import descendants, parent
 from weir.connectors import FileSink, SequenceSource
 from weir.connectors.stream import read_stream_sink
 from weir.errors import ConfigurationError
@@ -63,11 +63,10 @@ def tasks_left(timeout_s: float = 20.0) -> list[str]:
         for pid in descendants(os.getpid()):
             try:
                 name = Path(f"/proc/{pid}/comm").read_text().strip()
-                ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
-                parent = Path(f"/proc/{ppid}/cmdline").read_bytes()
-            except (OSError, IndexError):
+                spawner = Path(f"/proc/{parent(pid)}/cmdline").read_bytes()
+            except OSError:
                 continue
-            if name.startswith("weir ") and b"pyspark" in parent:
+            if name.startswith("weir ") and b"pyspark" in spawner:
                 left.append(f"{pid} {name}")
         if not left or time.monotonic() > deadline:
             return left

@@ -564,8 +564,8 @@ class CheckpointCoordinator:
 
         Tasks in other processes may still be writing into it (the continuous runtime
         cannot wait for them): what cannot be deleted now is logged, and the runtime
-        aborts it again once the attempt's tasks are stopped (a coordinator's start
-        deletes any checkpoint directory left incomplete, :meth:`clean_up_orphans`)."""
+        deletes it once the attempt's tasks are stopped (:meth:`clean_up_orphans`; a
+        savepoint's directory: by aborting it again)."""
         savepoint = pending.kind is CheckpointKind.SAVEPOINT
         where = pending.storage.url if savepoint else (
             f"{pending.storage.url.rstrip('/')}/{pending.directory}")
@@ -582,8 +582,8 @@ class CheckpointCoordinator:
                     self.storage.delete(path)
         except OSError as exc:
             log.warning("aborted checkpoint %d: not every file of it could be deleted in %s "
-                        "(%s: %s), probably a task still writing it; they are deleted when "
-                        "it is aborted again, at the end of the attempt",
+                        "(%s: %s), probably a task still writing it; they are deleted once "
+                        "the attempt's tasks are stopped",
                         pending.checkpoint_id, where, type(exc).__name__, exc)
 
     def _add(self, completed: CompletedCheckpoint) -> None:
