@@ -14,8 +14,9 @@ from weir.checkpoint.datafiles import decode_keyed, encode_keyed
 from weir.state.keygroups import KeyGroupRange
 from weir.state.packed import FixedWidthValues, PackedGroups, _pack_fixed, pack_sources
 
-_KEYS = st.builds(lambda g, rest: g.to_bytes(2, "big") + rest,
-                  st.integers(0, 40), st.binary(max_size=6))
+#: key groups on both sides of C's 256-group pages and at the 2-byte prefix's ends
+_GROUPS = st.one_of(st.integers(0, 40), st.sampled_from([255, 256, 257, 32767, 65535]))
+_KEYS = st.builds(lambda g, rest: g.to_bytes(2, "big") + rest, _GROUPS, st.binary(max_size=6))
 _SOURCES = st.lists(
     st.tuples(st.sampled_from(["a", "b", "count", "__weir_timers/event"]),
               st.lists(st.tuples(_KEYS, st.binary(max_size=300)), max_size=30)),
@@ -88,6 +89,29 @@ def test_entries_packed_in_c_are_the_bytes_msgpack_packs(entries: list[Any]) -> 
         packed, count = want.get(group, (b"", 0))
         want[group] = (packed + msgpack.packb(key) + msgpack.packb(data), count + 1)
     got = {g: (bytes(buf), n) for g, (buf, n) in pack_entries(iter(pairs)).items()}
+    assert got == want
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(_KEYS, st.one_of(st.none(), st.binary(max_size=300)), max_size=30))
+def test_a_changelog_delta_packed_in_c_lists_every_key_and_the_entries_still_present(
+    changes: dict[bytes, bytes | None],
+) -> None:
+    """``pack_changes`` (C, a RocksDB changelog delta): per key group, every changed key
+    as a msgpack bin, and each (key, value) not deleted, in the dict's order."""
+    import msgpack
+
+    from weir.state._hashcore import pack_changes
+
+    want: dict[int, tuple[bytes, int, bytes, int]] = {}
+    for key, value in changes.items():
+        keys, nkeys, entries, nentries = want.get(int.from_bytes(key[:2], "big"),
+                                                  (b"", 0, b"", 0))
+        keys, nkeys = keys + msgpack.packb(key), nkeys + 1
+        if value is not None:
+            entries, nentries = entries + msgpack.packb(key) + msgpack.packb(value), nentries + 1
+        want[int.from_bytes(key[:2], "big")] = (keys, nkeys, entries, nentries)
+    got = {g: (bytes(k), nk, bytes(e), ne) for g, (k, nk, e, ne) in pack_changes(changes).items()}
     assert got == want
 
 

@@ -78,47 +78,93 @@ append_pair(PyObject *buf, const char *key, Py_ssize_t kn, const char *value,
     return 0;
 }
 
-/* out[g] = slot, a new reference (NULL: the error already set) that this consumes. */
-static int
-put_group(PyObject *out, int g, PyObject *slot)
+/* The buffers of the key groups met so far, in pages of 256 groups allocated when a
+ * group of theirs is first met (a call costs what its entries cost, not a table of
+ * every possible group): per group a buffer and its count, and for pack_changes a
+ * second pair. Zero-initialize (`Table t = {{NULL}};`); release() frees it. */
+typedef struct {
+    PyObject *buf, *buf2;
+    Py_ssize_t count, count2;
+} Slot;
+
+#define PAGE 256
+
+typedef struct {
+    Slot *pages[GROUPS / PAGE];
+} Table;
+
+/* The slot of group g, its buffer(s) created (NULL: the error set). */
+static Slot *
+slot_of(Table *t, int g, int pairs)
 {
-    PyObject *group = slot == NULL ? NULL : PyLong_FromLong(g);
-    int failed = group == NULL || PyDict_SetItem(out, group, slot) < 0;
-    Py_XDECREF(slot);
-    Py_XDECREF(group);
-    return failed ? -1 : 0;
+    Slot *page = t->pages[g / PAGE];
+    if (page == NULL) {
+        page = PyMem_Calloc(PAGE, sizeof(Slot));
+        if (page == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        t->pages[g / PAGE] = page;
+    }
+    Slot *slot = &page[g % PAGE];
+    if (slot->buf == NULL && (slot->buf = PyByteArray_FromStringAndSize(NULL, 0)) == NULL) {
+        return NULL;
+    }
+    if (pairs == 2 && slot->buf2 == NULL
+        && (slot->buf2 = PyByteArray_FromStringAndSize(NULL, 0)) == NULL) {
+        return NULL;
+    }
+    return slot;
 }
 
-/* {group: (buffer, count)} of every group with entries (NULL: the error set). */
+/* {group: (buffer, count)} of every group met, or with pairs == 2 {group: (buffer,
+ * count, buffer2, count2)} (NULL: the error set). */
 static PyObject *
-collect(PyObject **bufs, Py_ssize_t *counts)
+collect(Table *t, int pairs)
 {
     PyObject *out = PyDict_New();
     if (out == NULL) {
         return NULL;
     }
-    for (int g = 0; g < GROUPS; g++) {
-        if (bufs[g] == NULL) {
+    for (int p = 0; p < GROUPS / PAGE; p++) {
+        if (t->pages[p] == NULL) {
             continue;
         }
-        if (put_group(out, g, Py_BuildValue("(On)", bufs[g], counts[g])) < 0) {
-            Py_DECREF(out);
-            return NULL;
+        for (int i = 0; i < PAGE; i++) {
+            Slot *s = &t->pages[p][i];
+            if (s->buf == NULL) {
+                continue;
+            }
+            PyObject *value = pairs == 2
+                ? Py_BuildValue("(OnOn)", s->buf, s->count, s->buf2, s->count2)
+                : Py_BuildValue("(On)", s->buf, s->count);
+            PyObject *group = value == NULL ? NULL : PyLong_FromLong(p * PAGE + i);
+            int failed = group == NULL || PyDict_SetItem(out, group, value) < 0;
+            Py_XDECREF(value);
+            Py_XDECREF(group);
+            if (failed) {
+                Py_DECREF(out);
+                return NULL;
+            }
         }
     }
     return out;
 }
 
 static void
-release(PyObject **bufs, Py_ssize_t *counts)
+release(Table *t)
 {
-    if (bufs != NULL) {
-        for (int g = 0; g < GROUPS; g++) {
-            Py_XDECREF(bufs[g]);
+    for (int p = 0; p < GROUPS / PAGE; p++) {
+        if (t->pages[p] == NULL) {
+            continue;
         }
+        for (int i = 0; i < PAGE; i++) {
+            Py_XDECREF(t->pages[p][i].buf);
+            Py_XDECREF(t->pages[p][i].buf2);
+        }
+        PyMem_Free(t->pages[p]);
+        t->pages[p] = NULL;
     }
-    PyMem_Free(bufs);
-    PyMem_Free(counts);
 }
 
 PyObject *
@@ -132,13 +178,8 @@ weir_pack_entries(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (it == NULL) {
         return NULL;
     }
-    PyObject **bufs = PyMem_Calloc(GROUPS, sizeof(PyObject *));
-    Py_ssize_t *counts = PyMem_Calloc(GROUPS, sizeof(Py_ssize_t));
+    Table table = {{NULL}};
     PyObject *out = NULL, *item;
-    if (bufs == NULL || counts == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
     while ((item = PyIter_Next(it)) != NULL) {
         Py_buffer key, value;
         if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {
@@ -164,26 +205,23 @@ weir_pack_entries(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         int group = failed ? 0 : (((const unsigned char *)key.buf)[0] << 8)
                                      | ((const unsigned char *)key.buf)[1];
-        if (!failed && bufs[group] == NULL
-            && (bufs[group] = PyByteArray_FromStringAndSize(NULL, 0)) == NULL) {
-            failed = 1;
-        }
-        failed = failed || append_pair(bufs[group], key.buf, key.len, value.buf,
-                                       value.len) < 0;
+        Slot *slot = failed ? NULL : slot_of(&table, group, 1);
+        failed = slot == NULL
+                 || append_pair(slot->buf, key.buf, key.len, value.buf, value.len) < 0;
         PyBuffer_Release(&key);
         PyBuffer_Release(&value);
         Py_DECREF(item);
         if (failed) {
             goto done;
         }
-        counts[group]++;
+        slot->count++;
     }
     if (!PyErr_Occurred()) {
-        out = collect(bufs, counts);
+        out = collect(&table, 1);
     }
 done:
     Py_DECREF(it);
-    release(bufs, counts);
+    release(&table);
     return out;
 }
 
@@ -213,13 +251,8 @@ weir_pack_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "pack_fixed: kind 0 or 1, pos >= 0, limit >= 1");
         return NULL;
     }
-    PyObject **bufs = PyMem_Calloc(GROUPS, sizeof(PyObject *));
-    Py_ssize_t *counts = PyMem_Calloc(GROUPS, sizeof(Py_ssize_t));
+    Table table = {{NULL}};
     PyObject *out = NULL, *groups = NULL, *key, *value;
-    if (bufs == NULL || counts == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
     Py_ssize_t n = 0;
     int more = 0;
     while (PyDict_Next(args[0], &pos, &key, &value)) {
@@ -259,25 +292,23 @@ weir_pack_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         const char *k = PyBytes_AS_STRING(key);
         int group = (((const unsigned char *)k)[0] << 8) | ((const unsigned char *)k)[1];
-        if (bufs[group] == NULL
-            && (bufs[group] = PyByteArray_FromStringAndSize(NULL, 0)) == NULL) {
+        Slot *slot = slot_of(&table, group, 1);
+        if (slot == NULL
+            || append_pair(slot->buf, k, PyBytes_GET_SIZE(key), (const char *)data, 8) < 0) {
             goto done;
         }
-        if (append_pair(bufs[group], k, PyBytes_GET_SIZE(key), (const char *)data, 8) < 0) {
-            goto done;
-        }
-        counts[group]++;
+        slot->count++;
         if (++n == limit) {
             more = 1;
             break;
         }
     }
-    groups = collect(bufs, counts);
+    groups = collect(&table, 1);
     if (groups != NULL) {
         out = Py_BuildValue("(Nn)", groups, more ? pos : (Py_ssize_t)-1);
     }
 done:
-    release(bufs, counts);
+    release(&table);
     return out;
 }
 
@@ -292,16 +323,9 @@ weir_pack_changes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "pack_changes(dict of bytes -> bytes | None)");
         return NULL;
     }
-    PyObject **keys = PyMem_Calloc(GROUPS, sizeof(PyObject *));
-    PyObject **entries = PyMem_Calloc(GROUPS, sizeof(PyObject *));
-    Py_ssize_t *nkeys = PyMem_Calloc(GROUPS, sizeof(Py_ssize_t));
-    Py_ssize_t *nentries = PyMem_Calloc(GROUPS, sizeof(Py_ssize_t));
+    Table table = {{NULL}};
     PyObject *out = NULL, *key, *value;
     Py_ssize_t pos = 0;
-    if (keys == NULL || entries == NULL || nkeys == NULL || nentries == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
     while (PyDict_Next(args[0], &pos, &key, &value)) {
         if (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) < 2
             || (value != Py_None && !PyBytes_Check(value))) {
@@ -312,49 +336,21 @@ weir_pack_changes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         const char *k = PyBytes_AS_STRING(key);
         Py_ssize_t kn = PyBytes_GET_SIZE(key);
         int group = (((const unsigned char *)k)[0] << 8) | ((const unsigned char *)k)[1];
-        if (keys[group] == NULL) {
-            keys[group] = PyByteArray_FromStringAndSize(NULL, 0);
-            entries[group] = PyByteArray_FromStringAndSize(NULL, 0);
-            if (keys[group] == NULL || entries[group] == NULL) {
-                goto done;
-            }
-        }
-        if (append_bin(keys[group], k, kn) < 0) {
+        Slot *slot = slot_of(&table, group, 2);
+        if (slot == NULL || append_bin(slot->buf, k, kn) < 0) {
             goto done;
         }
-        nkeys[group]++;
+        slot->count++;
         if (value != Py_None) {
-            if (append_pair(entries[group], k, kn, PyBytes_AS_STRING(value),
+            if (append_pair(slot->buf2, k, kn, PyBytes_AS_STRING(value),
                             PyBytes_GET_SIZE(value)) < 0) {
                 goto done;
             }
-            nentries[group]++;
+            slot->count2++;
         }
     }
-    out = PyDict_New();
-    if (out == NULL) {
-        goto done;
-    }
-    for (int g = 0; g < GROUPS; g++) {
-        if (keys[g] == NULL) {
-            continue;
-        }
-        PyObject *slot = Py_BuildValue("(OnOn)", keys[g], nkeys[g], entries[g], nentries[g]);
-        if (put_group(out, g, slot) < 0) {
-            Py_CLEAR(out);
-            goto done;
-        }
-    }
+    out = collect(&table, 2);
 done:
-    if (keys != NULL && entries != NULL) {
-        for (int g = 0; g < GROUPS; g++) {
-            Py_XDECREF(keys[g]);
-            Py_XDECREF(entries[g]);
-        }
-    }
-    PyMem_Free(keys);
-    PyMem_Free(entries);
-    PyMem_Free(nkeys);
-    PyMem_Free(nentries);
+    release(&table);
     return out;
 }
