@@ -17,9 +17,10 @@ one row ``(key, count)`` per input record. Peers (``--peers``, all by default):
   Python worker (it keeps no state across them), so only its rows per key are verified,
   not its count sequences.
 * ``dict-routed`` — ``dict`` with weir's route in front, as weir plans it for a string
-  key (``weir.runtime.spark.jvm_route``: key groups and routes as Spark expressions, the
-  rows numbered by a UDF that sees their partition id, clock rows by ``explode``; then
-  the shuffle by route): the ceiling of any stage that routes by weir's key groups;
+  key (``weir.runtime.spark.jvm_route``: key groups and routes as Spark expressions, a
+  stream's rows numbered by a Java UDF, clock rows by ``explode``, the batch time kept
+  out of the generated code; then the shuffle by route): the ceiling of any stage that
+  routes by weir's key groups;
 * ``dict-route-pass`` — the same with weir's Python route pass instead (a
   ``mapInArrow`` over every column; what keys the JVM cannot hash take).
 
@@ -238,10 +239,12 @@ def build(peer: str, events: Any, with_ts: bool, weir_dir: str) -> Any:
         from pyspark.sql import functions as F
 
         from weir.runtime.spark.jvm_route import jvm_keyed_route
+        from weir.runtime.spark.jvm_udfs import opaque_millis
         from weir.runtime.spark.routing import NOW, ROUTE, keyed_route_pass
         from weir.spark import _with_internal  # weir's route pass's output schema
 
-        now = F.unix_millis(F.current_timestamp())
+        # the batch time as weir.spark.process passes it (out of the generated code)
+        now = opaque_millis(F.unix_millis(F.current_timestamp()))
         routed = jvm_keyed_route(events, ["key"], 128, 2, now) if peer == "dict-routed" else None
         if routed is None:
             stamped = events.select("*", now.alias(NOW))

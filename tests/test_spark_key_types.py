@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import itertools
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -489,8 +490,8 @@ def test_the_jvm_route_sends_every_record_where_the_python_route_pass_does(spark
 def test_a_streaming_input_is_routed_in_the_jvm_with_its_rows_numbered_by_a_udf(
     spark: Any, tmp_path: Path
 ) -> None:
-    """Spark refuses ``monotonically_increasing_id`` in a stream: there, a scalar Arrow
-    UDF over the partition id alone numbers each input partition's rows as it would
+    """Spark refuses ``monotonically_increasing_id`` in a stream: there, a Java UDF
+    (``jvm_udfs.row_order``) numbers each input partition's rows as it would
     (partition << 33 | row), so routes, kinds and clock rows are the static route's."""
     from pyspark.sql import functions as F
 
@@ -535,10 +536,49 @@ def test_a_streaming_input_is_routed_in_the_jvm_with_its_rows_numbered_by_a_udf(
 
 
 @pytest.mark.spark
+def test_the_route_stage_of_a_stream_compiles_its_code_once_not_in_every_batch(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A micro-batch's ``current_timestamp()`` is a literal of that batch; written into
+    the generated code, it would make Spark compile the route stage again in every
+    batch. ``opaque_millis`` keeps it out: after the first batch, none compiles."""
+    from pyspark.sql import functions as F
+
+    from weir.runtime.spark.jvm_route import jvm_keyed_route
+    from weir.runtime.spark.jvm_udfs import opaque_millis
+    from weir.runtime.spark.routing import ROUTE
+
+    metric = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+
+    def add_file() -> None:
+        spark.createDataFrame(_jvm_rows(50), JVM_SCHEMA).coalesce(1).write.mode(
+            "append").parquet(str(tmp_path / "in"))
+
+    add_file()
+    stream = spark.readStream.schema(JVM_SCHEMA).parquet(str(tmp_path / "in"))
+    now = opaque_millis(F.unix_millis(F.current_timestamp()))
+    routed = jvm_keyed_route(stream, ["s"], M, P, now)
+    assert routed is not None
+    query = (routed.repartition(P, ROUTE).writeStream.format("noop")
+             .option("checkpointLocation", str(tmp_path / "spark")).start())
+    compiled: list[int] = []
+    try:
+        for _ in range(5):
+            query.processAllAvailable()  # a batch of the file added last
+            compiled.append(metric.getCount())
+            add_file()
+    finally:
+        query.stop()
+    assert len(query.recentProgress) >= 5
+    # (the first two batches may compile: a new query's first stage, AQE's re-plan)
+    assert [b - a for a, b in itertools.pairwise(compiled[1:])] == [0, 0, 0]
+
+
+@pytest.mark.spark
 def test_keys_the_jvm_cannot_hash_as_weir_take_the_python_route_pass(spark: Any) -> None:
     """Decimals, structs, collated strings and arrays of dates are routed by the Python
     pass; string and long keys add no Python pass before the shuffle (a stream's rows
-    are numbered by a UDF that sees their partition id alone)."""
+    are numbered by a Java UDF)."""
     from pyspark.sql import functions as F
 
     from weir.runtime.spark.jvm_route import jvm_keyed_route
@@ -563,6 +603,6 @@ def test_keys_the_jvm_cannot_hash_as_weir_take_the_python_route_pass(spark: Any)
                               checkpoint_location="/tmp/weir-unused-plan", parallelism=P,
                               max_parallelism=M)
     text = plan._jdf.queryExecution().analyzed().toString()
-    # a stream's records reach Python before the shuffle only as their partition ids
+    # a stream's records do not reach Python before the shuffle: a Java UDF numbers them
     assert re.findall(r"MapInArrow route\((\w+)#", text) == ["_weir_now"], text
-    assert re.findall(r"_number_rows\((\w+)", text) == ["SPARK_PARTITION_ID"], text
+    assert re.findall(r"UDF\((\w+)\(\)\) AS _weir_order", text) == ["SPARK_PARTITION_ID"], text

@@ -366,6 +366,7 @@ def process(
     from pyspark.sql import functions as F
 
     from weir.runtime.spark.jvm_route import jvm_keyed_route
+    from weir.runtime.spark.jvm_udfs import opaque_millis
     from weir.runtime.spark.observed import observe, with_metrics_field
 
     spark = df.sparkSession
@@ -459,7 +460,8 @@ def process(
         metrics=bool(metrics),
     )
 
-    batch_ms = F.unix_millis(F.current_timestamp())
+    # the batch time, kept out of the generated code (compiled once, not every batch)
+    batch_ms = opaque_millis(F.unix_millis(F.current_timestamp()))
     now = batch_ms.alias(NOW)
     inputs = df.select(*[F.col(f"`{c}`") for c in columns], *extra)
     # an input whose keys Spark hashes as weir does is routed in the JVM (the records do

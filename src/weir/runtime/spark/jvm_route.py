@@ -14,15 +14,17 @@ expressions:
   Python cannot hold;
 * ``_weir_order`` — input partition << 33 | row, so a rerun handles the records in
   the same order: ``monotonically_increasing_id()`` for a static input; Spark refuses
-  that in a streaming query (and no other expression numbers a partition's rows:
-  ``rand`` is reseeded per micro-batch), so there a scalar Arrow UDF over
-  ``spark_partition_id()`` alone numbers each task's rows (:func:`_number_rows`);
-  Python sees 4 bytes of each row and returns 8;
+  that in a streaming query (and no other built-in expression numbers a partition's
+  rows: ``rand`` is reseeded per micro-batch), so there a Java UDF over
+  ``spark_partition_id()`` numbers each task's rows in the JVM
+  (``weir.runtime.spark.jvm_udfs.row_order``);
 
 and after the first row of each input partition one ``HEARTBEAT`` clock row per
 subtask with the batch time as its order (an ``explode`` of that row), as the route
 pass ends each partition with them: in a batch with any row, every subtask runs and
-sees the batch time.
+sees the batch time. The caller passes the batch time as
+``weir.runtime.spark.jvm_udfs.opaque_millis`` gives it, so this stage's generated code
+is the same in every micro-batch.
 
 =============================  ==================================================
 key column type                hashed as
@@ -44,12 +46,8 @@ fails the batch (``KeyGroupError``), so the JVM and Python can never disagree si
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
-from typing import Any
 
-import numpy as np
-import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -68,6 +66,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from weir.runtime.spark.jvm_udfs import row_order
 from weir.runtime.spark.routing import KIND, ORDER, ROUTE, RowKind, route_table
 
 __all__ = ["jvm_key_hash", "jvm_keyed_route"]
@@ -108,37 +107,6 @@ def _out_of_range(column: Column, dtype: DataType) -> Column | None:
     return (column < F.expr(bounds[0])) | (column > F.expr(bounds[1]))
 
 
-#: the Spark task (attempt id) the row count is of, and its rows so far
-_ROWS_SEEN: list[int] = [-1, 0]
-
-
-def _number_rows(partition: pa.Array) -> pa.Array:
-    """``partition << 33 | row index`` for the next rows of this task's input partition
-    (``partition``: ``spark_partition_id()`` of each row), as
-    ``monotonically_increasing_id`` numbers them."""
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    task = ctx.taskAttemptId() if ctx is not None else -1
-    if _ROWS_SEEN[0] != task:
-        _ROWS_SEEN[:] = [task, 0]
-    start, n = _ROWS_SEEN[1], len(partition)
-    _ROWS_SEEN[1] = start + n
-    high = (partition[0].as_py() << 33) if n else 0
-    return pa.array(np.arange(start, start + n, dtype=np.int64) | high)
-
-
-@functools.cache
-def _row_orders() -> Any:
-    """``monotonically_increasing_id`` for a streaming query (which Spark refuses it
-    in): a scalar Arrow UDF numbering each task's rows; it sees the partition id
-    column alone, so the rows' other columns never leave the JVM."""
-    from pyspark.sql.pandas.functions import arrow_udf
-
-    # a scalar UDF by its type hints (pa.Array -> pa.Array); the stubs want a UDF type
-    return arrow_udf(_number_rows, "bigint").asNondeterministic()  # type: ignore[call-overload]
-
-
 def jvm_key_hash(schema: StructType, key_columns: Sequence[str]) -> Column | None:
     """Spark's ``hash`` of the key columns cast as weir's key hash takes them (a signed
     int), or None if some key column needs the Python route pass."""
@@ -170,9 +138,8 @@ def jvm_keyed_route(
     now: Column,
 ) -> DataFrame | None:
     """``events`` with the route pass's internal columns and clock rows (the batch time
-    ``now``) computed in the JVM (the order of a stream's rows by a UDF that sees only
-    their partition id); None if a key column needs the Python route pass
-    (:func:`jvm_key_hash`)."""
+    ``now``) computed in the JVM (the order of a stream's rows by a Java UDF); None if
+    a key column needs the Python route pass (:func:`jvm_key_hash`)."""
     hashed = jvm_key_hash(events.schema, key_columns)
     if hashed is None:
         return None
@@ -182,7 +149,8 @@ def jvm_keyed_route(
     subtask = F.floor(group * F.lit(p) / F.lit(m)).cast("int")  # exact: group * p < 2**30
     bad = _bad_key(events.schema, key_columns)
     order = F.col(ORDER)
-    staged = events.select("*", (_row_orders()(F.spark_partition_id()) if events.isStreaming
+    staged = events.select("*", (row_order(events.sparkSession, F.spark_partition_id())
+                                 if events.isStreaming
                                  else F.monotonically_increasing_id()).alias(ORDER))
     first = order.bitwiseAND(F.lit(_ROW_MASK)) == 0  # an input partition's first row
     fanned = staged.select("*", F.explode(
