@@ -535,6 +535,59 @@ def test_a_streaming_input_is_routed_in_the_jvm_with_its_rows_numbered_by_a_udf(
         assert len(want) > 600, keys
 
 
+_RETRY_SCRIPT = """
+import os, sys
+os.environ["PYSPARK_PYTHON"] = sys.executable
+from pyspark import TaskContext
+from pyspark.sql import SparkSession, functions as F
+from weir.runtime.spark.jvm_route import jvm_keyed_route
+from weir.runtime.spark.routing import KIND, ORDER
+
+spark = (SparkSession.builder.master("local[1,3]").config("spark.ui.enabled", "false")
+         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "50").getOrCreate())
+spark.range(400, numPartitions=1).select(F.col("id").cast("string").alias("s")).write.parquet(
+    sys.argv[1] + "/in")
+stream = spark.readStream.schema("s string").parquet(sys.argv[1] + "/in")
+routed = jvm_keyed_route(stream, ["s"], 128, 2, F.lit(7).cast("bigint"))
+
+MARKER = sys.argv[1] + "/failed"
+
+def fail_first_attempt(batches):
+    for n, batch in enumerate(batches):
+        if TaskContext.get().attemptNumber() == 0 and n == 2:
+            open(MARKER, "w").close()
+            raise RuntimeError("injected: the first attempt fails after 100 rows")
+        yield batch
+
+out = routed.mapInArrow(fail_first_attempt, routed.schema)
+orders = []
+query = (out.writeStream.foreachBatch(
+             lambda df, _: orders.extend(r[0] for r in df.where(F.col(KIND) == 1)
+                                         .select(ORDER).collect()))
+         .option("checkpointLocation", sys.argv[1] + "/spark")
+         .trigger(availableNow=True).start())
+query.awaitTermination()
+print(os.path.exists(MARKER), sorted(o & ((1 << 33) - 1) for o in orders) == list(range(400)),
+      len(orders))
+"""
+
+
+@pytest.mark.spark
+def test_a_retried_task_numbers_its_rows_from_zero_again(tmp_path: Path) -> None:
+    """The Java UDF's row count lives in the deserialized plan of one task attempt: a
+    task that fails after numbering 100 rows is retried, and the retry numbers its
+    rows 0..n-1 again, as the first attempt did (its own process: the shared session
+    retries no task)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _RETRY_SCRIPT, str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    # the first attempt failed (once), and the retry's rows are numbered 0..399
+    assert out.stdout.split()[-3:] == ["True", "True", "400"], out.stdout[-2000:]
+
+
 @pytest.mark.spark
 def test_the_route_stage_of_a_stream_compiles_its_code_once_not_in_every_batch(
     spark: Any, tmp_path: Path
