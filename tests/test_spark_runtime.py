@@ -376,6 +376,11 @@ def test_a_wrong_output_shape_names_the_operator_and_the_field() -> None:
     with pytest.raises(OutputSchemaError, match="missing fields \\['n'\\]"):
         to_record_batch([{"key": "a"}], schema, "op")
     assert to_record_batch([{"key": "a", "n": 1}, ("b", 2)], schema, "op").num_rows == 2
+    with pytest.raises(OutputSchemaError, match=r"1 values \('b',\).*has 2 fields"):
+        to_record_batch([("a", 1), ("b",), ("c", 3)], schema, "op")
+    assert to_record_batch([], schema, "op").num_rows == 0
+    assert to_record_batch([("a", 1), ("b", None)], schema, "op").to_pylist() == [
+        {"key": "a", "n": 1}, {"key": "b", "n": None}]
 
 
 class WrongShape(weir.KeyedProcessFunction[dict[str, Any], Any]):
