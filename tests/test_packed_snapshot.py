@@ -133,12 +133,12 @@ def test_a_hash_map_state_of_ints_or_floats_packs_in_c_to_the_same_bytes(
     import pytest
 
     from weir import FloatSerializer, IntSerializer, StateSerializationError
-    from weir.state.backend import encode_values
+    from weir.state.backend import EncodedValues
 
     serializer = IntSerializer() if kind == "int" else FloatSerializer()
     values = data.draw(st.dictionaries(_KEYS, _INT64 if kind == "int" else _FLOAT,
                                        max_size=40))
-    fast = encode_values("count", serializer, values)
+    fast = EncodedValues("count", serializer, values)
     assert fast.fixed == (0 if kind == "int" else 1) and isinstance(fast, FixedWidthValues)
     assert _pack_fixed(values, fast.fixed, chunk) is not None  # C takes every value
     general = [(key, serializer.encode(v)) for key, v in values.items()]
@@ -147,7 +147,7 @@ def test_a_hash_map_state_of_ints_or_floats_packs_in_c_to_the_same_bytes(
                                                              chunk))
     if kind == "int":
         with pytest.raises(StateSerializationError, match="'count'"):
-            pack_sources(iter([("count", encode_values(
+            pack_sources(iter([("count", EncodedValues(
                 "count", serializer, {**values, b"\x00\x01big": 1 << 64}))]), {}, chunk)
 
 
@@ -161,7 +161,7 @@ def test_a_dict_that_changes_while_packed_in_c_is_an_error_not_a_wrong_snapshot(
 
     from weir import IntSerializer
     from weir.state import packed
-    from weir.state.backend import encode_values
+    from weir.state.backend import EncodedValues
 
     values = {bytes([0, g]) + b"k": g for g in range(8)}
     real = packed.pack_fixed
@@ -173,4 +173,4 @@ def test_a_dict_that_changes_while_packed_in_c_is_an_error_not_a_wrong_snapshot(
 
     monkeypatch.setattr(packed, "pack_fixed", writer_meanwhile)
     with pytest.raises(RuntimeError, match="changed size during a snapshot"):
-        pack_sources(iter([("count", encode_values("count", IntSerializer(), values))]), {}, 2)
+        pack_sources(iter([("count", EncodedValues("count", IntSerializer(), values))]), {}, 2)

@@ -226,7 +226,7 @@ done:
 }
 
 /* The hot loop of a hash-map full snapshot of a state whose serializer is a fixed-width
- * one (weir.state.backend.encode_values): up to `limit` entries of a dict of prefixed
+ * one (weir.state.backend.EncodedValues): up to `limit` entries of a dict of prefixed
  * key -> Python int (kind 0: IntSerializer, big-endian int64) or int / float (kind 1:
  * FloatSerializer, big-endian IEEE double) from dict position `pos`, packed as
  * pack_entries packs their encoded (key, value) — the same bytes, no bytes object or

@@ -135,7 +135,7 @@ def encode_checked(name: str, serializer: Serializer[Any], value: Any) -> bytes:
         ) from exc
 
 
-#: values encoded per step of :func:`encode_values` (bounds the encoded bytes held)
+#: values encoded per step of :class:`EncodedValues` (bounds the encoded bytes held)
 _ENCODE_CHUNK = 1 << 14
 
 
@@ -175,13 +175,6 @@ class EncodedValues:
             except Exception:
                 encoded = [encode_checked(self.name, serializer, v) for v in chunk]
             yield from zip(list(islice(keys, len(chunk))), encoded, strict=True)
-
-
-def encode_values(
-    name: str, serializer: Serializer[Any], values: Mapping[bytes, Any]
-) -> EncodedValues:
-    """The encoded entries of ``values`` (see :class:`EncodedValues`)."""
-    return EncodedValues(name, serializer, values)
 
 
 def decode_checked(name: str, serializer: Serializer[Any], data: bytes) -> Any:

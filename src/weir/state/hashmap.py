@@ -18,6 +18,7 @@ from weir.api.state import ListState, MapState, ValueState
 from weir.errors import StateError
 from weir.state._hashcore import ListCore, MapCore, TableCore, ValueCore
 from weir.state.backend import (
+    EncodedValues,
     KeyedStateBackend,
     ListTable,
     MapTable,
@@ -25,7 +26,6 @@ from weir.state.backend import (
     WriteCheck,
     decode_checked,
     encode_checked,
-    encode_values,
     frame,
     split_map_key,
     unframe,
@@ -176,12 +176,12 @@ class _ValueTable(ValueCore, _HashMapTable, ValueTable, ValueState[Any]):
         return [] if value is None else [(key, self._encode(value))]
 
     def snapshot_entries(self) -> Iterable[tuple[bytes, bytes]]:
-        return encode_values(self.name, self._serializer, self._data)
+        return EncodedValues(self.name, self._serializer, self._data)
 
     def freeze(self) -> Iterable[tuple[bytes, bytes]]:
         if not self._values_immutable():
             return list(self.snapshot_entries())
-        return encode_values(self.name, self._serializer, self._data.copy())
+        return EncodedValues(self.name, self._serializer, self._data.copy())
 
     def load(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
         data, decode = self._data, self._decode
