@@ -33,6 +33,7 @@ from weir import (
     ValueStateDescriptor,
 )
 from weir.state.keygroups import assign_key_to_parallel_operator, assign_to_key_group
+from weir.state.rocksdb import RocksDBMemory
 from weir.testing import KeyedOperatorHarness
 
 
@@ -121,6 +122,7 @@ class ClusterMachine(RuleBasedStateMachine):
         self.max_parallelism = 1
         self.rescales = 0
         self.active: list[Any] = []
+        self.memory = RocksDBMemory()
 
     @initialize(data=st.data(), max_parallelism=st.sampled_from([7, 30, 128, 1000]))
     def start(self, data: st.DataObject, max_parallelism: int) -> None:
@@ -128,10 +130,14 @@ class ClusterMachine(RuleBasedStateMachine):
         p = data.draw(st.integers(1, min(4, max_parallelism)), label="parallelism")
         active = st.lists(st.sampled_from(KEYS), min_size=2, max_size=4, unique=True)
         self.active = data.draw(active, label="keys")
+        # RocksDB's entry cache: off, evicting all the time, or holding every key
+        cache = data.draw(st.sampled_from([0, 1, 2, 1 << 17]), label="cache entries")
+        self.memory = RocksDBMemory(cache_entries=cache)
         self.cluster = [
             KeyedOperatorHarness(
                 ApplyCommand(), key_of, state_backend=self.backend,
                 max_parallelism=max_parallelism, parallelism=p, subtask_index=i,
+                rocksdb_memory=self.memory,
             )
             for i in range(p)
         ]
@@ -231,7 +237,8 @@ class ClusterMachine(RuleBasedStateMachine):
         order = data.draw(st.permutations(snapshots), label="snapshot order")
         self.cluster = [
             KeyedOperatorHarness.restore(ApplyCommand(), key_of, order, parallelism=new_p,
-                                         subtask_index=i, state_backend=self.backend)
+                                         subtask_index=i, state_backend=self.backend,
+                                         rocksdb_memory=self.memory)
             for i in range(new_p)
         ]
         self.rescales += 1

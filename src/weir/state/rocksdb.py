@@ -38,7 +38,12 @@ from weir.state.backend import (
 )
 from weir.state.keycontext import KeyContext
 from weir.state.keygroups import KeyGroupRange
-from weir.state.rocksdb_tables import RocksListTable, RocksMapTable, RocksValueTable
+from weir.state.rocksdb_tables import (
+    EntryWriter,
+    RocksListTable,
+    RocksMapTable,
+    RocksValueTable,
+)
 from weir.state.snapshot import NativeRocksDBState
 
 __all__ = [
@@ -128,10 +133,17 @@ class RocksDBMemory:
     """The memory of every RocksDB instance of this process together (Flink's managed
     memory for RocksDB): one LRU block cache of ``total_bytes`` shared by all of them,
     with their memtables (write buffers) charged to it, at most ``write_buffer_ratio``
-    of it; RocksDB flushes memtables early rather than exceed that."""
+    of it; RocksDB flushes memtables early rather than exceed that.
+
+    ``cache_entries`` bounds the entry cache in front of RocksDB
+    (``weir.state.rocksdb_tables``): each value and list state of each subtask keeps at
+    most that many recently read or written entries in Python memory — about 150
+    bytes each plus the key's and the value's bytes, outside ``total_bytes`` (size the
+    Python worker's memory for it); 0 turns the cache off."""
 
     total_bytes: int = 256 << 20
     write_buffer_ratio: float = 0.5
+    cache_entries: int = 1 << 17
 
     def __post_init__(self) -> None:
         if type(self.total_bytes) is not int or self.total_bytes < (8 << 20):
@@ -143,6 +155,11 @@ class RocksDBMemory:
             raise ConfigurationError(
                 f"RocksDB memory write_buffer_ratio={self.write_buffer_ratio!r} must be in "
                 f"[0.05, 0.9]"
+            )
+        if type(self.cache_entries) is not int or self.cache_entries < 0:
+            raise ConfigurationError(
+                f"RocksDB memory cache_entries={self.cache_entries!r} must be an int >= 0 "
+                f"(entries per state and subtask; 0: no entry cache)"
             )
 
     @property
@@ -163,11 +180,11 @@ def _shared_memory(memory: RocksDBMemory) -> tuple[Any, Any]:
         manager = rocksdict.WriteBufferManager.new_write_buffer_manager_with_cache(
             memory.write_buffer_bytes, False, cache
         )
-        _SHARED.update(cache=cache, manager=manager, memory=memory)
-    elif _SHARED["memory"] != memory:
+        _SHARED.update(cache=cache, manager=manager)
+    elif _SHARED["memory"] != (memory.total_bytes, memory.write_buffer_ratio):
         cache.set_capacity(memory.total_bytes)
         _SHARED["manager"].set_buffer_size(memory.write_buffer_bytes)
-        _SHARED["memory"] = memory
+    _SHARED["memory"] = (memory.total_bytes, memory.write_buffer_ratio)
     return cache, _SHARED["manager"]
 
 
@@ -300,17 +317,41 @@ class RocksDBStateBackend(KeyedStateBackend):
             if table.changed():
                 yield name, table.take()
 
+    def _writer(self, name: str) -> EntryWriter:
+        """Writes dirty entries of state ``name`` in one batch (the entry cache's flush)."""
+
+        def write(entries: dict[bytes, bytes | None]) -> None:
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            batch.set_default_column_family(
+                self._db.get_column_family_handle(_CF_PREFIX + name))
+            for key, data in entries.items():
+                if data is None:
+                    batch.delete(key)
+                else:
+                    batch.put(key, data)
+            self._db.write(batch, self._write_options)
+
+        return write
+
+    def flush(self) -> None:
+        """Write every table's cached writes to RocksDB (done before anything reads
+        RocksDB other than by one key; see ``weir.state.rocksdb_tables``)."""
+        for table in self._tables.values():
+            table.flush()
+
     def create_value_table(
         self, name: str, serializer: Serializer[Any], check_writes: bool = True
     ) -> ValueTable:
-        return self._register(
-            RocksValueTable(name, self.key_context, self._family(name), serializer))
+        return self._register(RocksValueTable(
+            name, self.key_context, self._family(name), serializer, self._writer(name),
+            self.memory.cache_entries))
 
     def create_list_table(
         self, name: str, serializer: Serializer[Any], check_writes: bool = True
     ) -> ListTable:
-        return self._register(
-            RocksListTable(name, self.key_context, self._family(name), serializer))
+        return self._register(RocksListTable(
+            name, self.key_context, self._family(name), serializer, self._writer(name),
+            self.memory.cache_entries))
 
     def create_map_table(
         self,
@@ -324,6 +365,10 @@ class RocksDBStateBackend(KeyedStateBackend):
 
     def restore_entries(self, name: str, entries: Iterable[tuple[bytes, bytes]]) -> None:
         cf = self._family(name)
+        table = self._tables.get(name)
+        if table is not None:  # written around the table: it must read RocksDB again
+            table.flush()
+            table.drop_cache()
         batch = rocksdict.WriteBatch(raw_mode=True)
         batch.set_default_column_family(self._db.get_column_family_handle(_CF_PREFIX + name))
         count = 0
@@ -342,10 +387,12 @@ class RocksDBStateBackend(KeyedStateBackend):
 
     def snapshot_sources(self) -> Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]]:
         # Every column family is opened through _family (tables and restores).
+        self.flush()
         return [(name, cf.items()) for name, cf in self._families.items()]
 
     def frozen_sources(self) -> Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]]:
         """A RocksDB snapshot per column family: reads later see the state as of now."""
+        self.flush()
         return [(name, cf.snapshot().items()) for name, cf in self._families.items()]
 
     def native_checkpoint(self, target: str | Path) -> list[str]:
@@ -353,6 +400,7 @@ class RocksDBStateBackend(KeyedStateBackend):
         into the new directory ``target``; returns the names of its files."""
         for name in list_column_families(self.path):
             self._family(name)
+        self.flush()
         try:
             rocksdict.Checkpoint(self._db).create_checkpoint(str(target))
         except Exception as exc:
@@ -389,6 +437,8 @@ class RocksDBStateBackend(KeyedStateBackend):
         self._timer_families.clear()
 
     def _adopt(self, native: NativeRocksDBState) -> None:
+        for table in self._tables.values():  # their state is replaced: forget it
+            table.drop_cache()
         self._close_families()
         self._db.close()
         shutil.rmtree(self.path, ignore_errors=True)
@@ -427,13 +477,15 @@ class RocksDBStateBackend(KeyedStateBackend):
         self, name: str, cursor: bytes | None, limit: int, keep: EntryFilter
     ) -> tuple[int, int, bytes | None]:
         cf = self._family(name)
+        table = self._tables.get(name)
+        if table is not None:  # the filter reads RocksDB and writes around the table
+            table.flush()
         it = cf.iter()
         if cursor is None:
             it.seek_to_first()
         else:
             it.seek(cursor)
         visited = dropped = 0
-        table = self._tables.get(name)
         note = table.note if table is not None and self._tracking else None
         while it.valid():  # the iterator reads a snapshot: writes below do not move it
             key = it.key()
@@ -446,8 +498,11 @@ class RocksDBStateBackend(KeyedStateBackend):
                 dropped += 1
             elif kept != data:
                 cf.put(key, kept)
-            if note is not None and kept != data:
-                note(key, kept)
+            if kept != data:
+                if table is not None:
+                    table.stored(key, kept)
+                if note is not None:
+                    note(key, kept)
             visited += 1
             it.next()
         return visited, dropped, None

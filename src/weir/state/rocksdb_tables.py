@@ -5,11 +5,25 @@ to in place); a map state stores one entry per (key, user key), the user key's
 canonical bytes appended to the prefixed key. Keys and values are laid out exactly as
 in the canonical snapshot form (``weir.state.backend``). The backend that owns the
 column families is ``weir.state.rocksdb``.
+
+**The entry cache.** A RocksDB get or put from Python costs about 1-3 µs, most of it
+the memtable's skip-list search (cache misses per level); a keyed count does one of
+each per record. Value and list tables therefore read and write through a bounded
+cache of stored entries (bytes, as in RocksDB; ``None``: known absent) with the
+entries written since the last flush kept dirty. A read that hits costs a dict
+lookup; the writes of a key between two flushes reach RocksDB once, in one write
+batch. The cache holds at most ``cache_entries`` entries (``RocksDBMemory``); adding
+one more first flushes and then drops the older half (insertion order). Everything
+that reads RocksDB other than by one key — key iteration, snapshots, native
+checkpoints, compaction, restores — flushes first (the backend calls :meth:`flush`),
+so RocksDB is the state whenever anything else looks at it. Map states read and
+write RocksDB directly: their reads are prefix scans.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from weir.api.serializers import Serializer
@@ -28,10 +42,14 @@ from weir.state.backend import (
     split_map_key,
     unframe,
 )
-from weir.state.keycontext import KeyContext
+from weir.state.keycontext import NO_KEY, KeyContext
 from weir.state.rocksdb_changes import ChangeRecord
 
-__all__ = ["RocksListTable", "RocksMapTable", "RocksValueTable", "successor"]
+__all__ = ["EntryWriter", "RocksListTable", "RocksMapTable", "RocksValueTable", "successor"]
+
+#: writes a table's dirty entries (None: delete) to its column family in one batch
+EntryWriter = Callable[[dict[bytes, bytes | None]], None]
+_MISSING: Any = object()
 
 
 def successor(prefix: bytes) -> bytes | None:
@@ -84,53 +102,169 @@ class _RocksTable(ChangeRecord):
             it.seek(after)
         return page, None
 
+    # The entry cache (value and list states; a map state holds nothing back):
+
+    def flush(self) -> None:
+        """Write the cached writes to RocksDB."""
+
+    def drop_cache(self) -> None:
+        """Forget every cached entry, dirty ones included (RocksDB was replaced)."""
+
+    def stored(self, key: bytes, data: bytes | None) -> None:
+        """``key``'s entry in RocksDB is now ``data`` (written around the table, after
+        a flush)."""
+
+
+class _PointTable(_RocksTable):
+    """A state with one stored entry per key, read and written through the entry
+    cache (see the module's docstring)."""
+
+    def __init__(self, name: str, ctx: KeyContext, cf: Any, serializer: Serializer[Any],
+                 writer: EntryWriter, cache_entries: int):
+        super().__init__(name, ctx, cf, serializer)
+        self._writer = writer
+        #: at most this many cached entries (0: no cache, every call goes to RocksDB)
+        self._limit = cache_entries
+        #: prefixed key -> stored bytes (None: absent), the dirty ones included
+        self._cache: dict[bytes, bytes | None] = {}
+        #: prefixed key -> bytes written since the last flush (None: deleted)
+        self._dirty: dict[bytes, bytes | None] = {}
+
+    def _get(self, key: bytes) -> bytes | None:
+        data = self._cache.get(key, _MISSING)
+        if data is _MISSING:
+            data = self._cf.get(key)
+            if self._limit:
+                if len(self._cache) >= self._limit:
+                    self._evict()
+                self._cache[key] = data
+        return data  # type: ignore[no-any-return]
+
+    def _put(self, key: bytes, data: bytes) -> None:
+        self._store(key, data)
+
+    def _delete(self, key: bytes) -> None:
+        self._store(key, None)
+
+    def _store(self, key: bytes, data: bytes | None) -> None:
+        if self._limit:
+            cache = self._cache
+            if len(cache) >= self._limit and key not in cache:
+                self._evict()
+            cache[key] = data
+            self._dirty[key] = data
+        elif data is None:
+            self._cf.delete(key)
+        else:
+            self._cf.put(key, data)
+        if self._written is not None:
+            self._written[key] = data
+
+    def _evict(self) -> None:
+        """Flush, then drop the older half of the cache (insertion order)."""
+        self.flush()
+        cache = self._cache
+        for key in list(itertools.islice(cache, max(1, len(cache) // 2))):
+            del cache[key]
+
+    def flush(self) -> None:
+        """Write the dirty entries to RocksDB, in one write batch; they stay cached."""
+        if self._dirty:
+            dirty, self._dirty = self._dirty, {}
+            self._writer(dirty)
+
+    def drop_cache(self) -> None:
+        self._cache.clear()
+        self._dirty.clear()
+
+    def stored(self, key: bytes, data: bytes | None) -> None:
+        if key in self._cache:
+            self._cache[key] = data
+
+    def cached(self) -> int:
+        """The number of entries in the cache."""
+        return len(self._cache)
+
+    def keys_snapshot(self) -> list[bytes]:
+        self.flush()
+        return super().keys_snapshot()
+
+    def keys_page(self, cursor: Any, limit: int) -> tuple[list[bytes], Any]:
+        self.flush()
+        return super().keys_page(cursor, limit)
+
     def clear_at(self, key: bytes) -> None:
-        self._delete(key)
+        self._store(key, None)
 
     def filter_at(self, key: bytes, keep: EntryFilter) -> int:
         """Apply a bytes-level filter to one key's stored bytes without decoding
         values (TTL cleanup); returns the number of entries changed or dropped."""
-        data = self._cf.get(key)
+        data = self._get(key)
         if data is None:
             return 0
         kept = keep(key, data)
         if kept is None:
-            self._delete(key)
+            self._store(key, None)
         elif kept != data:
-            self._put(key, kept)
+            self._store(key, kept)
         else:
             return 0
         return 1
 
 
-class RocksValueTable(_RocksTable, ValueTable, ValueState[Any]):
+class RocksValueTable(_PointTable, ValueTable, ValueState[Any]):
+    # value() and update() are the hot calls: inlined key, cache and serializer calls
+    # (the checked helpers run only to raise their errors)
+
     def value(self) -> Any:
-        data = self._cf.get(self._current())
-        return None if data is None else self._decode(data)
+        key = self._ctx.key_bytes
+        if key is NO_KEY:
+            key = self._current()  # raises
+        data = self._cache.get(key, _MISSING)
+        if data is _MISSING:
+            data = self._get(key)
+        if data is None:
+            return None
+        try:
+            return self._serializer.decode(data)
+        except Exception:
+            return self._decode(data)
 
     def update(self, value: Any) -> None:
+        key = self._ctx.key_bytes
+        if key is NO_KEY:
+            key = self._current()  # raises
         if value is None:
-            self.clear()
-        else:
-            key, data = self._current(), self._encode(value)
-            self._cf.put(key, data)
-            if self._written is not None:  # (inline: the hot write)
+            self._store(key, None)
+            return
+        try:
+            data = self._serializer.encode(value)
+        except Exception:
+            data = self._encode(value)
+        cache = self._cache
+        if key in cache:  # (a cached key: no eviction to consider)
+            cache[key] = data
+            self._dirty[key] = data
+            if self._written is not None:
                 self._written[key] = data
+        else:
+            self._store(key, data)
 
     def clear(self) -> None:
-        self._delete(self._current())
+        self._store(self._current(), None)
 
     def value_at(self, key: bytes) -> Any:
-        data = self._cf.get(key)
+        data = self._get(key)
         return None if data is None else self._decode(data)
 
     def update_at(self, key: bytes, value: Any) -> None:
         self._put(key, self._encode(value))
 
 
-class RocksListTable(_RocksTable, ListTable, ListState[Any]):
-    def __init__(self, name: str, ctx: KeyContext, cf: Any, serializer: Serializer[Any]):
-        super().__init__(name, ctx, cf, serializer)
+class RocksListTable(_PointTable, ListTable, ListState[Any]):
+    def __init__(self, name: str, ctx: KeyContext, cf: Any, serializer: Serializer[Any],
+                 writer: EntryWriter, cache_entries: int):
+        super().__init__(name, ctx, cf, serializer, writer, cache_entries)
         self._inline = serializer.inline_in_msgpack_array
 
     def _frame_checked(self, values: Iterable[Any]) -> tuple[bytes, int]:
@@ -147,30 +281,24 @@ class RocksListTable(_RocksTable, ListTable, ListState[Any]):
     def add(self, value: Any) -> None:
         key = self._current()
         items, count = self._frame_checked((value,))
-        data = frame_append(self._cf.get(key), items, count)
-        self._cf.put(key, data)
-        if self._written is not None:  # (inline: the hot write)
-            self._written[key] = data
+        self._store(key, frame_append(self._get(key), items, count))
 
     def add_all(self, values: Iterable[Any]) -> None:
         key = self._current()
         items, count = self._frame_checked(values)
         if count:
-            self._put(key, frame_append(self._cf.get(key), items, count))
+            self._store(key, frame_append(self._get(key), items, count))
 
     def update(self, values: Iterable[Any]) -> None:
         key = self._current()
         items, count = self._frame_checked(values)
-        if count:
-            self._put(key, frame_append(None, items, count))
-        else:
-            self._delete(key)
+        self._store(key, frame_append(None, items, count) if count else None)
 
     def clear(self) -> None:
-        self._delete(self._current())
+        self._store(self._current(), None)
 
     def get_at(self, key: bytes) -> list[Any]:
-        data = self._cf.get(key)
+        data = self._get(key)
         if data is None:
             return []
         if self._inline:  # the whole list is one msgpack array
@@ -184,9 +312,9 @@ class RocksListTable(_RocksTable, ListTable, ListState[Any]):
 
     def update_at(self, key: bytes, values: list[Any]) -> None:
         if values:
-            self._put(key, frame((self._encode(v) for v in values), self._inline))
+            self._store(key, frame((self._encode(v) for v in values), self._inline))
         else:
-            self._delete(key)
+            self._store(key, None)
 
 
 class RocksMapTable(_RocksTable, MapTable, MapState[Any, Any]):

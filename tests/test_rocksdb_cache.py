@@ -1,0 +1,232 @@
+"""The RocksDB backend's entry cache (``weir.state.rocksdb_tables``): value and list
+states read and write through a bounded cache with writes held back until a flush.
+
+A model test drives one backend with a tiny cache (evictions every few calls) against
+a dict, interleaving every way RocksDB is read other than by one key — key listing,
+frozen and full snapshots, native checkpoints restored into a new backend, compaction
+filters, restores written around the tables — and checks each against the model.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from weir.api.serializers import MsgpackSerializer
+from weir.errors import ConfigurationError
+from weir.state.keycontext import KeyContext
+from weir.state.keygroups import KeyGroupRange
+from weir.state.rocksdb import RocksDBMemory, RocksDBStateBackend, scan_native
+from weir.state.snapshot import NativeRocksDBState
+
+KEYS = ("a", "b", "c", 7, ("t", 1))
+SER = MsgpackSerializer()
+MAX_P = 16
+
+
+def new_backend(cache_entries: int) -> RocksDBStateBackend:
+    ctx = KeyContext(MAX_P, KeyGroupRange(0, MAX_P - 1))
+    return RocksDBStateBackend(ctx, memory=RocksDBMemory(cache_entries=cache_entries))
+
+
+class CacheMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: dict[Any, int] = {}
+        self.lists: dict[Any, list[int]] = {}
+        self.limit = 1
+        self.backend: RocksDBStateBackend | None = None
+        self.frozen: list[tuple[dict[bytes, bytes], Any]] = []
+        self.natives: list[Path] = []
+
+    @initialize(limit=st.sampled_from([1, 2, 3, 8, 0]))  # 8: no evictions
+    def start(self, limit: int) -> None:
+        self.limit = limit
+        self.open(new_backend(limit))
+
+    def open(self, backend: RocksDBStateBackend) -> None:
+        self.backend = backend
+        self.value = backend.create_value_table("v", SER)
+        self.list = backend.create_list_table("l", SER)
+
+    def at(self, key: Any) -> None:
+        assert self.backend is not None
+        self.backend.key_context.set_current_key(key)
+
+    def key_bytes(self, key: Any) -> bytes:
+        self.at(key)
+        return self.backend.key_context.key_bytes  # type: ignore[union-attr,no-any-return]
+
+    # writes and reads by key ----------------------------------------------------------
+    @rule(key=st.sampled_from(KEYS), value=st.integers(0, 3))
+    def update(self, key: Any, value: int) -> None:
+        self.at(key)
+        self.value.update(value)  # type: ignore[attr-defined]
+        self.values[key] = value
+
+    @rule(key=st.sampled_from(KEYS))
+    def clear(self, key: Any) -> None:
+        self.at(key)
+        self.value.clear()  # type: ignore[attr-defined]
+        self.values.pop(key, None)
+
+    @rule(key=st.sampled_from(KEYS), value=st.integers(0, 3))
+    def add(self, key: Any, value: int) -> None:
+        self.at(key)
+        self.list.add(value)  # type: ignore[attr-defined]
+        self.lists.setdefault(key, []).append(value)
+
+    @rule(key=st.sampled_from(KEYS), values=st.lists(st.integers(0, 3), max_size=2))
+    def replace_list(self, key: Any, values: list[int]) -> None:
+        self.at(key)
+        self.list.update(values)  # type: ignore[attr-defined]
+        if values:
+            self.lists[key] = list(values)
+        else:
+            self.lists.pop(key, None)
+
+    @rule(key=st.sampled_from(KEYS))
+    def read(self, key: Any) -> None:
+        self.at(key)
+        assert self.value.value() == self.values.get(key)  # type: ignore[attr-defined]
+        assert self.list.get() == self.lists.get(key, [])  # type: ignore[attr-defined]
+
+    @rule(key=st.sampled_from(KEYS), value=st.integers(0, 3))
+    def write_by_key_bytes(self, key: Any, value: int) -> None:  # (the TTL layer's way)
+        self.value.update_at(self.key_bytes(key), value)
+        self.values[key] = value
+
+    # every other way RocksDB is read --------------------------------------------------
+    @rule()
+    def freeze(self) -> None:
+        assert self.backend is not None
+        sources = dict(self.backend.frozen_sources())
+        self.frozen.append(({self.key_bytes(k): SER.encode(v) for k, v in self.values.items()},
+                            sources["v"]))
+
+    @rule()
+    def frozen_snapshots_hold_the_state_as_of_then(self) -> None:
+        for expected, source in self.frozen:
+            assert dict(source) == expected
+        self.frozen.clear()
+
+    @rule()
+    def full_snapshot(self) -> None:
+        assert self.backend is not None
+        sources = {name: dict(entries) for name, entries in self.backend.snapshot_sources()}
+        assert sources["v"] == {self.key_bytes(k): SER.encode(v) for k, v in self.values.items()}
+        assert set(sources["l"]) == {self.key_bytes(k) for k in self.lists}
+
+    @rule(drop=st.integers(0, 3))
+    def compaction_filter(self, drop: int) -> None:
+        assert self.backend is not None
+        dead = SER.encode(drop)
+        self.backend.compact_step("v", None, 100, lambda k, d: None if d == dead else d)
+        self.values = {k: v for k, v in self.values.items() if v != drop}
+
+    @rule()
+    def native_checkpoint_restored_into_a_new_backend(self) -> None:
+        assert self.backend is not None
+        target = Path(self.backend.path).with_name(Path(self.backend.path).name + "-chk")
+        self.natives.append(target)
+        self.backend.native_checkpoint(target)
+        seen = dict(scan_native(NativeRocksDBState(str(target), KeyGroupRange(0, MAX_P - 1))))
+        assert dict(seen["v"]) == {self.key_bytes(k): SER.encode(v)
+                                   for k, v in self.values.items()}
+        self.backend.close()
+        restored = new_backend(self.limit)
+        restored.restore_native([NativeRocksDBState(str(target), KeyGroupRange(0, MAX_P - 1))])
+        self.open(restored)
+
+    @rule(key=st.sampled_from(KEYS), value=st.integers(0, 3))
+    def restore_written_around_the_table(self, key: Any, value: int) -> None:
+        assert self.backend is not None
+        self.backend.restore_entries("v", [(self.key_bytes(key), SER.encode(value))])
+        self.values[key] = value
+
+    @rule()
+    def keys_are_those_of_the_model(self) -> None:
+        assert sorted(self.value.keys_snapshot()) == sorted(  # type: ignore[attr-defined]
+            self.key_bytes(k) for k in self.values)
+        assert sorted(self.list.keys_snapshot()) == sorted(  # type: ignore[attr-defined]
+            self.key_bytes(k) for k in self.lists)
+
+    @rule()
+    def read_every_key(self) -> None:
+        for key in KEYS:
+            self.read(key)
+
+    # invariants (no reads: they would evict, and evictions flush) ---------------------
+    @invariant()
+    def the_cache_stays_within_its_bound(self) -> None:
+        if self.backend is not None:
+            for table in (self.value, self.list):
+                assert table.cached() <= self.limit  # type: ignore[attr-defined]
+
+    def teardown(self) -> None:
+        if self.backend is not None:
+            self.backend.close()
+        for path in self.natives:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def test_cached_state_matches_the_model_through_every_way_rocksdb_is_read(
+        rocksdb_tmp: Path) -> None:
+    CacheMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40,
+                                              deadline=None)
+    from hypothesis.stateful import run_state_machine_as_test
+    run_state_machine_as_test(CacheMachine, settings=CacheMachine.TestCase.settings)
+
+
+def test_writes_reach_rocksdb_at_a_flush_once_per_key(rocksdb_tmp: Path) -> None:
+    backend = new_backend(100)
+    table = backend.create_value_table("count", SER)
+    raw = backend._family("count")  # RocksDB itself, around the cache
+    try:
+        for _ in range(5):
+            for key in ("a", "b"):
+                backend.key_context.set_current_key(key)
+                table.update((table.value() or 0) + 1)  # type: ignore[attr-defined]
+        assert list(raw.keys()) == []  # held back
+        backend.flush()
+        assert {SER.decode(v) for v in raw.values()} == {5}
+        assert table.cached() == 2  # type: ignore[attr-defined]
+    finally:
+        backend.close()
+
+
+def test_an_eviction_writes_the_dirty_entries_first(rocksdb_tmp: Path) -> None:
+    backend = new_backend(4)
+    table = backend.create_value_table("v", SER)
+    raw = backend._family("v")
+    try:
+        for i in range(5):  # the fifth entry evicts the older half, after a flush
+            backend.key_context.set_current_key(i)
+            table.update(i)  # type: ignore[attr-defined]
+        assert sorted(SER.decode(v) for v in raw.values()) == [0, 1, 2, 3]
+        assert table.cached() == 3  # type: ignore[attr-defined]
+        for i in range(5):
+            backend.key_context.set_current_key(i)
+            assert table.value() == i  # type: ignore[attr-defined]
+    finally:
+        backend.close()
+
+
+def test_the_cache_can_be_turned_off_and_refuses_a_negative_size(rocksdb_tmp: Path) -> None:
+    backend = new_backend(0)
+    table = backend.create_value_table("v", SER)
+    try:
+        backend.key_context.set_current_key("a")
+        table.update(1)  # type: ignore[attr-defined]
+        assert [SER.decode(v) for v in backend._family("v").values()] == [1]
+        assert table.cached() == 0  # type: ignore[attr-defined]
+    finally:
+        backend.close()
+    with pytest.raises(ConfigurationError, match="cache_entries"):
+        RocksDBMemory(cache_entries=-1)
