@@ -129,6 +129,30 @@ def test_restart_with_the_same_spark_checkpoint_continues_exactly_once(
     assert _state_counts(tmp_path / "weir", tmp_path / "sp") == _oracle(records)
 
 
+@pytest.mark.spark
+def test_a_rocksdb_stage_evicting_its_entry_cache_all_the_time_counts_exactly(
+    spark: Any, tmp_path: Path
+) -> None:
+    """``rocksdb_cache_entries=2`` against 50 keys: writes are flushed by evictions in
+    the middle of batches as well as before each checkpoint, across a restart."""
+    records = keyed_records(0, 2000, 50)
+    build = _counts(checkpoint_location=str(tmp_path / "weir"), parallelism=2,
+                    state_backend="rocksdb", rocksdb_cache_entries=2)
+    for start in range(0, 1000, 500):
+        write_file(tmp_path / "in", records[start:start + 500], KEYED)
+    sink = run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark")
+    for start in range(1000, 2000, 500):
+        write_file(tmp_path / "in", records[start:start + 500], KEYED)
+    run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark", sink)
+    rows = sink.rows()
+    assert sorted(r[1] for r in rows) == list(range(2000))
+    assert last_counts(rows) == _oracle(records)
+    assert _state_counts(tmp_path / "weir", tmp_path / "sp") == _oracle(records)
+    with pytest.raises(weir.ConfigurationError, match="cache_entries"):
+        _counts(checkpoint_location=str(tmp_path / "bad"), state_backend="rocksdb",
+                rocksdb_cache_entries=-1)(spark.createDataFrame([("a", 1)], "key string, seq long"))
+
+
 class FailOnce(Count):
     """Fails the first time it sees ``poison`` (a marker file remembers it)."""
 

@@ -312,6 +312,7 @@ def process(
     worker_cache_memory: int | str | None = None,
     dead_letter_retention: int | str | timedelta = "7 days",
     rocksdb_memory: int | str = "256m",
+    rocksdb_cache_entries: int = 1 << 17,
     task_buffer_memory: int | str = "64m",
     metrics: bool = True,
 ) -> DataFrame:
@@ -344,7 +345,11 @@ def process(
 
     RocksDB's block cache and write buffers are shared by every RocksDB subtask of a
     Python worker and bounded together by ``rocksdb_memory`` (memtables up to half
-    of it; :class:`~weir.RocksDBMemory`).
+    of it; :class:`~weir.RocksDBMemory`). In front of RocksDB, each value and list
+    state of each subtask caches up to ``rocksdb_cache_entries`` entries read or
+    written recently, in the worker's Python memory (about 150 bytes each plus the
+    key and value bytes; 0: no cache); a batch's writes reach RocksDB once per key,
+    in one write batch before its checkpoint.
 
     A task holds its rows and its outputs as Arrow (outputs leave only once the
     batch's state is durable) and turns rows into Python records a slice of 8,192 at a
@@ -423,7 +428,8 @@ def process(
     out_struct, out_arrow = _output_schema(spark, output_schema)
     storage = CheckpointStorage(checkpoint_location, storage_options=storage_options)
     dead_letter_ms = duration_ms(dead_letter_retention, "dead_letter_retention")
-    rocksdb_bytes = RocksDBMemory(byte_size(rocksdb_memory, "rocksdb_memory")).total_bytes
+    rocksdb_bytes = RocksDBMemory(byte_size(rocksdb_memory, "rocksdb_memory"),
+                                  cache_entries=rocksdb_cache_entries).total_bytes
     store = EpochStore(storage, uid, retained=retained, dead_letter_retention_ms=dead_letter_ms)
     lease_ms = duration_ms(lease_timeout, "lease_timeout")
     materialize_ms = duration_ms(materialization_interval, "materialization_interval")
@@ -456,6 +462,7 @@ def process(
         instance=uuid.uuid4().hex,
         cache_max_subtasks=worker_cache_subtasks, cache_max_bytes=cache_bytes,
         dead_letter_retention_ms=dead_letter_ms, rocksdb_memory_bytes=rocksdb_bytes,
+        rocksdb_cache_entries=rocksdb_cache_entries,
         task_buffer_bytes=byte_size(task_buffer_memory, "task_buffer_memory"),
         metrics=bool(metrics),
     )

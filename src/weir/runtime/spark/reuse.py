@@ -93,7 +93,8 @@ def new_live(spec: StageSpec, subtask: int, storage: CheckpointStorage) -> LiveS
     config = OperatorConfig(
         uid=spec.uid, state_backend=spec.state_backend, max_parallelism=spec.max_parallelism,
         parallelism=spec.parallelism, subtask_index=subtask, rocksdb_path=rocksdb_dir,
-        rocksdb_memory=RocksDBMemory(spec.rocksdb_memory_bytes),
+        rocksdb_memory=RocksDBMemory(spec.rocksdb_memory_bytes,
+                                     cache_entries=spec.rocksdb_cache_entries),
     )
     operator: KeyedOperator | NonKeyedOperator
     if spec.keyed:
