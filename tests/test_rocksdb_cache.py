@@ -109,6 +109,13 @@ class CacheMachine(RuleBasedStateMachine):
         sources = dict(self.backend.frozen_sources())
         self.frozen.append(({self.key_bytes(k): SER.encode(v) for k, v in self.values.items()},
                             sources["v"]))
+        self.frozen.append(({self.key_bytes(k): self.list_bytes(k) for k in self.lists},
+                            sources["l"]))
+
+    def list_bytes(self, key: Any) -> bytes:
+        """The stored bytes of ``key``'s list, as the table reads them now."""
+        self.at(key)
+        return self.list._get(self.key_bytes(key))  # type: ignore[attr-defined,no-any-return]
 
     @rule()
     def frozen_snapshots_hold_the_state_as_of_then(self) -> None:
@@ -133,6 +140,7 @@ class CacheMachine(RuleBasedStateMachine):
     @rule()
     def native_checkpoint_restored_into_a_new_backend(self) -> None:
         assert self.backend is not None
+        self.frozen_snapshots_hold_the_state_as_of_then()  # (read before the close)
         target = Path(self.backend.path).with_name(Path(self.backend.path).name + "-chk")
         self.natives.append(target)
         self.backend.native_checkpoint(target)
@@ -170,6 +178,7 @@ class CacheMachine(RuleBasedStateMachine):
                 assert table.cached() <= self.limit  # type: ignore[attr-defined]
 
     def teardown(self) -> None:
+        self.frozen.clear()
         if self.backend is not None:
             self.backend.close()
         for path in self.natives:
@@ -230,3 +239,29 @@ def test_the_cache_can_be_turned_off_and_refuses_a_negative_size(rocksdb_tmp: Pa
         backend.close()
     with pytest.raises(ConfigurationError, match="cache_entries"):
         RocksDBMemory(cache_entries=-1)
+
+
+def test_a_frozen_snapshot_holds_the_cached_writes_as_of_then_without_flushing_them(
+        rocksdb_tmp: Path) -> None:
+    backend = new_backend(100)
+    table = backend.create_value_table("v", SER)
+    raw = backend._family("v")
+    try:
+        for key, value in (("a", 1), ("b", 2), ("c", 3)):
+            backend.key_context.set_current_key(key)
+            table.update(value)  # type: ignore[attr-defined]
+        backend.flush()
+        backend.key_context.set_current_key("a")
+        table.update(10)  # type: ignore[attr-defined]
+        backend.key_context.set_current_key("b")
+        table.clear()  # type: ignore[attr-defined]
+        frozen = dict(backend.frozen_sources())["v"]
+        assert sorted(SER.decode(v) for v in raw.values()) == [1, 2, 3]  # not flushed
+        backend.key_context.set_current_key("a")
+        table.update(20)  # type: ignore[attr-defined]
+        backend.key_context.set_current_key("d")
+        table.update(4)  # type: ignore[attr-defined]
+        backend.flush()
+        assert sorted(SER.decode(v) for _, v in frozen) == [3, 10]
+    finally:
+        backend.close()

@@ -128,6 +128,18 @@ def lookup_native(path: str | Path, name: str, prefixes: Iterable[bytes]
         db.close()
 
 
+def _overlaid(stored: Iterable[tuple[bytes, bytes]], written: dict[bytes, bytes | None]
+              ) -> Iterator[tuple[bytes, bytes]]:
+    """``stored`` entries with ``written`` laid over them (None: deleted), the stored
+    ones first (a snapshot's entries need no order)."""
+    for key, data in stored:
+        if key not in written:
+            yield key, data
+    for key, value in written.items():
+        if value is not None:
+            yield key, value
+
+
 @dataclass(frozen=True)
 class RocksDBMemory:
     """The memory of every RocksDB instance of this process together (Flink's managed
@@ -391,9 +403,17 @@ class RocksDBStateBackend(KeyedStateBackend):
         return [(name, cf.items()) for name, cf in self._families.items()]
 
     def frozen_sources(self) -> Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]]:
-        """A RocksDB snapshot per column family: reads later see the state as of now."""
-        self.flush()
-        return [(name, cf.snapshot().items()) for name, cf in self._families.items()]
+        """A RocksDB snapshot per column family, with a copy of the table's cached
+        writes laid over it: reads later see the state as of now. The writes stay
+        cached (no flush: copying them is a dict copy; writing them to RocksDB, a
+        write batch, took about 1 µs per entry in the task's thread)."""
+        out: list[tuple[str, Iterable[tuple[bytes, bytes]]]] = []
+        for name, cf in self._families.items():
+            table = self._tables.get(name)
+            dirty = table.dirty_copy() if table is not None else None
+            stored = cf.snapshot().items()
+            out.append((name, stored if not dirty else _overlaid(stored, dirty)))
+        return out
 
     def native_checkpoint(self, target: str | Path) -> list[str]:
         """Write a native RocksDB checkpoint (memtables flushed, SST files hard-linked)

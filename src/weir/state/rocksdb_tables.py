@@ -14,10 +14,11 @@ entries written since the last flush kept dirty. A read that hits costs a dict
 lookup; the writes of a key between two flushes reach RocksDB once, in one write
 batch. The cache holds at most ``cache_entries`` entries (``RocksDBMemory``); adding
 one more first flushes and then drops the older half (insertion order). Everything
-that reads RocksDB other than by one key — key iteration, snapshots, native
+that reads RocksDB other than by one key — key iteration, full snapshots, native
 checkpoints, compaction, restores — flushes first (the backend calls :meth:`flush`),
-so RocksDB is the state whenever anything else looks at it. Map states read and
-write RocksDB directly: their reads are prefix scans.
+so RocksDB is the state whenever anything else looks at it; an asynchronous snapshot
+(``frozen_sources``) instead lays a copy of the dirty entries over a RocksDB snapshot.
+Map states read and write RocksDB directly: their reads are prefix scans.
 """
 
 from __future__ import annotations
@@ -114,6 +115,10 @@ class _RocksTable(ChangeRecord):
         """``key``'s entry in RocksDB is now ``data`` (written around the table, after
         a flush)."""
 
+    def dirty_copy(self) -> dict[bytes, bytes | None] | None:
+        """A copy of the writes not yet in RocksDB (None: there are none)."""
+        return None
+
 
 class _PointTable(_RocksTable):
     """A state with one stored entry per key, read and written through the entry
@@ -180,6 +185,9 @@ class _PointTable(_RocksTable):
     def stored(self, key: bytes, data: bytes | None) -> None:
         if key in self._cache:
             self._cache[key] = data
+
+    def dirty_copy(self) -> dict[bytes, bytes | None] | None:
+        return dict(self._dirty) if self._dirty else None
 
     def cached(self) -> int:
         """The number of entries in the cache."""
