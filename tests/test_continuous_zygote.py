@@ -115,3 +115,27 @@ def test_no_task_outlives_a_driver_that_died(tmp_path: Path) -> None:
     task_pid, zygote_pid = map(int, out.split())
     wait_gone(zygote_pid)
     wait_gone(task_pid)
+
+
+def test_a_task_that_gets_the_pid_of_an_ended_one_is_not_taken_for_ended() -> None:
+    """Linux reuses a pid once its process is reaped; a driver that launched many tasks
+    must not read an old task's exit status as a new one's (seen in a full run: a
+    sleeping task's ``wait`` returned an earlier task's 0 at once)."""
+    read, write = os.pipe()
+    follower = zygote._Zygote.__new__(zygote._Zygote)
+    follower._follow(os.fdopen(read, "rb"))
+    with os.fdopen(write, "w", buffering=1) as replies:
+        replies.write('{"pid": 4242}\n')
+        first = follower._answer()
+        replies.write('{"exit": 4242, "status": 0}\n')
+        assert first.wait(timeout=10) == 0
+        replies.write('{"pid": 4242}\n')  # the same pid, handed out again
+        second = follower._answer()
+        assert second.pid == 4242 and second.poll() is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            second.wait(timeout=0.1)
+        replies.write('{"exit": 4242, "status": -9}\n')
+        assert second.wait(timeout=10) == -signal.SIGKILL
+        assert first.poll() == 0
+    follower.reader.join(timeout=10)
+    assert not follower.alive and not follower.running

@@ -49,14 +49,16 @@ class TaskProcess:
     """A task process forked by the zygote, with the part of ``subprocess.Popen``'s
     interface the driver uses (``pid``, ``poll``, ``wait``, ``kill``)."""
 
-    def __init__(self, pid: int, zygote: _Zygote) -> None:
+    def __init__(self, pid: int, launch: int, zygote: _Zygote) -> None:
         self.pid = pid
+        #: which of the zygote's launches this is (a pid is reused once reaped)
+        self._launch = launch
         self._zygote = zygote
 
     @property
     def returncode(self) -> int | None:
         """The exit status once the process ended (negative: killed by that signal)."""
-        return self._zygote.exits.get(self.pid)
+        return self._zygote.exits.get(self._launch)
 
     def poll(self) -> int | None:
         """The exit status, or None while the process runs."""
@@ -65,14 +67,14 @@ class TaskProcess:
     def wait(self, timeout: float | None = None) -> int:
         """Wait for the process to end; ``subprocess.TimeoutExpired`` after ``timeout``."""
         with self._zygote.ended:
-            if not self._zygote.ended.wait_for(lambda: self.pid in self._zygote.exits,
+            if not self._zygote.ended.wait_for(lambda: self._launch in self._zygote.exits,
                                                timeout):
                 raise subprocess.TimeoutExpired(f"task process {self.pid}", timeout or 0.0)
-            return self._zygote.exits[self.pid]
+            return self._zygote.exits[self._launch]
 
     def kill(self) -> None:
         """SIGKILL the process (nothing if it already ended)."""
-        if self.pid not in self._zygote.exits:
+        if self._launch not in self._zygote.exits:
             _kill(self.pid)
 
 
@@ -87,11 +89,20 @@ class _Zygote:
                 stdin=subprocess.PIPE, pass_fds=(write,))
         finally:
             os.close(write)
-        self.replies = os.fdopen(read, "rb")
-        self.exits: dict[int, int] = {}
+        self._follow(os.fdopen(read, "rb"))
+
+    def _follow(self, replies: Any) -> None:
+        """Read the zygote's ``replies`` in a thread from now on.
+
+        Exits are kept by launch, not by pid: the zygote reaps a task before it can
+        fork another that gets the same pid, so a pid's exit report always comes
+        before the answer that hands the pid out again."""
+        self.replies = replies
+        self.exits: dict[int, int] = {}  # launch -> exit status
+        self.running: dict[int, int] = {}  # pid -> the launch running under it
+        self.answers: list[tuple[int, int]] = []  # (pid, launch), in request order
+        self.launches = 0
         self.ended = threading.Condition()
-        self.pids: list[int] = []  # answers to requests, in order
-        self.launched: set[int] = set()
         self.alive = True
         self.reader = threading.Thread(target=self._read, name="weir-zygote", daemon=True)
         self.reader.start()
@@ -101,16 +112,20 @@ class _Zygote:
             reply = json.loads(line)
             with self.ended:
                 if "pid" in reply:
-                    self.pids.append(reply["pid"])
-                    self.launched.add(reply["pid"])
+                    self.launches += 1
+                    self.running[reply["pid"]] = self.launches
+                    self.answers.append((reply["pid"], self.launches))
                 else:
-                    self.exits[reply["exit"]] = reply["status"]
+                    launch = self.running.pop(reply["exit"], None)
+                    if launch is not None:
+                        self.exits[launch] = reply["status"]
                 self.ended.notify_all()
         with self.ended:  # the zygote is gone (it kills its tasks when it goes)
             self.alive = False
-            for pid in self.launched - self.exits.keys():
+            for pid, launch in self.running.items():
                 _kill(pid)
-                self.exits[pid] = -signal.SIGKILL
+                self.exits[launch] = -signal.SIGKILL
+            self.running.clear()
             self.ended.notify_all()
 
     def launch(self, argv: list[str], env: dict[str, str]) -> TaskProcess:
@@ -118,12 +133,17 @@ class _Zygote:
         assert self.proc.stdin is not None
         self.proc.stdin.write(request.encode())
         self.proc.stdin.flush()
+        return self._answer()
+
+    def _answer(self) -> TaskProcess:
+        """The task of the oldest request not answered yet, once the zygote answers."""
         with self.ended:
-            if not self.ended.wait_for(lambda: self.pids or not self.alive, 60.0) \
-                    or not self.pids:
+            if not self.ended.wait_for(lambda: self.answers or not self.alive, 60.0) \
+                    or not self.answers:
                 raise OSError("the zygote that forks task processes did not answer "
                               f"(exit status {self.proc.poll()})")
-            return TaskProcess(self.pids.pop(0), self)
+            pid, launch = self.answers.pop(0)
+            return TaskProcess(pid, launch, self)
 
     def close(self) -> None:
         if self.proc.stdin is not None:
