@@ -44,6 +44,9 @@ class CacheMachine(RuleBasedStateMachine):
         self.backend: RocksDBStateBackend | None = None
         self.frozen: list[tuple[dict[bytes, bytes], Any]] = []
         self.natives: list[Path] = []
+        #: while changes are tracked: key -> what the value (list) state's change record
+        #: must say since they were last taken (a value, "list", or None: deleted)
+        self.changes: dict[str, dict[Any, Any]] | None = None
 
     @initialize(limit=st.sampled_from([1, 2, 3, 8, 0]))  # 8: no evictions
     def start(self, limit: int) -> None:
@@ -69,18 +72,21 @@ class CacheMachine(RuleBasedStateMachine):
         self.at(key)
         self.value.update(value)  # type: ignore[attr-defined]
         self.values[key] = value
+        self.changed("v", key, value)
 
     @rule(key=st.sampled_from(KEYS))
     def clear(self, key: Any) -> None:
         self.at(key)
         self.value.clear()  # type: ignore[attr-defined]
         self.values.pop(key, None)
+        self.changed("v", key, None)
 
     @rule(key=st.sampled_from(KEYS), value=st.integers(0, 3))
     def add(self, key: Any, value: int) -> None:
         self.at(key)
         self.list.add(value)  # type: ignore[attr-defined]
         self.lists.setdefault(key, []).append(value)
+        self.changed("l", key, "list")
 
     @rule(key=st.sampled_from(KEYS), values=st.lists(st.integers(0, 3), max_size=2))
     def replace_list(self, key: Any, values: list[int]) -> None:
@@ -90,6 +96,7 @@ class CacheMachine(RuleBasedStateMachine):
             self.lists[key] = list(values)
         else:
             self.lists.pop(key, None)
+        self.changed("l", key, "list" if values else None)
 
     @rule(key=st.sampled_from(KEYS))
     def read(self, key: Any) -> None:
@@ -101,6 +108,7 @@ class CacheMachine(RuleBasedStateMachine):
     def write_by_key_bytes(self, key: Any, value: int) -> None:  # (the TTL layer's way)
         self.value.update_at(self.key_bytes(key), value)
         self.values[key] = value
+        self.changed("v", key, value)
 
     # every other way RocksDB is read --------------------------------------------------
     @rule()
@@ -135,6 +143,8 @@ class CacheMachine(RuleBasedStateMachine):
         assert self.backend is not None
         dead = SER.encode(drop)
         self.backend.compact_step("v", None, 100, lambda k, d: None if d == dead else d)
+        for key in [k for k, v in self.values.items() if v == drop]:
+            self.changed("v", key, None)
         self.values = {k: v for k, v in self.values.items() if v != drop}
 
     @rule()
@@ -151,6 +161,7 @@ class CacheMachine(RuleBasedStateMachine):
         restored = new_backend(self.limit)
         restored.restore_native([NativeRocksDBState(str(target), KeyGroupRange(0, MAX_P - 1))])
         self.open(restored)
+        self.changes = None  # (a new backend: nothing tracked)
 
     @rule(key=st.sampled_from(KEYS), value=st.integers(0, 3))
     def restore_written_around_the_table(self, key: Any, value: int) -> None:
@@ -164,6 +175,30 @@ class CacheMachine(RuleBasedStateMachine):
             self.key_bytes(k) for k in self.values)
         assert sorted(self.list.keys_snapshot()) == sorted(  # type: ignore[attr-defined]
             self.key_bytes(k) for k in self.lists)
+
+    # the change record (changelog checkpoints) -----------------------------------------
+    def changed(self, state: str, key: Any, what: Any) -> None:
+        if self.changes is not None:
+            self.changes[state][key] = what
+
+    @rule()
+    def track_changes(self) -> None:
+        assert self.backend is not None
+        self.backend.track_changes()
+        self.changes = {"v": {}, "l": {}}
+
+    @rule()
+    def take_changes(self) -> None:
+        assert self.backend is not None
+        if self.changes is None:
+            return
+        taken = dict(self.backend.take_changes())
+        want_v = {self.key_bytes(k): None if v is None else SER.encode(v)
+                  for k, v in self.changes["v"].items()}
+        assert taken.get("v", {}) == want_v
+        got_l = {k: None if d is None else "list" for k, d in taken.get("l", {}).items()}
+        assert got_l == {self.key_bytes(k): w for k, w in self.changes["l"].items()}
+        self.changes = {"v": {}, "l": {}}
 
     @rule()
     def read_every_key(self) -> None:
@@ -263,5 +298,33 @@ def test_a_frozen_snapshot_holds_the_cached_writes_as_of_then_without_flushing_t
         table.update(4)  # type: ignore[attr-defined]
         backend.flush()
         assert sorted(SER.decode(v) for _, v in frozen) == [3, 10]
+    finally:
+        backend.close()
+
+
+def test_tracked_writes_reach_rocksdb_after_their_changes_are_taken(rocksdb_tmp: Path) -> None:
+    """While changes are tracked a write is held in the change record alone; taking
+    the changes must leave it to be flushed, and a flush between takes must not drop
+    it from the next record."""
+    backend = new_backend(100)
+    table = backend.create_value_table("v", SER)
+    raw = backend._family("v")
+    try:
+        backend.track_changes()
+        for key, value in (("a", 1), ("b", 2)):
+            backend.key_context.set_current_key(key)
+            table.update(value)  # type: ignore[attr-defined]
+        assert {SER.decode(v) for v in dict(backend.take_changes())["v"].values()} == {1, 2}
+        backend.key_context.set_current_key("c")
+        table.update(3)  # type: ignore[attr-defined]
+        frozen = dict(backend.frozen_sources())["v"]
+        assert sorted(SER.decode(v) for _, v in frozen) == [1, 2, 3]
+        assert list(raw.keys()) == []  # nothing flushed yet
+        backend.flush()
+        assert sorted(SER.decode(v) for v in raw.values()) == [1, 2, 3]
+        backend.key_context.set_current_key("d")
+        table.update(4)  # type: ignore[attr-defined]
+        taken = dict(backend.take_changes())["v"]
+        assert sorted(SER.decode(v) for v in taken.values()) == [3, 4]  # across the flush
     finally:
         backend.close()

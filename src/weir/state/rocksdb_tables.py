@@ -132,8 +132,13 @@ class _PointTable(_RocksTable):
         self._limit = cache_entries
         #: prefixed key -> stored bytes (None: absent), the dirty ones included
         self._cache: dict[bytes, bytes | None] = {}
-        #: prefixed key -> bytes written since the last flush (None: deleted)
+        #: prefixed key -> bytes written since the last flush (None: deleted) and not
+        #: in ``_written``: while changes are tracked, a write goes to ``_written``
+        #: alone (one dict store less per write) and reaches ``_dirty`` when the
+        #: changes are taken
         self._dirty: dict[bytes, bytes | None] = {}
+        #: parts of the change record (``_written``) that a flush already wrote
+        self._written_flushed: list[dict[bytes, bytes | None]] = []
 
     def _get(self, key: bytes) -> bytes | None:
         data = self._cache.get(key, _MISSING)
@@ -157,8 +162,12 @@ class _PointTable(_RocksTable):
             if len(cache) >= self._limit and key not in cache:
                 self._evict()
             cache[key] = data
-            self._dirty[key] = data
-        elif data is None:
+            if self._written is None:
+                self._dirty[key] = data
+            else:
+                self._written[key] = data
+            return
+        if data is None:
             self._cf.delete(key)
         else:
             self._cf.put(key, data)
@@ -174,11 +183,49 @@ class _PointTable(_RocksTable):
 
     def flush(self) -> None:
         """Write the dirty entries to RocksDB, in one write batch; they stay cached."""
+        if not self._limit:
+            return
+        written = self._written
+        if written:  # (the change record stays whole: this part is kept, as flushed)
+            self._written_flushed.append(written)
+            self._written = {}
         if self._dirty:
             dirty, self._dirty = self._dirty, {}
+            if written:
+                dirty.update(written)
             self._writer(dirty)
+        elif written:
+            self._writer(written)
+
+    def track(self) -> None:
+        if self._limit and self._written:  # unflushed writes of the record that ends
+            self._dirty.update(self._written)
+        self._written_flushed = []
+        super().track()
+
+    def changed(self) -> int:
+        return len(self._written or ()) + sum(map(len, self._written_flushed))
+
+    def take(
+        self,
+    ) -> dict[bytes, bytes | None] | Iterator[tuple[bytes, list[tuple[bytes, bytes]]]]:
+        written = self._written or {}
+        if self._limit:
+            self._dirty.update(written)  # not written to RocksDB yet
+        if self._written_flushed:
+            merged: dict[bytes, bytes | None] = {}
+            for part in self._written_flushed:
+                merged.update(part)
+            merged.update(written)
+            written = merged
+            self._written_flushed = []
+        self._written = {}
+        return written
 
     def drop_cache(self) -> None:
+        if self._written:  # kept as a record of changes, never to be written
+            self._written_flushed.append(self._written)
+            self._written = {}
         self._cache.clear()
         self._dirty.clear()
 
@@ -187,7 +234,12 @@ class _PointTable(_RocksTable):
             self._cache[key] = data
 
     def dirty_copy(self) -> dict[bytes, bytes | None] | None:
-        return dict(self._dirty) if self._dirty else None
+        if not self._limit or not (self._dirty or self._written):
+            return None
+        copy = dict(self._dirty)
+        if self._written:
+            copy.update(self._written)
+        return copy
 
     def cached(self) -> int:
         """The number of entries in the cache."""
@@ -252,8 +304,9 @@ class RocksValueTable(_PointTable, ValueTable, ValueState[Any]):
         cache = self._cache
         if key in cache:  # (a cached key: no eviction to consider)
             cache[key] = data
-            self._dirty[key] = data
-            if self._written is not None:
+            if self._written is None:
+                self._dirty[key] = data
+            else:
                 self._written[key] = data
         else:
             self._store(key, data)
