@@ -137,8 +137,9 @@ class _PointTable(_RocksTable):
         #: alone (one dict store less per write) and reaches ``_dirty`` when the
         #: changes are taken
         self._dirty: dict[bytes, bytes | None] = {}
-        #: parts of the change record (``_written``) that a flush already wrote
-        self._written_flushed: list[dict[bytes, bytes | None]] = []
+        #: the part of the change record that a flush already wrote (``_written`` holds
+        #: the rest; the record's keys at most once, whatever the number of flushes)
+        self._written_flushed: dict[bytes, bytes | None] = {}
 
     def _get(self, key: bytes) -> bytes | None:
         data = self._cache.get(key, _MISSING)
@@ -187,8 +188,7 @@ class _PointTable(_RocksTable):
             return
         written = self._written
         if written:  # (the change record stays whole: this part is kept, as flushed)
-            self._written_flushed.append(written)
-            self._written = {}
+            self._keep_flushed(written)
         if self._dirty:
             dirty, self._dirty = self._dirty, {}
             if written:
@@ -197,14 +197,22 @@ class _PointTable(_RocksTable):
         elif written:
             self._writer(written)
 
+    def _keep_flushed(self, written: dict[bytes, bytes | None]) -> None:
+        """Move the change record's ``written`` (now in RocksDB) to its flushed part."""
+        if self._written_flushed:
+            self._written_flushed.update(written)
+        else:
+            self._written_flushed = written
+        self._written = {}
+
     def track(self) -> None:
         if self._limit and self._written:  # unflushed writes of the record that ends
             self._dirty.update(self._written)
-        self._written_flushed = []
+        self._written_flushed = {}
         super().track()
 
     def changed(self) -> int:
-        return len(self._written or ()) + sum(map(len, self._written_flushed))
+        return len(self._written or ()) + len(self._written_flushed)
 
     def take(
         self,
@@ -213,19 +221,15 @@ class _PointTable(_RocksTable):
         if self._limit:
             self._dirty.update(written)  # not written to RocksDB yet
         if self._written_flushed:
-            merged: dict[bytes, bytes | None] = {}
-            for part in self._written_flushed:
-                merged.update(part)
+            merged, self._written_flushed = self._written_flushed, {}
             merged.update(written)
             written = merged
-            self._written_flushed = []
         self._written = {}
         return written
 
     def drop_cache(self) -> None:
         if self._written:  # kept as a record of changes, never to be written
-            self._written_flushed.append(self._written)
-            self._written = {}
+            self._keep_flushed(self._written)
         self._cache.clear()
         self._dirty.clear()
 
