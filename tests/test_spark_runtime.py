@@ -153,6 +153,44 @@ def test_a_rocksdb_stage_evicting_its_entry_cache_all_the_time_counts_exactly(
                 rocksdb_cache_entries=-1)(spark.createDataFrame([("a", 1)], "key string, seq long"))
 
 
+@pytest.mark.spark
+def test_a_progress_event_of_a_trigger_without_data_completes_nothing(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Spark reports a trigger that found no new data (every
+    ``noDataProgressEventInterval``) under the id the *next* batch will have, with no
+    ``addBatch``: no batch ran. ``finish`` then completes the batch before it, and
+    the listener completes nothing (seen in the soak: a killed and restarted job that
+    waited 10 s for data failed with "Spark committed batch 12 ... but no subtask of
+    this stage ran it")."""
+    records = keyed_records(0, 200, 10)
+    write_file(tmp_path / "in", records, KEYED)
+    sink = BatchSink()
+    events = spark.readStream.schema(SCHEMA).parquet(str(tmp_path / "in"))
+    previous = spark.conf.get("spark.sql.streaming.noDataProgressEventInterval")
+    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "50")
+    try:
+        query = (_counts(checkpoint_location=str(tmp_path / "weir"), parallelism=2)(events)
+                 .writeStream.foreachBatch(sink)
+                 .option("checkpointLocation", str(tmp_path / "spark"))
+                 .trigger(processingTime="100 milliseconds").start())
+        try:
+            deadline = time.monotonic() + 60
+            while not any(p["batchId"] == 1 and "addBatch" not in p["durationMs"]
+                          for p in query.recentProgress):
+                assert time.monotonic() < deadline, query.recentProgress
+                time.sleep(0.1)
+        finally:
+            query.stop()
+    finally:
+        spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", previous)
+    assert query.lastProgress["batchId"] == 1 and "addBatch" not in query.lastProgress[
+        "durationMs"]
+    assert weir.spark.finish(query) == 0  # the batch that ran, complete
+    assert last_counts(sink.rows()) == _oracle(records)
+    assert _state_counts(tmp_path / "weir", tmp_path / "sp") == _oracle(records)
+
+
 class FailOnce(Count):
     """Fails the first time it sees ``poison`` (a marker file remembers it)."""
 

@@ -17,7 +17,7 @@ from weir.errors import ConfigurationError, NoCheckpointError
 from weir.runtime.spark.durations import duration_ms
 from weir.runtime.spark.epochs import EpochStore
 from weir.runtime.spark.lineage import QUERY, Lineage
-from weir.runtime.spark.listener import COMPLETIONS
+from weir.runtime.spark.listener import COMPLETIONS, last_committed
 from weir.runtime.spark.plan import lineage_state
 
 __all__ = [
@@ -38,7 +38,7 @@ def finish(query: Any) -> int | None:
     :class:`~weir.errors.IncompleteBatchError` if Spark committed that batch with some
     subtasks' output never computed. Returns the batch id (None if the query ran no
     batch)."""
-    batch = int(query.lastProgress["batchId"]) if query.lastProgress else None
+    batch = last_committed(query.lastProgress)
     for completion in list(COMPLETIONS.values()):
         completion.settle(query, raise_errors=True)
     return batch

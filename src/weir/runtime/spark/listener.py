@@ -10,7 +10,7 @@ import atexit
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -134,8 +134,7 @@ class Completion:
         """Complete the last batch the query ``query`` (a ``StreamingQuery``) committed
         and, if it is no longer active, give up its stages, without waiting for the
         listener's events. Returns that batch's id (None if it ran none)."""
-        progress = query.lastProgress
-        batch = int(progress["batchId"]) if progress else None
+        batch = last_committed(query.lastProgress)
         query_id, run = str(query.id), str(query.runId)
         with self._events_of(run):
             if run in self.finished:
@@ -202,6 +201,24 @@ def spark_checkpoint(query: Any) -> str | None:
         return None
 
 
+def batch_ran(duration_ms: Mapping[str, Any] | None) -> bool:
+    """Whether a progress report is of a batch that ran. Spark also reports a trigger
+    that found no new data (every ``noDataProgressEventInterval``), under the id the
+    *next* batch will get and without ``addBatch`` (the time of running a batch)."""
+    return "addBatch" in (duration_ms or {})
+
+
+def last_committed(progress: Mapping[str, Any] | None) -> int | None:
+    """The last batch Spark committed, from a query's ``lastProgress`` (None: none):
+    its batch, or the one before a report of a trigger without data."""
+    if not progress:
+        return None
+    batch = int(progress["batchId"])
+    if not batch_ran(progress.get("durationMs")):
+        batch -= 1
+    return batch if batch >= 0 else None
+
+
 def completion(spark: SparkSession) -> Completion:
     from pyspark.sql.streaming.listener import StreamingQueryListener
 
@@ -220,6 +237,8 @@ def completion(spark: SparkSession) -> Completion:
                     completion.started[query] = handle
 
         def onQueryProgress(self, event: Any) -> None:
+            if not batch_ran(event.progress.durationMs):
+                return  # a trigger that found no new data: no batch ran
             query = str(event.progress.id)
             completion.listener_progress(query, str(event.progress.runId),
                                          int(event.progress.batchId),
