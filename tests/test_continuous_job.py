@@ -107,7 +107,10 @@ def test_keyed_checkpoints_take_the_form_configured_and_restore_exactly_once(
     the hash map as a changelog with ``changelog=True``. A keyed task killed after
     checkpoints restores from the latest one (for a changelog: its base and deltas)
     exactly once."""
-    n = 60_000
+    # 2.5 s of input (two source subtasks at 30,000 a second each): the kill must land
+    # while the job runs. With 1 s (60,000) the job once ended before its fourth
+    # completed checkpoint under a full suite's load, and the test failed.
+    n = 150_000
     job = LocalJob(spec(tmp_path, backend, n, rate=30_000),
                    CheckpointConfig(interval_ms=100, changelog=changelog),
                    restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0),

@@ -177,9 +177,9 @@ def stop_with_savepoint(
                 f"start it again (same checkpointLocation, a processingTime trigger) and "
                 f"call stop_with_savepoint on it"
             )
-        progress = query.lastProgress
-        # batch lastProgress + 1 may be running already; + 2 starts after this request
-        first = (int(progress["batchId"]) if progress else -1) + 2
+        committed = last_committed(query.lastProgress)
+        # batch committed + 1 may be running already; + 2 starts after this request
+        first = (committed if committed is not None else -1) + 2
         for store in stores:
             store.request_drain(query_id, first)
         deadline = time.monotonic() + duration_ms(timeout, "timeout") / 1000
