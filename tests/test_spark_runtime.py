@@ -114,17 +114,23 @@ def test_spark_partition_i_holds_exactly_subtask_is_key_groups(
 def test_restart_with_the_same_spark_checkpoint_continues_exactly_once(
     spark: Any, tmp_path: Path, backend: str
 ) -> None:
-    records = keyed_records(0, 3000, 50)
-    build = _counts(checkpoint_location=str(tmp_path / "weir"), parallelism=2,
-                    state_backend=backend)
-    for start in range(0, 1500, 500):
+    _count_across_a_restart(spark, tmp_path, 3000, state_backend=backend)
+
+
+def _count_across_a_restart(spark: Any, tmp_path: Path, n: int, **kwargs: Any) -> None:
+    """Count ``n`` records over 50 keys in two queries on the same Spark checkpoint
+    (files of 500 records, half before the restart): every record out once, the last
+    counts and the state equal to the oracle."""
+    records = keyed_records(0, n, 50)
+    build = _counts(checkpoint_location=str(tmp_path / "weir"), parallelism=2, **kwargs)
+    for start in range(0, n // 2, 500):
         write_file(tmp_path / "in", records[start:start + 500], KEYED)
     sink = run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark")
-    for start in range(1500, 3000, 500):
+    for start in range(n // 2, n, 500):
         write_file(tmp_path / "in", records[start:start + 500], KEYED)
     run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark", sink)
     rows = sink.rows()
-    assert sorted(r[1] for r in rows) == list(range(3000))  # no loss, no duplicate
+    assert sorted(r[1] for r in rows) == list(range(n))  # no loss, no duplicate
     assert last_counts(rows) == _oracle(records)
     assert _state_counts(tmp_path / "weir", tmp_path / "sp") == _oracle(records)
 
@@ -135,19 +141,8 @@ def test_a_rocksdb_stage_evicting_its_entry_cache_all_the_time_counts_exactly(
 ) -> None:
     """``rocksdb_cache_entries=2`` against 50 keys: writes are flushed by evictions in
     the middle of batches as well as before each checkpoint, across a restart."""
-    records = keyed_records(0, 2000, 50)
-    build = _counts(checkpoint_location=str(tmp_path / "weir"), parallelism=2,
-                    state_backend="rocksdb", rocksdb_cache_entries=2)
-    for start in range(0, 1000, 500):
-        write_file(tmp_path / "in", records[start:start + 500], KEYED)
-    sink = run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark")
-    for start in range(1000, 2000, 500):
-        write_file(tmp_path / "in", records[start:start + 500], KEYED)
-    run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark", sink)
-    rows = sink.rows()
-    assert sorted(r[1] for r in rows) == list(range(2000))
-    assert last_counts(rows) == _oracle(records)
-    assert _state_counts(tmp_path / "weir", tmp_path / "sp") == _oracle(records)
+    _count_across_a_restart(spark, tmp_path, 2000, state_backend="rocksdb",
+                            rocksdb_cache_entries=2)
     with pytest.raises(weir.ConfigurationError, match="cache_entries"):
         _counts(checkpoint_location=str(tmp_path / "bad"), state_backend="rocksdb",
                 rocksdb_cache_entries=-1)(spark.createDataFrame([("a", 1)], "key string, seq long"))
