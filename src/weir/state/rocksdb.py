@@ -295,15 +295,18 @@ class RocksDBStateBackend(KeyedStateBackend):
             self._timer_families[name] = cf
         if reset and next(iter(cf.keys()), None) is not None:
             cf.delete_range(b"", _END)
+        self._write(TIMER_CF_PREFIX + name,
+                    ((key, entries[0][1] if entries else None) for key, entries in changes))
+
+    def _write(self, cf_name: str, entries: Iterable[tuple[bytes, bytes | None]]) -> None:
+        """Write ``entries`` (None: delete) to column family ``cf_name`` in one batch."""
         batch = rocksdict.WriteBatch(raw_mode=True)
-        batch.set_default_column_family(
-            self._db.get_column_family_handle(TIMER_CF_PREFIX + name)
-        )
-        for key, entries in changes:
-            if entries:
-                batch.put(key, entries[0][1])
-            else:
+        batch.set_default_column_family(self._db.get_column_family_handle(cf_name))
+        for key, data in entries:
+            if data is None:
                 batch.delete(key)
+            else:
+                batch.put(key, data)
         if len(batch):
             self._db.write(batch, self._write_options)
 
@@ -333,15 +336,7 @@ class RocksDBStateBackend(KeyedStateBackend):
         """Writes dirty entries of state ``name`` in one batch (the entry cache's flush)."""
 
         def write(entries: dict[bytes, bytes | None]) -> None:
-            batch = rocksdict.WriteBatch(raw_mode=True)
-            batch.set_default_column_family(
-                self._db.get_column_family_handle(_CF_PREFIX + name))
-            for key, data in entries.items():
-                if data is None:
-                    batch.delete(key)
-                else:
-                    batch.put(key, data)
-            self._db.write(batch, self._write_options)
+            self._write(_CF_PREFIX + name, entries.items())
 
         return write
 
