@@ -147,8 +147,8 @@ class CacheMachine(RuleBasedStateMachine):
             self.changed("v", key, None)
         self.values = {k: v for k, v in self.values.items() if v != drop}
 
-    @rule()
-    def native_checkpoint_restored_into_a_new_backend(self) -> None:
+    @rule(tables_first=st.booleans())
+    def native_checkpoint_restored_into_a_new_backend(self, tables_first: bool) -> None:
         assert self.backend is not None
         self.frozen_snapshots_hold_the_state_as_of_then()  # (read before the close)
         target = Path(self.backend.path).with_name(Path(self.backend.path).name + "-chk")
@@ -159,8 +159,11 @@ class CacheMachine(RuleBasedStateMachine):
                                    for k, v in self.values.items()}
         self.backend.close()
         restored = new_backend(self.limit)
+        if tables_first:  # the states made before the restore (it adopts the checkpoint)
+            self.open(restored)
         restored.restore_native([NativeRocksDBState(str(target), KeyGroupRange(0, MAX_P - 1))])
-        self.open(restored)
+        if not tables_first:
+            self.open(restored)
         self.changes = None  # (a new backend: nothing tracked)
 
     @rule(key=st.sampled_from(KEYS), value=st.integers(0, 3))

@@ -468,6 +468,8 @@ class RocksDBStateBackend(KeyedStateBackend):
         self.adopted_shared = native.shared
         low, high = _range_bounds(native.key_group_range)
         clip = [self._family(name) for name in list_column_families(self.path)]
+        for name, table in self._tables.items():  # their handles were of the closed db
+            table.rebind(self._family(name))
         for name in list_column_families(self.path, TIMER_CF_PREFIX):
             self.write_timers(name, ())
             clip.append(self._timer_families[name])

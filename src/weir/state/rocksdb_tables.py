@@ -68,6 +68,11 @@ class _RocksTable(ChangeRecord):
         self._cf = cf
         self._serializer = serializer
 
+    def rebind(self, cf: Any) -> None:
+        """Read and write column family handle ``cf`` from now on (the backend
+        reopened its database)."""
+        self._cf = cf
+
     def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         it = self._cf.iter()
         it.seek(prefix)
