@@ -331,3 +331,77 @@ def test_tracked_writes_reach_rocksdb_after_their_changes_are_taken(rocksdb_tmp:
         assert sorted(SER.decode(v) for v in taken.values()) == [3, 4]  # across the flush
     finally:
         backend.close()
+
+
+# ------------------------------------------------------------------ whole tables
+
+class _CountingFamily:
+    """A column family handle that counts the gets made through it."""
+
+    def __init__(self, cf: Any) -> None:
+        self._cf = cf
+        self.gets = 0
+
+    def get(self, key: bytes) -> Any:
+        self.gets += 1
+        return self._cf.get(key)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cf, name)
+
+
+def _restored_with(entries: dict[str, int], cache_entries: int, tmp: Path
+                   ) -> RocksDBStateBackend:
+    source = new_backend(100)
+    table = source.create_value_table("v", SER)
+    for key, value in entries.items():
+        source.key_context.set_current_key(key)
+        table.update(value)  # type: ignore[attr-defined]
+    source.native_checkpoint(tmp / "chk")
+    source.close()
+    restored = new_backend(cache_entries)
+    restored.restore_native([NativeRocksDBState(str(tmp / "chk"), KeyGroupRange(0, MAX_P - 1))])
+    return restored
+
+
+def test_a_new_table_answers_first_reads_without_rocksdb(rocksdb_tmp: Path) -> None:
+    backend = new_backend(100)
+    table = backend.create_value_table("v", SER)
+    family = table._cf = _CountingFamily(table._cf)  # type: ignore[attr-defined]
+    try:
+        for key in range(50):
+            backend.key_context.set_current_key(key)
+            assert table.value() is None  # type: ignore[attr-defined]
+            table.update(key)  # type: ignore[attr-defined]
+        assert family.gets == 0
+    finally:
+        backend.close()
+
+
+def test_a_restored_table_that_fits_loads_it_in_one_scan(rocksdb_tmp: Path) -> None:
+    """Every read after the scan, of present and absent keys, is a cache hit."""
+    backend = _restored_with({f"k{i}": i for i in range(50)}, 64, rocksdb_tmp)
+    table = backend.create_value_table("v", SER)
+    family = table._cf = _CountingFamily(table._cf)  # type: ignore[attr-defined]
+    try:
+        for i in range(60):
+            backend.key_context.set_current_key(f"k{i}")
+            assert table.value() == (i if i < 50 else None)  # type: ignore[attr-defined]
+        assert family.gets == 0
+        assert table.cached() == 50  # type: ignore[attr-defined]
+    finally:
+        backend.close()
+
+
+def test_a_restored_table_larger_than_the_cache_reads_rocksdb_by_key(rocksdb_tmp: Path) -> None:
+    backend = _restored_with({f"k{i}": i for i in range(50)}, 20, rocksdb_tmp)
+    table = backend.create_value_table("v", SER)
+    family = table._cf = _CountingFamily(table._cf)  # type: ignore[attr-defined]
+    try:
+        for i in range(60):
+            backend.key_context.set_current_key(f"k{i}")
+            assert table.value() == (i if i < 50 else None)  # type: ignore[attr-defined]
+        assert family.gets == 60
+        assert table.cached() <= 20  # type: ignore[attr-defined]
+    finally:
+        backend.close()

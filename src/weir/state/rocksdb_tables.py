@@ -19,6 +19,16 @@ checkpoints, compaction, restores — flushes first (the backend calls :meth:`fl
 so RocksDB is the state whenever anything else looks at it; an asynchronous snapshot
 (``frozen_sources``) instead lays a copy of the dirty entries over a RocksDB snapshot.
 Map states read and write RocksDB directly: their reads are prefix scans.
+
+**Whole tables.** A miss costs a RocksDB get even for a key RocksDB does not hold (every
+key's first record), and a restored subtask (on Spark: each time a subtask's task runs in
+another Python worker) starts with an empty cache. So at the first miss after a table is
+made or its cache dropped, a table decides whether its column family fits in the cache:
+if RocksDB's key estimate allows, it loads the column family in one scan (about 0.3 µs
+an entry against 1-3 µs a get) and, when the scan ends within ``cache_entries``, the
+cache is *complete*: a miss is an absent key, answered without RocksDB, until an
+eviction. A new, empty table is complete at once. Writes around a table keep it
+complete (``stored``) or drop its cache (restores).
 """
 
 from __future__ import annotations
@@ -51,6 +61,11 @@ __all__ = ["EntryWriter", "RocksListTable", "RocksMapTable", "RocksValueTable", 
 #: writes a table's dirty entries (None: delete) to its column family in one batch
 EntryWriter = Callable[[dict[bytes, bytes | None]], None]
 _MISSING: Any = object()
+#: a table whose column family RocksDB estimates at more than this many times the
+#: cache's bound is not scanned into it (the estimate counts a key once per SST file
+#: and memtable that holds a version of it, so it overstates a state written in
+#: several batches)
+_ESTIMATE_SLACK = 4
 
 
 def successor(prefix: bytes) -> bytes | None:
@@ -145,10 +160,21 @@ class _PointTable(_RocksTable):
         #: the part of the change record that a flush already wrote (``_written`` holds
         #: the rest; the record's keys at most once, whatever the number of flushes)
         self._written_flushed: dict[bytes, bytes | None] = {}
+        #: True: the cache holds every entry of the column family, so a miss is an
+        #: absent key; None: not decided since the table was made or its cache dropped
+        #: (the cache and the dirty entries are then empty; ``_warm`` decides)
+        self._complete: bool | None = None if cache_entries else False
 
     def _get(self, key: bytes) -> bytes | None:
         data = self._cache.get(key, _MISSING)
         if data is _MISSING:
+            if self._complete is None:
+                self._warm()
+                data = self._cache.get(key, _MISSING)
+                if data is not _MISSING:
+                    return data  # type: ignore[no-any-return]
+            if self._complete:
+                return None
             data = self._cf.get(key)
             if self._limit:
                 if len(self._cache) >= self._limit:
@@ -165,8 +191,11 @@ class _PointTable(_RocksTable):
     def _store(self, key: bytes, data: bytes | None) -> None:
         if self._limit:
             cache = self._cache
-            if len(cache) >= self._limit and key not in cache:
-                self._evict()
+            if key not in cache:
+                if self._complete is None:
+                    self._warm()
+                if len(cache) >= self._limit and key not in cache:
+                    self._evict()
             cache[key] = data
             if self._written is None:
                 self._dirty[key] = data
@@ -180,12 +209,29 @@ class _PointTable(_RocksTable):
         if self._written is not None:
             self._written[key] = data
 
+    def _warm(self) -> None:
+        """Load the whole column family into the (empty) cache when it fits, which
+        makes the cache complete; else leave the cache empty and incomplete."""
+        self._complete = False
+        limit = self._limit
+        try:
+            estimate = int(self._cf.property_int_value("rocksdb.estimate-num-keys") or 0)
+        except Exception:  # no estimate: the scan below is bounded anyway
+            estimate = 0
+        if estimate > _ESTIMATE_SLACK * limit:
+            return
+        entries = dict(itertools.islice(self._cf.items(), limit + 1))
+        if len(entries) <= limit:
+            self._cache.update(entries)
+            self._complete = True
+
     def _evict(self) -> None:
         """Flush, then drop the older half of the cache (insertion order)."""
         self.flush()
         cache = self._cache
         for key in list(itertools.islice(cache, max(1, len(cache) // 2))):
             del cache[key]
+        self._complete = False
 
     def flush(self) -> None:
         """Write the dirty entries to RocksDB, in one write batch; they stay cached."""
@@ -237,6 +283,8 @@ class _PointTable(_RocksTable):
             self._keep_flushed(self._written)
         self._cache.clear()
         self._dirty.clear()
+        if self._limit:
+            self._complete = None
 
     def stored(self, key: bytes, data: bytes | None) -> None:
         if key in self._cache:
