@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -405,3 +405,72 @@ def test_a_restored_table_larger_than_the_cache_reads_rocksdb_by_key(rocksdb_tmp
         assert table.cached() <= 20  # type: ignore[attr-defined]
     finally:
         backend.close()
+
+
+# ------------------------------------------------------------------ the C fast path
+
+#: values of every kind, an unencodable one included (the write check must refuse it)
+VALUES = st.one_of(st.integers(-3, 3), st.sampled_from(["x", "y"]), st.none(),
+                   st.lists(st.integers(0, 2), max_size=2), st.just(object()))
+CALLS = st.lists(st.tuples(
+    st.sampled_from(["value", "update", "no_key", "track", "take", "flush"]),
+    st.sampled_from(["a", "b", 7]), VALUES,
+), max_size=40)
+
+
+class _ValueSide:
+    """A RocksDB value table called through its public methods (C whenever the fast
+    case applies) or through the ``_slow_`` methods only."""
+
+    def __init__(self, slow: bool, cache_entries: int) -> None:
+        self.backend = new_backend(cache_entries)
+        self.table: Any = self.backend.create_value_table("v", SER)
+        self.slow = slow
+
+    def run(self, call: str, key: Any, value: Any) -> Any:
+        ctx = self.backend.key_context
+        if call == "track":
+            return self.backend.track_changes()
+        if call == "take":
+            return sorted(dict(self.backend.take_changes()).get("v", {}).items())
+        if call == "flush":
+            return self.backend.flush()
+        if call == "no_key":
+            ctx.clear()
+            return self.table._slow_value() if self.slow else self.table.value()
+        ctx.set_current_key(key)
+        if call == "value":
+            return self.table._slow_value() if self.slow else self.table.value()
+        return self.table._slow_update(value) if self.slow else self.table.update(value)
+
+    def outcome(self, call: tuple[str, Any, Any]) -> Any:
+        try:
+            return ("returned", repr(self.run(*call)))
+        except Exception as exc:
+            return ("raised", type(exc).__name__, str(exc))
+
+    def held(self) -> Any:
+        t = self.table
+        return (dict(t._cache), dict(t._dirty), None if t._written is None else dict(t._written))
+
+
+@settings(max_examples=200, deadline=None)
+@given(calls=CALLS, cache_entries=st.sampled_from([0, 2, 100]))
+def test_the_value_fast_path_matches_the_python_semantics(
+        calls: list[tuple[str, Any, Any]], cache_entries: int) -> None:
+    fast, slow = _ValueSide(False, cache_entries), _ValueSide(True, cache_entries)
+    try:
+        for call in calls:
+            assert fast.outcome(call) == slow.outcome(call), call
+            assert fast.held() == slow.held()
+    finally:
+        fast.backend.close()
+        slow.backend.close()
+
+
+def test_the_rocksdb_value_table_uses_the_c_methods() -> None:
+    from weir.state._hashcore import RocksValueCore
+    from weir.state.rocksdb_tables import RocksValueTable
+
+    assert RocksValueTable.value is RocksValueCore.value  # type: ignore[comparison-overlap]
+    assert RocksValueTable.update is RocksValueCore.update  # type: ignore[comparison-overlap]

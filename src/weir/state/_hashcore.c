@@ -595,10 +595,15 @@ PyInit__hashcore(void)
     ValueCoreType.tp_base = &TableCoreType;
     ListCoreType.tp_base = &TableCoreType;
     MapCoreType.tp_base = &TableCoreType;
+    if (weir_rockscore_init() < 0) {
+        return NULL;
+    }
     PyTypeObject *types[] = {&KeyCellType, &TableCoreType, &ValueCoreType, &ListCoreType,
-                             &MapCoreType};
-    const char *names[] = {"KeyCell", "TableCore", "ValueCore", "ListCore", "MapCore"};
-    for (size_t i = 0; i < 5; i++) {
+                             &MapCoreType, &RocksPointCoreType, &RocksValueCoreType};
+    const char *names[] = {"KeyCell", "TableCore", "ValueCore", "ListCore", "MapCore",
+                           "RocksPointCore", "RocksValueCore"};
+    const size_t ntypes = sizeof(types) / sizeof(types[0]);
+    for (size_t i = 0; i < ntypes; i++) {
         if (PyType_Ready(types[i]) < 0) {
             return NULL;
         }
@@ -618,7 +623,7 @@ PyInit__hashcore(void)
     if (module == NULL) {
         return NULL;
     }
-    for (size_t i = 0; i < 5; i++) {
+    for (size_t i = 0; i < ntypes; i++) {
         if (PyModule_AddObjectRef(module, names[i], (PyObject *)types[i]) < 0) {
             Py_DECREF(module);
             return NULL;

@@ -20,6 +20,12 @@ typedef struct {
 
 extern PyTypeObject KeyCellType;
 
+/* The RocksDB entry cache's fields and its value state's fast path (_rockscore.c);
+ * weir_rockscore_init sets RocksValueCore's base and interns names (-1: error). */
+extern PyTypeObject RocksPointCoreType;
+extern PyTypeObject RocksValueCoreType;
+int weir_rockscore_init(void);
+
 /* Interns the names _keycell.c calls; 0 on success, -1 with an exception. */
 int weir_keycell_init(void);
 

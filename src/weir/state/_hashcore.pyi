@@ -58,6 +58,20 @@ class MapCore(TableCore):
     def get(self, user_key: Any, default: Any = None) -> Any: ...
     def put(self, user_key: Any, value: Any) -> None: ...
 
+class RocksPointCore:
+    """Fields of a RocksDB value or list state's entry cache (``_rockscore.c``)."""
+
+    _ctx: Any
+    _cache: dict[bytes, bytes | None]
+    _dirty: dict[bytes, bytes | None]
+    _written: dict[bytes, bytes | None] | None
+    _fast_encode: Any
+    _fast_decode: Any
+
+class RocksValueCore(RocksPointCore):
+    def value(self) -> Any: ...
+    def update(self, value: Any) -> None: ...
+
 def pack_changes(
     written: dict[bytes, bytes | None],
 ) -> dict[int, tuple[bytearray, int, bytearray, int]]: ...

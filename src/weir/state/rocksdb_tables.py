@@ -40,6 +40,7 @@ from typing import Any
 from weir.api.serializers import Serializer
 from weir.api.state import ListState, MapState, ValueState
 from weir.errors import StateError
+from weir.state._hashcore import RocksPointCore, RocksValueCore
 from weir.state.backend import (
     EntryFilter,
     ListTable,
@@ -53,7 +54,7 @@ from weir.state.backend import (
     split_map_key,
     unframe,
 )
-from weir.state.keycontext import NO_KEY, KeyContext
+from weir.state.keycontext import KeyContext
 from weir.state.rocksdb_changes import ChangeRecord
 
 __all__ = ["EntryWriter", "RocksListTable", "RocksMapTable", "RocksValueTable", "successor"]
@@ -140,13 +141,17 @@ class _RocksTable(ChangeRecord):
         return None
 
 
-class _PointTable(_RocksTable):
+class _PointTable(RocksPointCore, _RocksTable):
     """A state with one stored entry per key, read and written through the entry
-    cache (see the module's docstring)."""
+    cache (see the module's docstring). Its fields are slots of ``RocksPointCore``
+    (``_rockscore.c``), which the value state's C fast path reads."""
 
     def __init__(self, name: str, ctx: KeyContext, cf: Any, serializer: Serializer[Any],
                  writer: EntryWriter, cache_entries: int):
         super().__init__(name, ctx, cf, serializer)
+        self._fast_encode = serializer.encode
+        self._fast_decode = serializer.decode
+        self._written = None  # (the slot shadows ChangeRecord's class default)
         self._writer = writer
         #: at most this many cached entries (0: no cache, every call goes to RocksDB)
         self._limit = cache_entries
@@ -329,44 +334,17 @@ class _PointTable(_RocksTable):
         return 1
 
 
-class RocksValueTable(_PointTable, ValueTable, ValueState[Any]):
-    # value() and update() are the hot calls: inlined key, cache and serializer calls
-    # (the checked helpers run only to raise their errors)
+class RocksValueTable(RocksValueCore, _PointTable, ValueTable, ValueState[Any]):
+    # value() and update() are the hot calls: RocksValueCore's C methods handle a
+    # cached key and call these for everything else (the checked helpers run only to
+    # raise their errors)
 
-    def value(self) -> Any:
-        key = self._ctx.key_bytes
-        if key is NO_KEY:
-            key = self._current()  # raises
-        data = self._cache.get(key, _MISSING)
-        if data is _MISSING:
-            data = self._get(key)
-        if data is None:
-            return None
-        try:
-            return self._serializer.decode(data)
-        except Exception:
-            return self._decode(data)
+    def _slow_value(self) -> Any:
+        data = self._get(self._current())
+        return None if data is None else self._decode(data)
 
-    def update(self, value: Any) -> None:
-        key = self._ctx.key_bytes
-        if key is NO_KEY:
-            key = self._current()  # raises
-        if value is None:
-            self._store(key, None)
-            return
-        try:
-            data = self._serializer.encode(value)
-        except Exception:
-            data = self._encode(value)
-        cache = self._cache
-        if key in cache:  # (a cached key: no eviction to consider)
-            cache[key] = data
-            if self._written is None:
-                self._dirty[key] = data
-            else:
-                self._written[key] = data
-        else:
-            self._store(key, data)
+    def _slow_update(self, value: Any) -> None:
+        self._store(self._current(), None if value is None else self._encode(value))
 
     def clear(self) -> None:
         self._store(self._current(), None)

@@ -1,0 +1,215 @@
+/* weir.state._hashcore.RocksPointCore / RocksValueCore: the per-call fast path of a RocksDB value
+ * state's entry cache (weir/state/rocksdb_tables.py).
+ *
+ * The RocksDB backend's value table reads and writes through a dict of stored bytes
+ * (the entry cache) and records each write in a second dict: the dirty entries, or,
+ * while changelog changes are tracked, the change record (_written). In Python each
+ * of value() and update() costs a frame and a dozen bytecodes around two dict calls
+ * and the serializer's call; here they cost the dict calls and the serializer's.
+ *
+ * Only the common case is handled, and everything else calls the table's Python
+ * method of the same name prefixed with "_slow_" (which holds the whole semantics:
+ * no current key, a key not in the cache, None, a serializer that raises). The fast
+ * case is exactly:
+ *   - the key context is a KeyCell whose key_bytes is a bytes object, and
+ *   - the table's _cache is a dict holding the current key, and
+ *   - for update, the value is not None, the serializer's encode (_fast_encode)
+ *     returns without an exception, and _written is a dict (changes tracked) or
+ *     _dirty is (not tracked).
+ * value() decodes the cached bytes with _fast_decode (a cached None: no entry).
+ * Eviction, flushes, RocksDB reads and the cache's completeness are all Python's.
+ */
+#include "_hashcore.h"
+
+#include <structmember.h>
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *ctx;     /* the key context (fast path only when a KeyCell) */
+    PyObject *cache;   /* prefixed key -> stored bytes (None: absent) */
+    PyObject *dirty;   /* prefixed key -> bytes written since the last flush */
+    PyObject *written; /* the change record (a dict) while tracked, else None */
+    PyObject *encode;  /* the serializer's encode */
+    PyObject *decode;  /* the serializer's decode */
+} PointCore;
+
+static PyObject *str_slow_value, *str_slow_update;
+
+static int
+point_traverse(PointCore *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->ctx);
+    Py_VISIT(self->cache);
+    Py_VISIT(self->dirty);
+    Py_VISIT(self->written);
+    Py_VISIT(self->encode);
+    Py_VISIT(self->decode);
+    return 0;
+}
+
+static int
+point_clear(PointCore *self)
+{
+    Py_CLEAR(self->ctx);
+    Py_CLEAR(self->cache);
+    Py_CLEAR(self->dirty);
+    Py_CLEAR(self->written);
+    Py_CLEAR(self->encode);
+    Py_CLEAR(self->decode);
+    return 0;
+}
+
+static void
+point_dealloc(PointCore *self)
+{
+    PyObject_GC_UnTrack(self);
+    point_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* T_OBJECT_EX: CPython specializes attribute access from Python code only for these
+ * (the Python side of the table reads these fields on every call it makes). */
+static PyMemberDef point_members[] = {
+    {"_ctx", T_OBJECT_EX, offsetof(PointCore, ctx), 0, "The key context."},
+    {"_cache", T_OBJECT_EX, offsetof(PointCore, cache), 0, "The entry cache."},
+    {"_dirty", T_OBJECT_EX, offsetof(PointCore, dirty), 0, "Entries not flushed yet."},
+    {"_written", T_OBJECT_EX, offsetof(PointCore, written), 0,
+     "The change record while changes are tracked, else None."},
+    {"_fast_encode", T_OBJECT_EX, offsetof(PointCore, encode), 0, "The serializer's encode."},
+    {"_fast_decode", T_OBJECT_EX, offsetof(PointCore, decode), 0, "The serializer's decode."},
+    {NULL},
+};
+
+/* The current prefixed key (borrowed), or NULL when the fast path does not apply. */
+static inline PyObject *
+point_key(PointCore *self)
+{
+    PyObject *ctx = self->ctx;
+    if (ctx == NULL || !(Py_TYPE(ctx)->tp_base == &KeyCellType  /* KeyContext */
+                         || PyObject_TypeCheck(ctx, &KeyCellType))) {
+        return NULL;
+    }
+    PyObject *key = ((KeyCell *)ctx)->key_bytes;
+    if (key == NULL || !PyBytes_CheckExact(key) || self->cache == NULL
+        || !PyDict_CheckExact(self->cache)) {
+        return NULL;
+    }
+    return key;
+}
+
+/* NULL with an Exception (not BaseException) cleared: the slow path redoes the call
+ * and raises its own, checked error. Else the pending error stays (returns 0). */
+static inline int
+cleared_exception(void)
+{
+    if (PyErr_ExceptionMatches(PyExc_Exception)) {
+        PyErr_Clear();
+        return 1;
+    }
+    return 0;
+}
+
+static PyObject *
+point_value(PointCore *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *key = point_key(self);
+    if (key == NULL || self->decode == NULL) {
+        return PyObject_CallMethodNoArgs((PyObject *)self, str_slow_value);
+    }
+    PyObject *data = PyDict_GetItemWithError(self->cache, key);
+    if (data == NULL) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        return PyObject_CallMethodNoArgs((PyObject *)self, str_slow_value);
+    }
+    if (data == Py_None) {
+        Py_RETURN_NONE;
+    }
+    Py_INCREF(data);  /* the decoder is Python code: the cache may change under it */
+    PyObject *value = PyObject_CallOneArg(self->decode, data);
+    Py_DECREF(data);
+    if (value == NULL && cleared_exception()) {
+        return PyObject_CallMethodNoArgs((PyObject *)self, str_slow_value);
+    }
+    return value;
+}
+
+static PyObject *
+point_update(PointCore *self, PyObject *value)
+{
+    PyObject *key = point_key(self);
+    if (key == NULL || value == Py_None || self->encode == NULL) {
+        return PyObject_CallMethodOneArg((PyObject *)self, str_slow_update, value);
+    }
+    int cached = PyDict_Contains(self->cache, key);
+    if (cached <= 0) {  /* not cached (an eviction to consider): Python's */
+        return cached < 0 ? NULL
+                          : PyObject_CallMethodOneArg((PyObject *)self, str_slow_update, value);
+    }
+    Py_INCREF(key);  /* the encoder is Python code: it may change the current key */
+    PyObject *data = PyObject_CallOneArg(self->encode, value);
+    PyObject *result = NULL;
+    if (data == NULL) {
+        if (cleared_exception()) {
+            result = PyObject_CallMethodOneArg((PyObject *)self, str_slow_update, value);
+        }
+        Py_DECREF(key);
+        return result;
+    }
+    PyObject *record = self->written != NULL && PyDict_CheckExact(self->written)
+                           ? self->written : self->dirty;
+    if (record == NULL || !PyDict_CheckExact(record)) {
+        result = PyObject_CallMethodOneArg((PyObject *)self, str_slow_update, value);
+    }
+    else if (PyDict_SetItem(self->cache, key, data) == 0
+             && PyDict_SetItem(record, key, data) == 0) {
+        result = Py_NewRef(Py_None);
+    }
+    Py_DECREF(data);
+    Py_DECREF(key);
+    return result;
+}
+
+static PyMethodDef point_methods[] = {
+    {"value", (PyCFunction)point_value, METH_NOARGS, "The current key's value, or None."},
+    {"update", (PyCFunction)point_update, METH_O, "Set the current key's value."},
+    {NULL},
+};
+
+PyTypeObject RocksPointCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "weir.state._hashcore.RocksPointCore",
+    .tp_doc = "Fields of a RocksDB value or list state's entry cache.",
+    .tp_basicsize = sizeof(PointCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_traverse = (traverseproc)point_traverse,
+    .tp_clear = (inquiry)point_clear,
+    .tp_dealloc = (destructor)point_dealloc,
+    .tp_members = point_members,
+};
+
+PyTypeObject RocksValueCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "weir.state._hashcore.RocksValueCore",
+    .tp_doc = "The C fast path of a RocksDB value state's entry cache.",
+    .tp_basicsize = sizeof(PointCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_traverse = (traverseproc)point_traverse,
+    .tp_clear = (inquiry)point_clear,
+    .tp_dealloc = (destructor)point_dealloc,
+    .tp_methods = point_methods,
+};
+
+int
+weir_rockscore_init(void)
+{
+    RocksValueCoreType.tp_base = &RocksPointCoreType;
+    if ((str_slow_value = PyUnicode_InternFromString("_slow_value")) == NULL
+        || (str_slow_update = PyUnicode_InternFromString("_slow_update")) == NULL) {
+        return -1;
+    }
+    return 0;
+}
