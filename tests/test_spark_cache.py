@@ -134,6 +134,50 @@ def test_rocksdb_instances_share_one_bounded_block_cache_and_write_buffer_budget
         RocksDBMemory(total_bytes=1024)
 
 
+def test_restored_and_reopened_rocksdb_column_families_keep_the_shared_budget(
+    tmp_path: Path,
+) -> None:
+    """A database opened where one exists (a restored native checkpoint, a working
+    directory left behind) opens every column family with the process's shared block
+    cache, not RocksDB's default private 8 MiB cache per column family: memory stays
+    within ``RocksDBMemory.total_bytes`` after restores."""
+    from weir import RocksDBMemory
+    from weir.api.serializers import MsgpackSerializer
+    from weir.state.keycontext import KeyContext
+    from weir.state.keygroups import KeyGroupRange
+    from weir.state.rocksdb import RocksDBStateBackend
+    from weir.state.snapshot import NativeRocksDBState
+
+    memory = RocksDBMemory(total_bytes=24 << 20)
+
+    def backend(path: Path) -> RocksDBStateBackend:
+        return RocksDBStateBackend(KeyContext(16, KeyGroupRange(0, 15)), path, memory)
+
+    def capacities(db: RocksDBStateBackend) -> set[int]:
+        families = [db._db, *(db._family(name) for name in ("v", "l"))]
+        return {cf.property_int_value("rocksdb.block-cache-capacity") for cf in families}
+
+    source = backend(tmp_path / "source")
+    for name in ("v", "l"):
+        table = source.create_value_table(name, MsgpackSerializer())
+        source.key_context.set_current_key("k")
+        table.update(1)  # type: ignore[attr-defined]
+    source.native_checkpoint(tmp_path / "chk")
+    assert capacities(source) == {memory.total_bytes}
+    source.close()
+    reopened = backend(tmp_path / "source")  # the directory left behind
+    try:
+        assert capacities(reopened) == {memory.total_bytes}
+    finally:
+        reopened.close()
+    restored = backend(tmp_path / "restored")
+    try:
+        restored.restore_native([NativeRocksDBState(str(tmp_path / "chk"), KeyGroupRange(0, 15))])
+        assert capacities(restored) == {memory.total_bytes}
+    finally:
+        restored.close()
+
+
 def test_a_copy_that_can_never_be_used_again_is_evicted_by_a_task_of_the_same_stage(
     tmp_path: Path,
 ) -> None:

@@ -21,14 +21,13 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import rocksdict
 
 from weir.api.serializers import Serializer
-from weir.errors import ConfigurationError, StateBackendError
+from weir.errors import StateBackendError
 from weir.state.backend import (
     EntryFilter,
     KeyedStateBackend,
@@ -38,6 +37,7 @@ from weir.state.backend import (
 )
 from weir.state.keycontext import KeyContext
 from weir.state.keygroups import KeyGroupRange
+from weir.state.rocksdb_options import RocksDBMemory, db_options, open_db, shared_memory_usage
 from weir.state.rocksdb_tables import (
     EntryWriter,
     RocksListTable,
@@ -84,7 +84,7 @@ def scan_native(
     if not len(native.key_group_range):
         return
     low, high = _range_bounds(native.key_group_range)
-    db = rocksdict.Rdict(native.path, _options(), access_type=rocksdict.AccessType.read_only())
+    db = rocksdict.Rdict(native.path, db_options(), access_type=rocksdict.AccessType.read_only())
     try:
         for name in list_column_families(native.path, prefix):
             cf = db.get_column_family(prefix + name)
@@ -111,7 +111,7 @@ def lookup_native(path: str | Path, name: str, prefixes: Iterable[bytes]
     prefix finds exactly its entries, a map's user keys included)."""
     if name not in list_column_families(path):
         return []
-    db = rocksdict.Rdict(str(path), _options(), access_type=rocksdict.AccessType.read_only())
+    db = rocksdict.Rdict(str(path), db_options(), access_type=rocksdict.AccessType.read_only())
     try:
         cf = db.get_column_family(_CF_PREFIX + name)
         out = []
@@ -140,89 +140,6 @@ def _overlaid(stored: Iterable[tuple[bytes, bytes]], written: dict[bytes, bytes 
             yield key, value
 
 
-@dataclass(frozen=True)
-class RocksDBMemory:
-    """The memory of every RocksDB instance of this process together (Flink's managed
-    memory for RocksDB): one LRU block cache of ``total_bytes`` shared by all of them,
-    with their memtables (write buffers) charged to it, at most ``write_buffer_ratio``
-    of it; RocksDB flushes memtables early rather than exceed that.
-
-    ``cache_entries`` bounds the entry cache in front of RocksDB
-    (``weir.state.rocksdb_tables``): each value and list state of each subtask keeps at
-    most that many recently read or written entries in Python memory — about 150
-    bytes each plus the key's and the value's bytes, outside ``total_bytes`` (size the
-    Python worker's memory for it); 0 turns the cache off."""
-
-    total_bytes: int = 256 << 20
-    write_buffer_ratio: float = 0.5
-    cache_entries: int = 1 << 17
-
-    def __post_init__(self) -> None:
-        if type(self.total_bytes) is not int or self.total_bytes < (8 << 20):
-            raise ConfigurationError(
-                f"RocksDB memory total_bytes={self.total_bytes!r} must be an int of at least "
-                f"8 MiB"
-            )
-        if not 0.05 <= self.write_buffer_ratio <= 0.9:
-            raise ConfigurationError(
-                f"RocksDB memory write_buffer_ratio={self.write_buffer_ratio!r} must be in "
-                f"[0.05, 0.9]"
-            )
-        if type(self.cache_entries) is not int or self.cache_entries < 0:
-            raise ConfigurationError(
-                f"RocksDB memory cache_entries={self.cache_entries!r} must be an int >= 0 "
-                f"(entries per state and subtask; 0: no entry cache)"
-            )
-
-    @property
-    def write_buffer_bytes(self) -> int:
-        """The memtable budget (charged to the block cache)."""
-        return int(self.total_bytes * self.write_buffer_ratio)
-
-
-#: the process's shared block cache and write buffer manager, and their sizing
-_SHARED: dict[str, Any] = {}
-
-
-def _shared_memory(memory: RocksDBMemory) -> tuple[Any, Any]:
-    """The process-wide block cache and write buffer manager, resized to ``memory``."""
-    cache = _SHARED.get("cache")
-    if cache is None:
-        cache = rocksdict.Cache(memory.total_bytes)
-        manager = rocksdict.WriteBufferManager.new_write_buffer_manager_with_cache(
-            memory.write_buffer_bytes, False, cache
-        )
-        _SHARED.update(cache=cache, manager=manager)
-    elif _SHARED["memory"] != (memory.total_bytes, memory.write_buffer_ratio):
-        cache.set_capacity(memory.total_bytes)
-        _SHARED["manager"].set_buffer_size(memory.write_buffer_bytes)
-    _SHARED["memory"] = (memory.total_bytes, memory.write_buffer_ratio)
-    return cache, _SHARED["manager"]
-
-
-def shared_memory_usage() -> tuple[int, int]:
-    """(block cache bytes in use, memtable bytes in use) of this process's RocksDB."""
-    if "cache" not in _SHARED:
-        return 0, 0
-    return int(_SHARED["cache"].get_usage()), int(_SHARED["manager"].get_usage())
-
-
-def _options(memory: RocksDBMemory | None = None) -> rocksdict.Options:
-    opts = rocksdict.Options(raw_mode=True)
-    opts.create_if_missing(True)
-    opts.create_missing_column_families(True)
-    if memory is not None:
-        cache, manager = _shared_memory(memory)
-        table = rocksdict.BlockBasedOptions()
-        table.set_block_cache(cache)
-        table.set_cache_index_and_filter_blocks(True)
-        opts.set_block_based_table_factory(table)
-        opts.set_write_buffer_manager(manager)
-        opts.set_write_buffer_size(max(1 << 20, min(64 << 20, memory.write_buffer_bytes // 4)))
-        opts.set_max_write_buffer_number(2)
-    return opts
-
-
 class RocksDBStateBackend(KeyedStateBackend):
     """Keyed state in an embedded RocksDB under ``path`` (a fresh temporary directory
     if not given; removed on close when weir created it)."""
@@ -244,7 +161,7 @@ class RocksDBStateBackend(KeyedStateBackend):
         #: block cache and write buffers: shared by the process's instances, bounded
         self.memory = memory if memory is not None else RocksDBMemory()
         try:
-            self._db = rocksdict.Rdict(str(self.path), _options(self.memory))
+            self._db = open_db(self.path, self.memory)
         except Exception as exc:
             raise StateBackendError(
                 f"cannot open RocksDB at {self.path}: {exc}; check that the directory is "
@@ -270,7 +187,7 @@ class RocksDBStateBackend(KeyedStateBackend):
             try:
                 cf = self._db.get_column_family(cf_name)
             except Exception:
-                cf = self._db.create_column_family(cf_name, _options(self.memory))
+                cf = self._db.create_column_family(cf_name, db_options(self.memory))
             cf.set_write_options(self._write_options)
             self._families[name] = cf
         return cf
@@ -290,7 +207,7 @@ class RocksDBStateBackend(KeyedStateBackend):
             try:
                 cf = self._db.get_column_family(cf_name)
             except Exception:
-                cf = self._db.create_column_family(cf_name, _options(self.memory))
+                cf = self._db.create_column_family(cf_name, db_options(self.memory))
             cf.set_write_options(self._write_options)
             self._timer_families[name] = cf
         if reset and next(iter(cf.keys()), None) is not None:
@@ -459,7 +376,7 @@ class RocksDBStateBackend(KeyedStateBackend):
         shutil.rmtree(self.path, ignore_errors=True)
         shutil.move(native.path, self.path)
         try:
-            self._db = rocksdict.Rdict(str(self.path), _options(self.memory))
+            self._db = open_db(self.path, self.memory)
         except Exception as exc:
             raise StateBackendError(
                 f"cannot open the restored RocksDB checkpoint at {self.path}: {exc}"
