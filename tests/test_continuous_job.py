@@ -43,6 +43,31 @@ def test_a_bounded_job_is_exactly_once_across_processes(tmp_path: Path, backend:
     assert len(result.completed) >= 3 and result.completed == sorted(result.completed)
 
 
+class CountOnTinyCache(Count):
+    """Count, failing its task unless the job's RocksDB memory reached the backend."""
+
+    def open(self, ctx: Any) -> None:
+        memory = ctx.backend.memory
+        if (memory.total_bytes, memory.cache_entries) != (16 << 20, 2):
+            raise RuntimeError(f"the task's RocksDB memory is {memory}")
+        super().open(ctx)
+
+
+def test_the_rocksdb_memory_of_the_environment_reaches_every_task(tmp_path: Path) -> None:
+    """``StreamEnvironment(rocksdb_memory=...)``: each task's RocksDB takes its budget and
+    entry cache (2 entries over 50 keys: an eviction every few records), and the job
+    stays exactly once."""
+    n = 20_000
+    memory = weir.RocksDBMemory(total_bytes=16 << 20, cache_entries=2)
+    graph = spec(tmp_path, "rocksdb", n, function=CountOnTinyCache(), rocksdb_memory=memory)
+    assert graph.rocksdb_memory == memory
+    LocalJob(graph, CheckpointConfig(interval_ms=20),
+             restart=weir.RestartStrategy.no_restart()).run(timeout_s=120)
+    check_exactly_once(tmp_path, n)
+    with pytest.raises(weir.ConfigurationError, match="RocksDBMemory"):
+        weir.stream.StreamEnvironment(checkpoint_storage=tmp_path, rocksdb_memory=1 << 20)
+
+
 def test_a_killed_task_fails_the_job_at_once_and_leaves_no_process(tmp_path: Path) -> None:
     """With no restart allowed, the job fails, naming the task that died."""
     import time

@@ -73,6 +73,7 @@ from weir.runtime.continuous.stats import (
     CheckpointStatus,
     SubtaskCheckpointStats,
 )
+from weir.state.rocksdb_options import RocksDBMemory
 
 __all__ = [
     "BroadcastStream", "ChannelConfig", "CheckpointConfig", "CheckpointStats",
@@ -97,17 +98,25 @@ class StreamEnvironment:
     ``StreamExecutionEnvironment``). ``checkpointing`` defaults to Flink's (off: then
     only the final checkpoint of a bounded job commits the sinks); the restart
     strategy to Flink's default (exponential delay when checkpointing is on, no
-    restart otherwise)."""
+    restart otherwise). ``rocksdb_memory`` bounds RocksDB in each task process (its
+    shared block cache and write buffers, and the entry cache per state and subtask;
+    ``weir.RocksDBMemory``) when ``state_backend="rocksdb"``."""
 
     def __init__(self, *, checkpoint_storage: str | Path, parallelism: int = 1,
                  max_parallelism: int = 128, state_backend: str = "hashmap",
                  checkpointing: CheckpointConfig | None = None,
                  restart_strategy: RestartStrategy | None = None,
                  channels: ChannelConfig | None = None,
-                 query_server: QueryServerConfig | None = None) -> None:
+                 query_server: QueryServerConfig | None = None,
+                 rocksdb_memory: RocksDBMemory | None = None) -> None:
         self.checkpoint_storage = str(checkpoint_storage)
         self.parallelism, self.max_parallelism = parallelism, max_parallelism
         self.state_backend = state_backend
+        if rocksdb_memory is not None and not isinstance(rocksdb_memory, RocksDBMemory):
+            raise ConfigurationError(f"rocksdb_memory must be a weir.RocksDBMemory, got "
+                                     f"{type(rocksdb_memory).__name__}")
+        #: each task process's RocksDB budget and entry cache (None: the defaults)
+        self.rocksdb_memory = rocksdb_memory
         self.checkpointing = checkpointing or CheckpointConfig()
         if restart_strategy is None:
             restart_strategy = (RestartStrategy.exponential_delay()
@@ -203,7 +212,8 @@ class StreamEnvironment:
         return compile_graph(
             f"{job_name}-{uuid.uuid4().hex[:8]}", nodes,
             checkpoint_storage=self.checkpoint_storage, max_parallelism=self.max_parallelism,
-            state_backend=self.state_backend, channel=self.channels)
+            state_backend=self.state_backend, channel=self.channels,
+            rocksdb_memory=self.rocksdb_memory)
 
 
 def _seconds(timeout: float | datetime.timedelta) -> float:

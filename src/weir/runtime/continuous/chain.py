@@ -144,7 +144,8 @@ class OperatorChain:
         backend = self.graph.state_backend if spec.kind is OpKind.KEYED else "hashmap"
         return OperatorConfig(uid=spec.name, state_backend=backend,
                               max_parallelism=self.graph.max_parallelism,
-                              parallelism=self.vertex.parallelism, subtask_index=self.subtask)
+                              parallelism=self.vertex.parallelism, subtask_index=self.subtask,
+                              rocksdb_memory=self.graph.rocksdb_memory)
 
     @property
     def stateful(self) -> list[ChainedOperator]:

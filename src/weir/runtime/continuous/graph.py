@@ -28,6 +28,7 @@ from weir.api.watermarks import WatermarkStrategy
 from weir.errors import ConfigurationError
 from weir.runtime.continuous.channels import DEFAULT_CONFIG, ChannelConfig
 from weir.state.keygroups import check_parallelism
+from weir.state.rocksdb_options import RocksDBMemory
 
 __all__ = ["Edge", "JobGraph", "LogicalInput", "LogicalNode", "OpKind", "OperatorSpec",
            "Partitioner", "Vertex", "compile_graph"]
@@ -151,6 +152,8 @@ class JobGraph:
     checkpoint_storage: str
     max_parallelism: int = 128
     state_backend: str = "hashmap"
+    #: RocksDB's memory budget and entry cache in each task process (None: defaults)
+    rocksdb_memory: RocksDBMemory | None = None
     channel: ChannelConfig = DEFAULT_CONFIG
     #: records a source reads per poll between control checks
     source_batch: int = 256
