@@ -182,10 +182,17 @@ def decode_checked(name: str, serializer: Serializer[Any], data: bytes) -> Any:
     try:
         return serializer.decode(data)
     except Exception as exc:
-        raise StateSerializationError(
-            f"state {name!r}: stored bytes cannot be decoded by {type(serializer).__name__} "
-            f"({type(exc).__name__}: {exc})"
-        ) from exc
+        raise decode_error(name, serializer, exc) from exc
+
+
+def decode_error(name: str, serializer: Serializer[Any], exc: Exception
+                 ) -> StateSerializationError:
+    """The error of state ``name``'s stored bytes that ``serializer`` failed to
+    decode with ``exc``."""
+    return StateSerializationError(
+        f"state {name!r}: stored bytes cannot be decoded by {type(serializer).__name__} "
+        f"({type(exc).__name__}: {exc})"
+    )
 
 
 class _Table(ABC):

@@ -25,6 +25,7 @@ from weir.state.backend import (
     ValueTable,
     WriteCheck,
     decode_checked,
+    decode_error,
     encode_checked,
     frame,
     split_map_key,
@@ -184,9 +185,14 @@ class _ValueTable(ValueCore, _HashMapTable, ValueTable, ValueState[Any]):
         return EncodedValues(self.name, self._serializer, self._data.copy())
 
     def load(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
-        data, decode = self._data, self._decode
+        # the serializer's decode without a call around it (a restore decodes every
+        # entry; a try costs nothing until it catches), reported as decode_checked does
+        data, decode = self._data, self._serializer.decode
         for key, raw in entries:
-            data[key] = decode(raw)
+            try:
+                data[key] = decode(raw)
+            except Exception as exc:
+                raise decode_error(self.name, self._serializer, exc) from exc
         self._loaded_types.update(map(type, data.values()))
 
 
