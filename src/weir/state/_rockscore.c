@@ -159,7 +159,8 @@ point_update(PointCore *self, PyObject *value)
     }
     PyObject *record = self->written != NULL && PyDict_CheckExact(self->written)
                            ? self->written : self->dirty;
-    if (record == NULL || !PyDict_CheckExact(record)) {
+    if (record == NULL || !PyDict_CheckExact(record) || self->cache == NULL
+        || !PyDict_CheckExact(self->cache)) {  /* (fields the encoder may have replaced) */
         result = PyObject_CallMethodOneArg((PyObject *)self, str_slow_update, value);
     }
     else if (PyDict_SetItem(self->cache, key, data) == 0
