@@ -178,31 +178,28 @@ static PyMethodDef point_methods[] = {
     {NULL},
 };
 
-PyTypeObject RocksPointCoreType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "weir.state._hashcore.RocksPointCore",
-    .tp_doc = "Fields of a RocksDB value or list state's entry cache.",
-    .tp_basicsize = sizeof(PointCore),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_new = PyType_GenericNew,
-    .tp_traverse = (traverseproc)point_traverse,
-    .tp_clear = (inquiry)point_clear,
-    .tp_dealloc = (destructor)point_dealloc,
-    .tp_members = point_members,
-};
+/* A type with PointCore's layout: RocksPointCore (the fields) and RocksValueCore. */
+#define POINT_TYPE(NAME, DOC, ...)                                                \
+    {                                                                             \
+        PyVarObject_HEAD_INIT(NULL, 0)                                            \
+        .tp_name = "weir.state._hashcore." NAME,                                  \
+        .tp_doc = DOC,                                                            \
+        .tp_basicsize = sizeof(PointCore),                                        \
+        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC, \
+        .tp_new = PyType_GenericNew,                                              \
+        .tp_traverse = (traverseproc)point_traverse,                              \
+        .tp_clear = (inquiry)point_clear,                                         \
+        .tp_dealloc = (destructor)point_dealloc,                                  \
+        __VA_ARGS__                                                               \
+    }
 
-PyTypeObject RocksValueCoreType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "weir.state._hashcore.RocksValueCore",
-    .tp_doc = "The C fast path of a RocksDB value state's entry cache.",
-    .tp_basicsize = sizeof(PointCore),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_new = PyType_GenericNew,
-    .tp_traverse = (traverseproc)point_traverse,
-    .tp_clear = (inquiry)point_clear,
-    .tp_dealloc = (destructor)point_dealloc,
-    .tp_methods = point_methods,
-};
+PyTypeObject RocksPointCoreType = POINT_TYPE(
+    "RocksPointCore", "Fields of a RocksDB value or list state's entry cache.",
+    .tp_members = point_members);
+
+PyTypeObject RocksValueCoreType = POINT_TYPE(
+    "RocksValueCore", "The C fast path of a RocksDB value state's entry cache.",
+    .tp_methods = point_methods);
 
 int
 weir_rockscore_init(void)

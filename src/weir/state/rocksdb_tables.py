@@ -172,19 +172,18 @@ class _PointTable(RocksPointCore, _RocksTable):
 
     def _get(self, key: bytes) -> bytes | None:
         data = self._cache.get(key, _MISSING)
-        if data is _MISSING:
-            if self._complete is None:
-                self._warm()
-                data = self._cache.get(key, _MISSING)
-                if data is not _MISSING:
-                    return data  # type: ignore[no-any-return]
-            if self._complete:
-                return None
-            data = self._cf.get(key)
-            if self._limit:
-                if len(self._cache) >= self._limit:
-                    self._evict()
-                self._cache[key] = data
+        if data is _MISSING and self._complete is None:
+            self._warm()
+            data = self._cache.get(key, _MISSING)
+        if data is not _MISSING:
+            return data  # type: ignore[no-any-return]
+        if self._complete:
+            return None
+        data = self._cf.get(key)
+        if self._limit:
+            if len(self._cache) >= self._limit:
+                self._evict()
+            self._cache[key] = data
         return data  # type: ignore[no-any-return]
 
     def _put(self, key: bytes, data: bytes) -> None:
