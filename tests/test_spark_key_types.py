@@ -100,6 +100,22 @@ def test_keys_of_turns_arrays_into_tuples_at_any_depth_and_keeps_structs_as_dict
     assert keys_of(table, ["l", "s"])[1] == ((), {"id": 2, "tags": (), "at": None})
 
 
+def test_keys_of_reuses_the_records_values_only_where_they_are_the_keys() -> None:
+    # the process pass passes the columns it converted for the records: a string
+    # column's values are its keys as they are (the same list, not a second
+    # conversion); an array's records are lists, its keys tuples; a timestamp's
+    # records are in the column's zone, its keys in UTC
+    table = pa.table({
+        "k": ["a", "b"], "l": pa.array([[1], [2, 3]]),
+        "ts": pa.array([0, 1], pa.timestamp("us", tz="Asia/Tokyo")),
+    })
+    converted = {name: table.column(name).to_pylist() for name in table.column_names}
+    assert keys_of(table, ["k"], converted) is converted["k"]
+    assert keys_of(table, ["l"], converted) == [(1,), (2, 3)]
+    assert keys_of(table, ["ts"], converted)[0].tzinfo is UTC
+    assert keys_of(table, ["k", "l"], converted) == [("a", (1,)), ("b", (2, 3))]
+
+
 def test_keys_of_keeps_dates_decimals_binary_and_naive_timestamps() -> None:
     batch = pa.record_batch(
         [pa.array([dt.date(2024, 2, 29)]), pa.array([Decimal("1.50")], pa.decimal128(10, 2)),

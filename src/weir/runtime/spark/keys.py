@@ -38,7 +38,7 @@ a null key is a bad key too (the route pass checks).
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -86,20 +86,30 @@ UNCONVERTIBLE: Any = _Unconvertible()
 # ------------------------------------------------------------------------- values
 
 
-def keys_of(table: pa.Table | pa.RecordBatch, key_columns: Sequence[str]) -> list[Any]:
+def keys_of(
+    table: pa.Table | pa.RecordBatch, key_columns: Sequence[str],
+    converted: Mapping[str, list[Any]] | None = None,
+) -> list[Any]:
     """The key of every row of ``table``: the value of its one key column, or the
-    tuple of the values of several (see the module docstring for the Python types)."""
+    tuple of the values of several (see the module docstring for the Python types).
+    ``converted``: columns' ``to_pylist()`` already made (the process pass's records),
+    used as the keys of a column whose values are its keys as they are."""
+    given = converted or {}
     if len(key_columns) == 1:
-        return _column_keys(table.column(key_columns[0]))
-    return list(zip(*(_column_keys(table.column(c)) for c in key_columns), strict=True))
+        return _column_keys(table.column(key_columns[0]), given.get(key_columns[0]))
+    return list(zip(*(_column_keys(table.column(c), given.get(c)) for c in key_columns),
+                    strict=True))
 
 
-def _column_keys(column: pa.Array | pa.ChunkedArray) -> list[Any]:
+def _column_keys(column: pa.Array | pa.ChunkedArray, values: list[Any] | None = None
+                 ) -> list[Any]:
     target, freeze = _plan(column.type)
+    if values is not None and target is None and not freeze:
+        return values  # the column's to_pylist(), made for the records
     if target is not None:
         column = column.cast(target)
     try:
-        values: list[Any] = column.to_pylist()
+        values = column.to_pylist()
     except (ValueError, OverflowError, TypeError, pa.ArrowException):
         values = [_one_value(column[i]) for i in range(len(column))]
     return [_freeze(v) for v in values] if freeze else values

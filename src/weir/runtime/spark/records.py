@@ -29,14 +29,17 @@ from pyspark.sql import Row
 
 from weir.errors import ConfigurationError, OutputSchemaError
 
-__all__ = ["columns_to_records", "event_times_ms", "json_safe", "to_record_batch"]
+__all__ = ["column_lists", "columns_to_records", "event_times_ms", "json_safe", "to_record_batch"]
 
 
 def columns_to_records(
-    table: pa.Table | pa.RecordBatch, names: Sequence[str], record_format: str
+    table: pa.Table | pa.RecordBatch, names: Sequence[str], record_format: str,
+    columns: Sequence[list[Any]] | None = None,
 ) -> list[Any]:
-    """The rows of ``names`` in ``table`` as dicts or tuples."""
-    columns = [table.column(n).to_pylist() for n in names]
+    """The rows of ``names`` in ``table`` as dicts or tuples; ``columns``: the
+    columns' Python values if already converted (``column_lists``)."""
+    if columns is None:
+        columns = column_lists(table, names)
     if record_format == "tuple":
         if not columns:
             return [() for _ in range(table.num_rows)]
@@ -45,6 +48,11 @@ def columns_to_records(
         return _dict_builder(tuple(names))(*columns) if columns else [
             {} for _ in range(table.num_rows)]
     raise ConfigurationError(f"record_format must be 'dict' or 'tuple', got {record_format!r}")
+
+
+def column_lists(table: pa.Table | pa.RecordBatch, names: Sequence[str]) -> list[list[Any]]:
+    """The Python values of each column of ``names`` in ``table``."""
+    return [table.column(n).to_pylist() for n in names]
 
 
 @functools.lru_cache(maxsize=256)

@@ -64,6 +64,7 @@ from weir.runtime.spark.observed import metrics_batch, with_metrics_column
 from weir.runtime.spark.plan import lineage_state, plan_batch, recover_hint
 from weir.runtime.spark.prior import stage_positions
 from weir.runtime.spark.records import (
+    column_lists,
     columns_to_records,
     dumps_line,
     event_times_ms,
@@ -355,7 +356,8 @@ class _Task:
     def _records(self, live: LiveSubtask, part: pa.Table) -> list[Any]:
         spec = self.spec
         op = live.operator
-        records = columns_to_records(part, spec.columns, spec.record_format)
+        columns = column_lists(part, spec.columns)
+        records = columns_to_records(part, spec.columns, spec.record_format, columns)
         times: list[int | None]
         if spec.event_time is not None:
             times = event_times_ms(part[spec.event_time])
@@ -365,7 +367,9 @@ class _Task:
                 self.max_event = top if self.max_event is None else max(self.max_event, top)
         else:
             times = [None] * len(records)
-        keys: list[Any] = keys_of(part, spec.key_columns) if spec.keyed else [None] * len(records)
+        keys: list[Any] = (keys_of(part, spec.key_columns, dict(zip(spec.columns, columns,
+                                                                    strict=True)))
+                           if spec.keyed else [None] * len(records))
         bad = spec.bad_record_exceptions
         current = live.key
         process = op.process_element
