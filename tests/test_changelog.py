@@ -35,7 +35,8 @@ from weir import (
 )
 from weir.checkpoint.changelog import ChangelogPolicy, decode_delta
 from weir.checkpoint.format import KeyedChangelogHandle
-from weir.errors import CorruptCheckpointError
+from weir.errors import CorruptCheckpointError, StateError
+from weir.state.hashmap import SAMPLE_MIN_KEYS
 from weir.state.keygroups import assign_key_to_parallel_operator
 from weir.testing import KeyedOperatorHarness
 from weir.testing.faults import WHEN, FaultInjectingFileSystem, InjectedCrash
@@ -201,6 +202,70 @@ def test_a_checkpoint_that_changed_most_keys_writes_a_new_base_instead_of_a_delt
     assert _keyed(after).base == _keyed(at).base and len(_keyed(after).deltas) == 1
     for p in (1, 3):
         assert _restored_state(after.url, keys, p) == want
+
+
+def test_after_a_base_for_churn_writes_are_sampled_until_fewer_keys_change(
+    tmp_path: Path,
+) -> None:
+    """After a base written because most keys changed, a large hash-map state records
+    only a sample of its written keys (no set insert per write): the next checkpoint
+    estimates the share from it. Most keys again: a base. Nothing written: no file
+    (the changes are known to be none). A few keys: one more base (the changes are
+    unknown), after which every change is recorded and a delta follows."""
+    keys = [f"key-{i}" for i in range(2 * SAMPLE_MIN_KEYS)]
+    coordinator = CheckpointCoordinator(str(tmp_path), retained=3)
+    cluster = _cluster(1)
+    op = cluster[0].operator
+    policy = dataclasses.replace(SYNC, rebase_share=0.5)
+    checkpointers = _checkpointers(cluster, coordinator.storage, policy)
+    states: dict[int, Any] = {}
+
+    def step(records: list[tuple[str, int]]) -> tuple[Any, bool]:
+        _send(cluster, records)
+        completed = take_checkpoint(coordinator, checkpointers)
+        states[completed.checkpoint_id] = _state(cluster, keys)
+        return completed, op.backend._sample_mask != 0
+
+    try:
+        first, sampled_after_first = step([(k, 1) for k in keys])
+        churn, sampled_after_churn = step([(k, 2) for k in keys[: len(keys) * 7 // 10]])
+        assert op.changed_share() == 0.0  # nothing written yet, so nothing sampled
+        _send(cluster, [(k, 3) for k in keys[len(keys) * 3 // 10:]])  # 70% again
+        estimate = op.changed_share()
+        assert not op.changes_known()
+        with pytest.raises(StateError, match="only a sample"):
+            op.backend.take_changes().__next__()[1].__next__()
+        again, sampled_after_again = step([])
+        idle, sampled_after_idle = step([])
+        few, sampled_after_few = step([(k, 4) for k in keys[:10]])
+        delta, _ = step([(k, 5) for k in keys[10:20]])
+    finally:
+        _close(cluster, checkpointers)
+    assert 0.6 <= estimate <= 0.8
+    assert not sampled_after_first and sampled_after_churn and sampled_after_again
+    assert sampled_after_idle and not sampled_after_few
+    bases = {_keyed(c).base.file.path for c in (first, churn, again, few)}
+    assert len(bases) == 4 and all(
+        _keyed(c).deltas == () for c in (first, churn, again, few))
+    assert _keyed(idle) == _keyed(again)  # nothing written: nothing new to reference
+    assert _keyed(delta).base == _keyed(few).base and len(_keyed(delta).deltas) == 1
+    for completed in (idle, few, delta):
+        for p in (1, 3):
+            assert _restored_state(completed.url, keys, p) == states[completed.checkpoint_id]
+
+
+def test_a_small_state_records_every_change_even_after_a_base_for_churn() -> None:
+    """Below ``SAMPLE_MIN_KEYS`` keys a sample would estimate poorly and the exact
+    record is cheap: a request to sample records every key."""
+    h = KeyedOperatorHarness(Tracker(), lambda v: v[0], max_parallelism=MAXP)
+    h.open()
+    try:
+        h.process_elements([(f"key-{i}", 1) for i in range(100)])
+        h.operator.track_changes(sampled=True)
+        h.process_elements([(f"key-{i}", 2) for i in range(60)])
+        assert h.operator.changes_known() and h.operator.changed_share() == 0.6
+    finally:
+        h.close()
 
 
 def test_an_asynchronous_changelog_checkpoint_extends_the_one_still_uploading(

@@ -149,11 +149,17 @@ class ChangelogSnapshots:
         chain = self._chain
         self._chain_id = checkpoint_id
         rebase = self.policy.rebase_share
-        if chain is None or (rebase is not None and op.changed_share() >= rebase):
-            # a base: the whole state, as a full snapshot does (first, or instead of a
-            # delta about as large as the state: the chain starts over)
+        churn = rebase is not None and op.changed_share() >= rebase
+        if chain is None or churn or not op.changes_known():
+            # a base: the whole state, as a full snapshot does (first, instead of a
+            # delta about as large as the state, or after a batch whose changes were
+            # only sampled: the chain starts over)
             finish = op.prepare_snapshot(checkpoint_id, timestamp)
-            op.track_changes()
+            # most keys changed: the next checkpoint is likely a base too, so its
+            # writes are only sampled (the share estimated, without a set insert per
+            # write); if fewer changed then, it writes one more base and records
+            # every change again
+            op.track_changes(sampled=churn)
             self._chain = None
             self._generation += 1  # a running materialization copies an older chain
             self._materialized_at = time.monotonic()

@@ -314,12 +314,23 @@ class KeyedOperator(OperatorBase, KeyedContext, TimerService):
         self._timers_mirrored = True
 
     # changelog snapshots -------------------------------------------------------------
-    def track_changes(self) -> None:
+    def track_changes(self, sampled: bool = False) -> None:
         """Start recording keyed-state and timer changes (hash map, RocksDB): the state as
-        of now is the base of the next :meth:`snapshot_changes`."""
-        self.backend.track_changes()
+        of now is the base of the next :meth:`snapshot_changes`. ``sampled``: a large
+        hash-map state records only a sample of its written keys, for
+        :meth:`changed_share` (then :meth:`changes_known` says whether the changes
+        can be taken); timers and RocksDB always record every change."""
+        if isinstance(self.backend, HashMapStateBackend):
+            self.backend.track_changes(sampled)
+        else:
+            self.backend.track_changes()
         self.event_timers.track_changes()
         self.processing_timers.track_changes()
+
+    def changes_known(self) -> bool:
+        """Whether :meth:`snapshot_changes` can be taken: every change since changes
+        were last taken was recorded (see :meth:`track_changes`)."""
+        return not isinstance(self.backend, HashMapStateBackend) or self.backend.changes_known()
 
     def apply_changes(self, changes: Sequence[Mapping[str, StateChange]]) -> bool:
         """Bring the live hash-map state forward by changelog deltas (each: state name
@@ -346,8 +357,8 @@ class KeyedOperator(OperatorBase, KeyedContext, TimerService):
 
     def changed_share(self) -> float:
         """The share of the keyed state's keys written since changes were last taken
-        (hash map with changes tracked; else 0): near 1, a changelog delta is about as
-        large as the whole state."""
+        (hash map with changes tracked, estimated when sampled; else 0): near 1, a
+        changelog delta is about as large as the whole state."""
         if not isinstance(self.backend, HashMapStateBackend):
             return 0.0
         written, held = self.backend.change_counts()

@@ -18,7 +18,9 @@
  *     since the user's function has already run), and
  *   - for map state, the user key is a str (identity: itself) or an int (identity:
  *     (int, key)); other user keys are encoded by Python.
- * A write adds the prefixed key to _dirty when _dirty is a set (changelog tracking).
+ * A write adds the prefixed key to _dirty when _dirty is a set (changelog tracking),
+ * counting it in _writes; with a nonzero _sample_mask only a sample of the keys goes
+ * into the set (a share estimate that costs far less than the exact set).
  * Nothing here knows serializers, TTL or snapshots. The key context's C base (KeyCell:
  * the current key, set in C for str and int keys) and the route pass's helpers are in
  * _keycell.c, compiled into this module.
@@ -38,6 +40,9 @@ typedef struct {
     PyObject *ok_last;     /* the type last found in ok (owned), or NULL */
     PyObject *key_ok_last; /* the type last found in key_ok (owned), or NULL */
     PyObject *dirty;   /* prefixed keys written since the last snapshot, or None */
+    Py_ssize_t writes;      /* writes recorded in dirty's place (every one counted) */
+    Py_ssize_t sample_mask; /* 0: every key into dirty; else only keys whose hash
+                               has none of these bits (a sample, for a share estimate) */
 } TableCore;
 
 static PyObject *str_slow_value, *str_slow_update, *str_slow_get, *str_slow_add,
@@ -84,6 +89,10 @@ static PyMemberDef table_members[] = {
     {"_ctx", T_OBJECT_EX, offsetof(TableCore, ctx), 0, "The key context."},
     {"_data", T_OBJECT_EX, offsetof(TableCore, data), 0, "The state's entries."},
     {"_dirty", T_OBJECT_EX, offsetof(TableCore, dirty), 0, "Keys written (or None)."},
+    {"_writes", T_PYSSIZET, offsetof(TableCore, writes), 0,
+     "Writes since the tracked keys last started over (all keys, sampled or not)."},
+    {"_sample_mask", T_PYSSIZET, offsetof(TableCore, sample_mask), 0,
+     "0: every written key is tracked; else only those whose hash has none of its bits."},
     {NULL},
 };
 
@@ -168,10 +177,24 @@ accepted(PyObject *types, PyObject **last, PyObject *value)
     return found;
 }
 
+/* A write of key: counted, and key added to the tracked set (all keys, or with a
+ * sample mask only those whose hash has none of its bits: a bytes key's hash is
+ * cached by the dict store before, so the test costs no hashing). The Python side's
+ * _HashMapTable._mark does the same. */
 static inline int
 mark_dirty(TableCore *self, PyObject *key)
 {
     if (self->dirty != NULL && PySet_Check(self->dirty)) {
+        self->writes++;
+        if (self->sample_mask != 0) {
+            Py_hash_t hash = PyObject_Hash(key);
+            if (hash == -1) {
+                return -1;
+            }
+            if ((hash & self->sample_mask) != 0) {
+                return 0;
+            }
+        }
         return PySet_Add(self->dirty, key);
     }
     return 0;

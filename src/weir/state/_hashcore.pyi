@@ -43,6 +43,8 @@ class TableCore:
     _ok: set[type]
     _key_ok: set[type]
     _dirty: set[bytes] | None
+    _writes: int
+    _sample_mask: int
 
 class ValueCore(TableCore):
     def value(self) -> Any: ...

@@ -40,6 +40,13 @@ def _no_check(value: Any) -> None:
     return None
 
 
+#: sampled change tracking (``HashMapStateBackend.track_changes``): a key is in the
+#: sample when its hash has none of these bits (1 in 16), in a state of at least
+#: ``SAMPLE_MIN_KEYS`` keys (a sample of about 1,000 keys or more: the share written
+#: is estimated within a few percent)
+SAMPLE_MASK = 15
+SAMPLE_MIN_KEYS = 16_384
+
 #: Types whose objects cannot change in place: a snapshot may share them with live state.
 _IMMUTABLE: frozenset[type] = frozenset({int, float, str, bytes, bool, type(None)})
 
@@ -81,18 +88,31 @@ class _HashMapTable(TableCore):
 
     def clear_at(self, key: bytes) -> None:
         self._data.pop(key, None)
-        if self._dirty is not None:
-            self._dirty.add(key)
+        self._mark(key)
 
-    def track_changes(self) -> None:
-        """Record the keys written from now on (for changelog snapshots)."""
-        if self._dirty is None:
-            self._dirty = set()
+    def _mark(self, key: bytes) -> None:
+        """Record a write of ``key`` when changes are tracked: counted, and the key
+        tracked (every key, or only the sample: ``_hashcore.c``'s mark_dirty)."""
+        if self._dirty is not None:
+            self._writes += 1
+            if not hash(key) & self._sample_mask:
+                self._dirty.add(key)
+
+    def track_changes(self, sample_mask: int = 0) -> None:
+        """Record the writes from now on (for changelog snapshots): every key written,
+        or with ``sample_mask`` only the keys whose hash has none of its bits (the
+        share of keys written can be estimated, the changes cannot be taken)."""
+        self._dirty, self._writes, self._sample_mask = set(), 0, sample_mask
 
     def take_changes(self) -> Iterator[tuple[bytes, Iterable[tuple[bytes, bytes]]]]:
         """``(prefixed key, its canonical entries now)`` of every key written since the
         last call (no entry: deleted); the tracked set starts over."""
-        dirty, self._dirty = self._dirty or set(), set()
+        if self._sample_mask and self._writes:
+            raise StateError(
+                f"state {self.name!r}: only a sample of the keys written was tracked "
+                f"({self._writes} writes): the changes are unknown; write a full snapshot"
+            )
+        dirty, self._dirty, self._writes = self._dirty or set(), set(), 0
         entries = self.entries_at
         for key in dirty:
             yield key, entries(key)
@@ -125,8 +145,7 @@ class _ValueTable(ValueCore, _HashMapTable, ValueTable, ValueState[Any]):
             self._data[key] = value
         except TypeError as exc:
             raise self._key_error(exc) from None
-        if self._dirty is not None:
-            self._dirty.add(key)
+        self._mark(key)
 
     def _slow_reduce_add(self, function: Any, value: Any) -> None:
         """Reducing state without TTL: store ``function(current, value)`` (or
@@ -141,8 +160,7 @@ class _ValueTable(ValueCore, _HashMapTable, ValueTable, ValueState[Any]):
         if type(result) not in self._ok:
             self._check(result)
         data[key] = result
-        if self._dirty is not None:
-            self._dirty.add(key)
+        self._mark(key)
 
     def _slow_aggregate_add(self, add: Any, create: Any, value: Any) -> None:
         """Aggregating state without TTL: store ``add(value, accumulator)`` in one
@@ -157,8 +175,7 @@ class _ValueTable(ValueCore, _HashMapTable, ValueTable, ValueState[Any]):
         if type(result) not in self._ok:
             self._check(result)
         data[key] = result
-        if self._dirty is not None:
-            self._dirty.add(key)
+        self._mark(key)
 
     def clear(self) -> None:
         # _current checks the key: dict.pop on an empty dict would not notice NO_KEY
@@ -169,8 +186,7 @@ class _ValueTable(ValueCore, _HashMapTable, ValueTable, ValueState[Any]):
 
     def update_at(self, key: bytes, value: Any) -> None:
         self._data[key] = value
-        if self._dirty is not None:
-            self._dirty.add(key)
+        self._mark(key)
 
     def entries_at(self, key: bytes) -> list[tuple[bytes, bytes]]:
         value = self._data.get(key)
@@ -223,16 +239,14 @@ class _ListTable(ListCore, _HashMapTable, ListTable, ListState[Any]):
             data[key] = [value]
         else:
             stored.append(value)
-        if self._dirty is not None:
-            self._dirty.add(key)
+        self._mark(key)
 
     def add_all(self, values: Iterable[Any]) -> None:
         values = self._checked(values)
         if values:
             key = self._current()
             self._data.setdefault(key, []).extend(values)
-            if self._dirty is not None:
-                self._dirty.add(key)
+            self._mark(key)
 
     def update(self, values: Iterable[Any]) -> None:
         self.update_at(self._current(), self._checked(values))
@@ -256,8 +270,7 @@ class _ListTable(ListCore, _HashMapTable, ListTable, ListState[Any]):
             self._data[key] = list(values)
         else:
             self._data.pop(key, None)
-        if self._dirty is not None:
-            self._dirty.add(key)
+        self._mark(key)
 
     def entries_at(self, key: bytes) -> list[tuple[bytes, bytes]]:
         values = self._data.get(key)
@@ -346,8 +359,7 @@ class _MapTable(MapCore, _HashMapTable, MapTable, MapState[Any, Any]):
             data[key] = {identity: (user_key, value)}
         else:
             entries[identity] = (user_key, value)
-        if self._dirty is not None:
-            self._dirty.add(key)
+        self._mark(key)
 
     def remove(self, user_key: Any) -> None:
         self.remove_at(self._current(), user_key)
@@ -377,14 +389,12 @@ class _MapTable(MapCore, _HashMapTable, MapTable, MapState[Any, Any]):
             entries.pop(user_key if type(user_key) is str else self._identity(user_key), None)
             if not entries:
                 del self._data[key]
-            if self._dirty is not None:
-                self._dirty.add(key)
+            self._mark(key)
 
     def put_at(self, key: bytes, user_key: Any, value: Any) -> None:
         identity = user_key if type(user_key) is str else self._identity(user_key)
         self._data.setdefault(key, {})[identity] = (user_key, value)
-        if self._dirty is not None:
-            self._dirty.add(key)
+        self._mark(key)
 
     def entries_at(self, key: bytes) -> list[tuple[bytes, bytes]]:
         entries = self._data.get(key)
@@ -433,27 +443,45 @@ class HashMapStateBackend(KeyedStateBackend):
         self._tables: dict[str, _AnyTable] = {}
         self._restored: dict[str, list[tuple[bytes, bytes]]] = defaultdict(list)
         self._tracking = False
+        self._sample_mask = 0
 
     def _register(self, table: _AnyTable) -> Any:
         table.load(self._restored.pop(table.name, ()))
         if self._tracking:  # what it loaded is in the snapshot changes apply to
-            table.track_changes()
+            table.track_changes(self._sample_mask)
         self._tables[table.name] = table
         return table
 
-    def track_changes(self) -> None:
+    def track_changes(self, sampled: bool = False) -> None:
         """Start (or start over) recording which keys are written: the state as of now
-        is the base that :meth:`take_changes` reports changes against."""
+        is the base that :meth:`take_changes` reports changes against.
+
+        ``sampled``: when the state holds at least ``SAMPLE_MIN_KEYS`` keys, record
+        only the keys in a fixed 1-in-``SAMPLE_MASK + 1`` sample by hash, and count
+        every write. :meth:`change_counts` then estimates the keys written, and
+        :meth:`take_changes` works only while nothing was written
+        (:meth:`changes_known`). For a state most of whose keys change between
+        snapshots (each one a full snapshot anyway): the exact record costs a set
+        insert per write, about as much again as the write itself."""
+        held = self.change_counts()[1]
+        self._sample_mask = SAMPLE_MASK if sampled and held >= SAMPLE_MIN_KEYS else 0
         self._tracking = True
         for table in self._tables.values():
-            table._dirty = set()
+            table.track_changes(self._sample_mask)
+
+    def changes_known(self) -> bool:
+        """Whether :meth:`take_changes` can report the changes: every written key was
+        recorded, or nothing was written since the record started over."""
+        return not self._sample_mask or not any(t._writes for t in self._tables.values())
 
     def change_counts(self) -> tuple[int, int]:
         """``(keys written since the last take_changes, keys held)`` over all states
-        (0 written when changes are not tracked)."""
+        (0 written when changes are not tracked; estimated from the sample when
+        sampled)."""
         written = sum(len(t._dirty) for t in self._tables.values() if t._dirty)
         held = sum(len(t._data) for t in self._tables.values())
-        return written, held + sum(len(e) for e in self._restored.values())
+        return written * (self._sample_mask + 1), held + sum(
+            len(e) for e in self._restored.values())
 
     def has_table(self, name: str) -> bool:
         """Whether state ``name`` is registered (its entries live in a table)."""
