@@ -151,6 +151,55 @@ def test_a_hash_map_state_of_ints_or_floats_packs_in_c_to_the_same_bytes(
                 "count", serializer, {**values, b"\x00\x01big": 1 << 64}))]), {}, chunk)
 
 
+#: every msgpack format boundary of ints, str and bytes lengths (fixstr 31/32, str 8
+#: 255/256, 16 bits 65535/65536), and the values just beyond what C packs
+_SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(-(1 << 63), (1 << 64) - 1),
+    st.sampled_from([0, 1, 127, 128, 255, 256, 65535, 65536, (1 << 32) - 1, 1 << 32,
+                     (1 << 63) - 1, 1 << 63, (1 << 64) - 1, -1, -32, -33, -128, -129,
+                     -32768, -32769, -(1 << 31), -(1 << 31) - 1, -(1 << 63)]),
+    st.floats(allow_nan=True), st.sampled_from([-0.0, float("inf"), 5e-324]),
+    st.text(max_size=40), st.binary(max_size=40),
+    st.sampled_from([n * "é" for n in (15, 16, 127, 128)] + [n * "x" for n in
+                    (31, 32, 255, 256, 65535, 65536)] + [n * b"b" for n in (255, 256, 65536)]),
+)
+_NOT_SCALARS = st.sampled_from([1 << 64, -(1 << 63) - 1, "\ud800", [1], (1,), {"a": 1}, {2},
+                                bytearray(b"x")])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_KEYS, _SCALARS, max_size=40), st.sampled_from([1, 3, 16384]),
+       st.lists(_NOT_SCALARS, max_size=1))
+def test_a_msgpack_state_of_scalars_packs_in_c_to_the_bytes_msgpack_writes(
+    values: dict[bytes, Any], chunk: int, other: list[Any],
+) -> None:
+    """A hash-map state of the default ``MsgpackSerializer`` packs None, bool, int
+    (-2**63 .. 2**64 - 1), float, str and bytes values in C (``pack_fixed`` kind 2):
+    the same groups and bytes as msgpack-python's encoding one value at a time. A
+    state with any other value (a list, a tuple, an int out of range, a lone
+    surrogate) goes the general way: the same snapshot, or the same error."""
+    import pytest
+
+    from weir import MsgpackSerializer, StateSerializationError
+    from weir.state.backend import EncodedValues
+
+    serializer = MsgpackSerializer()
+    if other:
+        values = {**values, b"\x00\x07other": other[0]}
+    fast = EncodedValues("count", serializer, values)
+    assert fast.fixed == 2
+    assert (_pack_fixed(values, 2, chunk) is None) == bool(other)  # C takes scalars only
+    try:
+        general = [(key, serializer.encode(v)) for key, v in values.items()]
+    except Exception:  # noqa: BLE001 - the value msgpack refuses: the typed error
+        with pytest.raises(StateSerializationError, match="'count'"):
+            pack_sources(iter([("count", fast)]), {}, chunk)
+        return
+    packed = pack_sources(iter([("count", fast), ("b", [])]), {}, chunk)
+    assert encode_keyed(packed) == encode_keyed(pack_sources(iter([("count", general)]), {},
+                                                             chunk))
+
+
 def test_a_dict_that_changes_while_packed_in_c_is_an_error_not_a_wrong_snapshot(
     monkeypatch: Any,
 ) -> None:

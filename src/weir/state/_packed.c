@@ -56,18 +56,19 @@ append_bin(PyObject *buf, const char *data, Py_ssize_t n)
     return 0;
 }
 
-/* append_bin of a key, then of a value: one resize of the buffer. */
+/* append_bin of a key, then of a value given in two parts (value, then rest): one
+ * resize of the buffer. */
 static int
-append_pair(PyObject *buf, const char *key, Py_ssize_t kn, const char *value,
-            Py_ssize_t vn)
+append_pair2(PyObject *buf, const char *key, Py_ssize_t kn, const char *value,
+             Py_ssize_t vn, const char *rest, Py_ssize_t rn)
 {
     unsigned char khead[5], vhead[5];
-    Py_ssize_t kh = bin_head(khead, kn), vh = kh < 0 ? -1 : bin_head(vhead, vn);
+    Py_ssize_t kh = bin_head(khead, kn), vh = kh < 0 ? -1 : bin_head(vhead, vn + rn);
     if (vh < 0) {
         return -1;
     }
     Py_ssize_t old = PyByteArray_GET_SIZE(buf);
-    if (PyByteArray_Resize(buf, old + kh + kn + vh + vn) < 0) {
+    if (PyByteArray_Resize(buf, old + kh + kn + vh + vn + rn) < 0) {
         return -1;
     }
     char *p = PyByteArray_AS_STRING(buf) + old;
@@ -75,6 +76,125 @@ append_pair(PyObject *buf, const char *key, Py_ssize_t kn, const char *value,
     memcpy(p + kh, key, (size_t)kn);
     memcpy(p + kh + kn, vhead, (size_t)vh);
     memcpy(p + kh + kn + vh, value, (size_t)vn);
+    if (rn > 0) {
+        memcpy(p + kh + kn + vh + vn, rest, (size_t)rn);
+    }
+    return 0;
+}
+
+static int
+append_pair(PyObject *buf, const char *key, Py_ssize_t kn, const char *value,
+            Py_ssize_t vn)
+{
+    return append_pair2(buf, key, kn, value, vn, NULL, 0);
+}
+
+/* n big-endian bytes of u after the type byte t into out; the length written. */
+static Py_ssize_t
+put_be(unsigned char *out, unsigned char t, unsigned long long u, int n)
+{
+    out[0] = t;
+    for (int i = n; i >= 1; i--) {
+        out[i] = (unsigned char)u;
+        u >>= 8;
+    }
+    return n + 1;
+}
+
+/* The msgpack bytes weir's MsgpackSerializer writes for a value of an exact type
+ * None, bool, int (-2**63 .. 2**64 - 1), float, str or bytes (msgpack-python's
+ * Packer(use_bin_type=True, strict_types=True): the smallest int format, floats as
+ * float 64, str as fixstr / str 8 / 16 / 32 of its UTF-8, bytes as bin 8 / 16 / 32):
+ * the head into out (at most 9 bytes) and its length returned; a str's or bytes'
+ * body in *body / *bn (else *bn is 0). 0: not such a value (another type, an int
+ * out of range, a str without UTF-8), nothing set: the caller encodes it in Python. */
+static Py_ssize_t
+msgpack_scalar(PyObject *v, unsigned char *out, const char **body, Py_ssize_t *bn)
+{
+    *bn = 0;
+    if (v == Py_None) {
+        out[0] = 0xc0;
+        return 1;
+    }
+    if (v == Py_True || v == Py_False) {
+        out[0] = v == Py_True ? 0xc3 : 0xc2;
+        return 1;
+    }
+    if (PyLong_CheckExact(v)) {
+        int overflow = 0;
+        long long d = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (d == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (overflow != 0 || d > 0) {
+            if (overflow < 0) {
+                return 0;
+            }
+            unsigned long long u = overflow ? PyLong_AsUnsignedLongLong(v)
+                                            : (unsigned long long)d;
+            if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return 0;
+            }
+            if (u < 128) {
+                out[0] = (unsigned char)u;
+                return 1;
+            }
+            return u < 256 ? put_be(out, 0xcc, u, 1)
+                 : u < 65536 ? put_be(out, 0xcd, u, 2)
+                 : u < 4294967296ULL ? put_be(out, 0xce, u, 4)
+                 : put_be(out, 0xcf, u, 8);
+        }
+        if (d >= -32) {
+            out[0] = (unsigned char)(d & 0xff);  /* 0, or a negative fixint */
+            return 1;
+        }
+        unsigned long long u = (unsigned long long)d;
+        return d >= -128 ? put_be(out, 0xd0, u, 1)
+             : d >= -32768 ? put_be(out, 0xd1, u, 2)
+             : d >= -2147483648LL ? put_be(out, 0xd2, u, 4)
+             : put_be(out, 0xd3, u, 8);
+    }
+    if (PyFloat_CheckExact(v)) {
+        out[0] = 0xcb;
+        if (PyFloat_Pack8(PyFloat_AS_DOUBLE(v), (char *)out + 1, 0) < 0) {
+            PyErr_Clear();
+            return 0;
+        }
+        return 9;
+    }
+    if (PyUnicode_CheckExact(v)) {
+        Py_ssize_t n;
+        const char *utf8 = PyUnicode_AsUTF8AndSize(v, &n);
+        if (utf8 == NULL) {  /* lone surrogates: Python raises the serializer's error */
+            PyErr_Clear();
+            return 0;
+        }
+        if (n > 0xffffffffLL) {
+            return 0;
+        }
+        *body = utf8;
+        *bn = n;
+        if (n < 32) {
+            out[0] = (unsigned char)(0xa0 | n);
+            return 1;
+        }
+        return n < 256 ? put_be(out, 0xd9, (unsigned long long)n, 1)
+             : n < 65536 ? put_be(out, 0xda, (unsigned long long)n, 2)
+             : put_be(out, 0xdb, (unsigned long long)n, 4);
+    }
+    if (PyBytes_CheckExact(v)) {
+        Py_ssize_t n = PyBytes_GET_SIZE(v);
+        if (n > 0xffffffffLL) {
+            return 0;
+        }
+        *body = PyBytes_AS_STRING(v);
+        *bn = n;
+        return n < 256 ? put_be(out, 0xc4, (unsigned long long)n, 1)
+             : n < 65536 ? put_be(out, 0xc5, (unsigned long long)n, 2)
+             : put_be(out, 0xc6, (unsigned long long)n, 4);
+    }
     return 0;
 }
 
@@ -225,14 +345,14 @@ done:
     return out;
 }
 
-/* The hot loop of a hash-map full snapshot of a state whose serializer is a fixed-width
- * one (weir.state.backend.EncodedValues): up to `limit` entries of a dict of prefixed
- * key -> Python int (kind 0: IntSerializer, big-endian int64) or int / float (kind 1:
- * FloatSerializer, big-endian IEEE double) from dict position `pos`, packed as
+/* The hot loop of a hash-map full snapshot of a state whose serializer C can encode (weir.state.backend.EncodedValues): up to `limit` entries of a dict of prefixed
+ * key -> Python int (kind 0: IntSerializer, big-endian int64), int / float (kind 1:
+ * FloatSerializer, big-endian IEEE double) or msgpack scalar (kind 2: MsgpackSerializer
+ * of None, bool, int, float, str, bytes; msgpack_scalar) from dict position `pos`, packed as
  * pack_entries packs their encoded (key, value) — the same bytes, no bytes object or
  * tuple per entry. Returns (groups, the next position or -1 at the end). A value of
- * another type, or an int beyond 64 bits, raises: the caller encodes the state the
- * general way, which names the value. */
+ * another type, or an int beyond 64 bits, raises TypeError: the caller encodes the
+ * state the general way, which names the value. */
 PyObject *
 weir_pack_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -247,8 +367,8 @@ weir_pack_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (PyErr_Occurred()) {
         return NULL;
     }
-    if ((kind != 0 && kind != 1) || pos < 0 || limit < 1) {
-        PyErr_SetString(PyExc_ValueError, "pack_fixed: kind 0 or 1, pos >= 0, limit >= 1");
+    if (kind < 0 || kind > 2 || pos < 0 || limit < 1) {
+        PyErr_SetString(PyExc_ValueError, "pack_fixed: kind 0, 1 or 2, pos >= 0, limit >= 1");
         return NULL;
     }
     Table table = {{NULL}};
@@ -261,8 +381,17 @@ weir_pack_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                                              "key group");
             goto done;
         }
-        unsigned char data[8];
-        if (kind == 0) {
+        unsigned char data[9];
+        const char *body = NULL;
+        Py_ssize_t dn = 8, bn = 0;
+        if (kind == 2) {
+            dn = msgpack_scalar(value, data, &body, &bn);
+            if (dn == 0) {
+                PyErr_SetString(PyExc_TypeError, "pack_fixed: not a msgpack scalar");
+                goto done;
+            }
+        }
+        else if (kind == 0) {
             if (!PyLong_Check(value)) {
                 PyErr_SetString(PyExc_TypeError, "pack_fixed: not an int");
                 goto done;
@@ -294,7 +423,8 @@ weir_pack_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         int group = (((const unsigned char *)k)[0] << 8) | ((const unsigned char *)k)[1];
         Slot *slot = slot_of(&table, group, 1);
         if (slot == NULL
-            || append_pair(slot->buf, k, PyBytes_GET_SIZE(key), (const char *)data, 8) < 0) {
+            || append_pair2(slot->buf, k, PyBytes_GET_SIZE(key), (const char *)data, dn,
+                            body, bn) < 0) {
             goto done;
         }
         slot->count++;

@@ -37,7 +37,14 @@ from typing import Any
 
 import msgpack
 
-from weir.api.serializers import _FLOAT64, _INT64, FloatSerializer, IntSerializer, Serializer
+from weir.api.serializers import (
+    _FLOAT64,
+    _INT64,
+    FloatSerializer,
+    IntSerializer,
+    MsgpackSerializer,
+    Serializer,
+)
 from weir.errors import StateError, StateSerializationError
 from weir.state.keycontext import NO_KEY, KeyContext
 from weir.state.snapshot import NativeRocksDBState
@@ -149,9 +156,11 @@ class EncodedValues:
     still cannot be encoded (an int beyond 64 bits) is encoded again through
     ``encode_checked`` for its typed error.
 
-    ``fixed``: 0 if the serializer is ``IntSerializer``, 1 if ``FloatSerializer``, else
+    ``fixed``: 0 if the serializer is ``IntSerializer``, 1 if ``FloatSerializer``, 2 if
+    ``MsgpackSerializer`` (C packs its scalars: None, bool, int, float, str, bytes), else
     None — :func:`weir.state.packed.pack_sources` then packs ``values`` in C without
-    encoding each value in Python (``pack_fixed``), to the same bytes."""
+    encoding each value in Python (``pack_fixed``), to the same bytes; a state with a
+    value C does not pack goes the general way."""
 
     __slots__ = ("fixed", "name", "serializer", "values")
 
@@ -159,7 +168,8 @@ class EncodedValues:
                  ) -> None:
         self.name, self.serializer, self.values = name, serializer, values
         kind = type(serializer)
-        self.fixed = 0 if kind is IntSerializer else 1 if kind is FloatSerializer else None
+        self.fixed = (0 if kind is IntSerializer else 1 if kind is FloatSerializer
+                      else 2 if kind is MsgpackSerializer else None)
 
     def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
         serializer, values = self.serializer, self.values

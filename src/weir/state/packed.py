@@ -129,9 +129,9 @@ def _kept(entries: Iterable[tuple[bytes, bytes]],
 
 @runtime_checkable
 class FixedWidthValues(Protocol):
-    """Entries that are a dict's values encoded by a fixed-width serializer
-    (``weir.state.backend.EncodedValues``): ``fixed`` 0 for int64, 1 for float64, None
-    for any other serializer."""
+    """Entries that are a dict's values encoded by a serializer C can run
+    (``weir.state.backend.EncodedValues``): ``fixed`` 0 for int64, 1 for float64, 2 for
+    msgpack scalars, None for any other serializer."""
 
     fixed: int | None
     values: Mapping[bytes, Any]
