@@ -168,6 +168,7 @@ def test_the_hash_map_tables_use_the_c_methods() -> None:
     assert hashmap._MapTable.get is MapCore.get  # type: ignore[attr-defined]
     assert hashmap._MapTable.put is MapCore.put  # type: ignore[attr-defined]
     from weir.state.keycontext import KeyContext
+    from weir.state.keygroups import KeyGroupRange
 
     assert issubclass(KeyContext, KeyCell)
 
@@ -238,6 +239,7 @@ def test_set_current_key_and_routes_in_c_match_the_python_specification(
     from weir.state._hashcore import route_keys
     from weir.state.keycontext import KeyContext
     from weir.state.keygroups import KeyGroupRange
+    from weir.state.keygroups import KeyGroupRange
 
     parallelism = min(parallelism, max_parallelism)
     end = split % max_parallelism
@@ -277,3 +279,56 @@ def test_int64_range_is_the_arrow_order_column() -> None:
     base = 3 << 40
     assert list(array.array("q", bytes(int64_range(base, 5)))) == list(range(base, base + 5))
     assert int64_range(7, 0) == bytearray()
+
+
+# ------------------------------------------------------------------ restore in C
+
+#: every msgpack scalar format, minimal or not (float 32, a str 8 of 3 bytes, int 64 of
+#: 1), arrays / maps / extension types, and bytes that are no msgpack value at all
+_RAW = st.one_of(
+    st.builds(lambda v: __import__("msgpack").packb(v, use_bin_type=True), st.one_of(
+        st.none(), st.booleans(), st.integers(-(1 << 63), (1 << 64) - 1),
+        st.sampled_from([127, 128, 255, 256, 65535, 65536, (1 << 32) - 1, 1 << 32, -1, -32,
+                         -33, -128, -129, -32768, -32769, -(1 << 31), -(1 << 31) - 1,
+                         -(1 << 63), (1 << 63) - 1, 1 << 63, (1 << 64) - 1]),
+        st.floats(allow_nan=False), st.text(max_size=300), st.binary(max_size=300),
+        st.lists(st.integers(-9, 9), max_size=2), st.dictionaries(
+            st.text(max_size=2), st.integers(-9, 9), max_size=2))),
+    st.builds(lambda f: __import__("msgpack").packb(f, use_single_float=True),
+              st.floats(allow_nan=False, width=32)),
+    st.sampled_from([b"\xd9\x03abc", b"\xd3" + (1).to_bytes(8, "big"), b"\xcc\x05",
+                     b"\xc5\x00\x01z", b"\xd4\x01\x01", b"\x91\x01"]),
+)
+#: no msgpack value (truncated, trailing bytes, invalid UTF-8, the unused type byte)
+_BAD_RAW = st.one_of(st.sampled_from([b"\xa2\xc3\x28", b"\xd9\xff", b"\x01\x02", b"",
+                                      b"\xc1", b"\xcb\x00", b"\xcd\x01"]),
+                     st.binary(max_size=12))
+
+
+@settings(max_examples=400, deadline=None)
+@given(raws=st.lists(_RAW, max_size=20), bad=st.lists(_BAD_RAW, max_size=1))
+def test_a_restored_value_state_decodes_in_c_to_what_msgpack_gives(
+    raws: list[bytes], bad: list[bytes],
+) -> None:
+    """``_ValueTable.load`` decodes the default serializer's scalars in C
+    (``load_values``) and every other value with the serializer: the same objects of
+    the same types as ``MsgpackSerializer.decode`` one by one, or, where that raises,
+    a StateSerializationError naming the state."""
+    from weir import MsgpackSerializer, StateSerializationError
+    from weir.state.keycontext import KeyContext
+    from weir.state.keygroups import KeyGroupRange
+
+    serializer = MsgpackSerializer()
+    entries = [(bytes([0, 0, i]), raw) for i, raw in enumerate(raws + bad)]
+    table = hashmap._ValueTable("count", KeyContext(128, KeyGroupRange(0, 127)),
+                                serializer, True)
+    try:
+        want = {key: serializer.decode(raw) for key, raw in entries}
+    except Exception:  # noqa: BLE001 - whatever msgpack raises: the load's typed error
+        with pytest.raises(StateSerializationError, match="'count'"):
+            table.load(entries)
+        return
+    table.load(entries)
+    assert [(k, type(v), repr(v)) for k, v in table._data.items()] == [
+        (k, type(v), repr(v)) for k, v in want.items()]
+    assert table._loaded_types == {type(v) for v in want.values()}

@@ -599,7 +599,12 @@ static PyMethodDef module_methods[] = {
      "msgpack bin objects, grouped by the key's first two bytes (see _packed.c)."},
     {"pack_fixed", (PyCFunction)(void (*)(void))weir_pack_fixed, METH_FASTCALL,
      "pack_fixed(values, kind, pos, limit) -> (groups, next pos or -1): pack_entries of "
-     "a dict of int (kind 0) or float (kind 1) values, encoded in C (see _packed.c)."},
+     "a dict of int (kind 0), float (kind 1) or msgpack scalar (kind 2) values, encoded "
+     "in C (see _packed.c)."},
+    {"load_values", (PyCFunction)(void (*)(void))weir_load_values, METH_FASTCALL,
+     "load_values(data, entries, decode, scalars, types) -> None: each (key, raw) decoded "
+     "into data (msgpack scalars in C when scalars is true), its type added to types "
+     "(see _unpacked.c)."},
     {NULL},
 };
 

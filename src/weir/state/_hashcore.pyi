@@ -1,5 +1,6 @@
 """Types of the C fast paths in ``_hashcore.c`` (see the comment at its top)."""
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 class KeyCell:
@@ -84,6 +85,13 @@ def pack_entries(entries: Any) -> dict[int, tuple[bytearray, int]]:
 def pack_fixed(values: dict[bytes, Any], kind: int, pos: int, limit: int
                ) -> tuple[dict[int, tuple[bytearray, int]], int]:
     """:func:`pack_entries` of up to ``limit`` entries of ``values`` from dict position
-    ``pos``, each value an int encoded as big-endian int64 (``kind`` 0) or an int or
-    float as a big-endian double (1), in C: the groups and the next position (-1 at
-    the end). Raises TypeError / OverflowError for any other value."""
+    ``pos``, each value an int encoded as big-endian int64 (``kind`` 0), an int or
+    float as a big-endian double (1) or a msgpack scalar as MsgpackSerializer encodes
+    it (2), in C: the groups and the next position (-1 at the end). Raises TypeError /
+    OverflowError for any other value."""
+
+def load_values(data: dict[bytes, Any], entries: Iterable[tuple[bytes, bytes]],
+                decode: Callable[[bytes], Any], scalars: bool, types: set[type]) -> None:
+    """``data[key] = decode(raw)`` for each ``(key, raw)`` of ``entries`` — a msgpack
+    scalar decoded in C when ``scalars`` — and each value's type added to ``types``.
+    ``decode``'s exceptions propagate."""

@@ -13,10 +13,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from weir.api.serializers import Serializer
+from weir.api.serializers import MsgpackSerializer, Serializer
 from weir.api.state import ListState, MapState, ValueState
 from weir.errors import StateError
-from weir.state._hashcore import ListCore, MapCore, TableCore, ValueCore
+from weir.state._hashcore import ListCore, MapCore, TableCore, ValueCore, load_values
 from weir.state.backend import (
     EncodedValues,
     KeyedStateBackend,
@@ -201,15 +201,15 @@ class _ValueTable(ValueCore, _HashMapTable, ValueTable, ValueState[Any]):
         return EncodedValues(self.name, self._serializer, self._data.copy())
 
     def load(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
-        # the serializer's decode without a call around it (a restore decodes every
-        # entry; a try costs nothing until it catches), reported as decode_checked does
-        data, decode = self._data, self._serializer.decode
-        for key, raw in entries:
-            try:
-                data[key] = decode(raw)
-            except Exception as exc:
-                raise decode_error(self.name, self._serializer, exc) from exc
-        self._loaded_types.update(map(type, data.values()))
+        # in C (a restore decodes every entry): the default serializer's scalars
+        # decoded there, any other value by the serializer's decode; a failure is
+        # reported as decode_checked does
+        serializer = self._serializer
+        try:
+            load_values(self._data, entries, serializer.decode,
+                        type(serializer) is MsgpackSerializer, self._loaded_types)
+        except Exception as exc:
+            raise decode_error(self.name, serializer, exc) from exc
 
 
 class _ListTable(ListCore, _HashMapTable, ListTable, ListState[Any]):
