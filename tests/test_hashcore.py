@@ -168,7 +168,6 @@ def test_the_hash_map_tables_use_the_c_methods() -> None:
     assert hashmap._MapTable.get is MapCore.get  # type: ignore[attr-defined]
     assert hashmap._MapTable.put is MapCore.put  # type: ignore[attr-defined]
     from weir.state.keycontext import KeyContext
-    from weir.state.keygroups import KeyGroupRange
 
     assert issubclass(KeyContext, KeyCell)
 
@@ -238,7 +237,6 @@ def test_set_current_key_and_routes_in_c_match_the_python_specification(
     from weir.errors import KeyGroupError
     from weir.state._hashcore import route_keys
     from weir.state.keycontext import KeyContext
-    from weir.state.keygroups import KeyGroupRange
     from weir.state.keygroups import KeyGroupRange
 
     parallelism = min(parallelism, max_parallelism)
@@ -324,7 +322,7 @@ def test_a_restored_value_state_decodes_in_c_to_what_msgpack_gives(
                                 serializer, True)
     try:
         want = {key: serializer.decode(raw) for key, raw in entries}
-    except Exception:  # noqa: BLE001 - whatever msgpack raises: the load's typed error
+    except Exception:  # whatever msgpack raises: the typed error instead
         with pytest.raises(StateSerializationError, match="'count'"):
             table.load(entries)
         return

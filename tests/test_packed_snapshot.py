@@ -191,7 +191,7 @@ def test_a_msgpack_state_of_scalars_packs_in_c_to_the_bytes_msgpack_writes(
     assert (_pack_fixed(values, 2, chunk) is None) == bool(other)  # C takes scalars only
     try:
         general = [(key, serializer.encode(v)) for key, v in values.items()]
-    except Exception:  # noqa: BLE001 - the value msgpack refuses: the typed error
+    except Exception:  # whatever msgpack raises: the typed error instead
         with pytest.raises(StateSerializationError, match="'count'"):
             pack_sources(iter([("count", fast)]), {}, chunk)
         return

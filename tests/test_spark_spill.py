@@ -5,6 +5,7 @@ order; rows are handed over sorted, a slice at a time, by kind."""
 from __future__ import annotations
 
 import os
+import random
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from spark_support import (  # type: ignore[import-not-found]
     run,
     write_file,
 )
-from weir.runtime.spark.spill import SpillBuffer, sorted_slices
+from weir.runtime.spark.spill import SpillBuffer, sorted_runs, sorted_slices
 
 KEYED_DDL = "key string, seq long"
 
@@ -107,6 +108,64 @@ def test_sorted_slices_hand_over_each_group_in_order_a_slice_at_a_time(
     # every row of the handed-over groups exactly once (ties keep both rows)
     positions = sorted(p for _, part in got for p in part["pos"].to_pylist())
     assert positions == sorted(i for i, (k, _) in enumerate(rows) if k in groups)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    blocks=st.lists(st.integers(0, 40), min_size=1, max_size=6),
+    clocks=st.lists(st.integers(0, 3), max_size=6),
+    data=st.data(),
+    slice_rows=st.integers(1, 17),
+    in_memory=st.booleans(),
+)
+def test_rows_already_in_runs_are_handed_over_as_slices_of_the_runs(
+    blocks: list[int], clocks: list[int], data: st.DataObject, slice_rows: int,
+    in_memory: bool,
+) -> None:
+    """A shuffle's rows: blocks of records (kind 1) each in its map task's order
+    (``block << 33 | row``), the blocks in any order, a clock row (kind 3, skipped)
+    or a broadcast row (kind 0) between records anywhere. ``sorted_runs`` finds the
+    runs (no sort, no take) and ``sorted_slices`` hands over the same rows in the same
+    order as sorting them would."""
+    rows: list[tuple[int, int]] = []
+    for block in data.draw(st.permutations(range(len(blocks)))):
+        records = [(1, block << 33 | i) for i in range(blocks[block])]
+        for _ in clocks:
+            at = data.draw(st.integers(0, len(records)))
+            records.insert(at, (data.draw(st.sampled_from([0, 3])), 1 << 45 | len(rows)
+                                + data.draw(st.integers(0, 1 << 20))))
+        rows += records
+    table = pa.table({
+        "kind": pa.array([k for k, _ in rows], pa.int8()),
+        "order": pa.array([o for _, o in rows], pa.int64()),
+        "pos": pa.array(range(len(rows)), pa.int64()),
+    })
+    keys = [("kind", "ascending"), ("order", "ascending")]
+    runs = sorted_runs(table, keys, "kind", [1])
+    assert runs is not None and len(runs) <= len(blocks) * (len(clocks) + 1)
+    got = list(sorted_slices(table, keys, "kind", [1], slice_rows, in_memory))
+    assert all(0 < part.num_rows <= slice_rows for _, part in got)
+    seen = [o for _, part in got for o in part["order"].to_pylist()]
+    assert seen == sorted(o for k, o in rows if k == 1)
+    assert sorted(p for _, part in got for p in part["pos"].to_pylist()) == [
+        i for i, (k, _) in enumerate(rows) if k == 1]
+
+
+def test_rows_in_many_runs_are_taken_in_order_instead() -> None:
+    """Rows whose sorted order is more than ``MAX_RUNS`` ranges of consecutive rows
+    (shuffled): ``sorted_runs`` declines and the rows are taken in sorted order; ties
+    keep their input order either way."""
+    keys = [("kind", "ascending"), ("order", "ascending")]
+    orders = random.Random(7).sample(range(2000), 2000)
+    table = pa.table({"kind": pa.array([1] * 2000, pa.int8()),
+                      "order": pa.array(orders, pa.int64())})
+    assert sorted_runs(table, keys, "kind", [1]) is None
+    got = [o for _, part in sorted_slices(table, keys, "kind", [1], 300, True)
+           for o in part["order"].to_pylist()]
+    assert got == sorted(orders)
+    table = pa.table({"kind": pa.array([1, 1, 1], pa.int8()), "order": pa.array([2, 1, 2]),
+                      "pos": pa.array([0, 1, 2])})
+    assert sorted_runs(table, keys, "kind", [1]) == [(1, 1, 1), (1, 0, 1), (1, 2, 1)]
 
 
 @pytest.mark.spark

@@ -23,10 +23,11 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["SpillBuffer", "local_base", "sorted_slices"]
+__all__ = ["SpillBuffer", "local_base", "sorted_runs", "sorted_slices"]
 
 
 def local_base() -> str:
@@ -124,9 +125,17 @@ def sorted_slices(
 ) -> Iterator[tuple[int, pa.Table]]:
     """``(group, rows)`` of ``table`` sorted by ``sort_keys`` (whose first key is
     ``group_column``), for each value of ``groups`` in turn, at most ``slice_rows``
-    rows at a time; rows of other groups are skipped. ``in_memory``: one take of the
+    rows at a time; rows of other groups are skipped. When each group's rows lie in a
+    few runs already in order (``sorted_runs``: a shuffle's blocks, each in its map
+    task's order), zero-copy slices of the runs; else ``in_memory``: one take of the
     whole table, then zero-copy slices; else one take per slice (from a mapped file,
     without materializing the whole input)."""
+    runs = sorted_runs(table, sort_keys, group_column, groups)
+    if runs is not None:
+        for group, start, length in runs:
+            for at in range(start, start + length, slice_rows):
+                yield group, table.slice(at, min(slice_rows, start + length - at))
+        return
     order = pc.sort_indices(table.select([k for k, _ in sort_keys]), sort_keys=sort_keys)
     whole = table.take(order) if in_memory else None
     values = (whole[group_column] if whole is not None
@@ -140,3 +149,43 @@ def sorted_slices(
                 yield group, whole.slice(start, end - start)
             else:
                 yield group, table.take(order[start:end])
+
+
+#: runs at most per group for :func:`sorted_runs` (beyond: a take is as cheap)
+MAX_RUNS = 256
+
+
+def sorted_runs(
+    table: pa.Table, sort_keys: Sequence[tuple[str, str]], group_column: str,
+    groups: Sequence[int],
+) -> list[tuple[int, int, int]] | None:
+    """``(group, first row, rows)`` of ranges of ``table`` that, in this order, are the
+    rows of ``groups`` stably sorted by ``sort_keys`` (``group_column``, then one
+    integer column, both ascending), when each group's sorted rows are at most
+    ``MAX_RUNS`` ranges of consecutive rows (a shuffle's blocks, each in its map
+    task's order: a sort of a few runs, no take). None otherwise (more runs, nulls,
+    other sort keys: take the rows in order)."""
+    if (len(sort_keys) != 2 or sort_keys[0] != (group_column, "ascending")
+            or sort_keys[1][1] != "ascending"):
+        return None
+    kind_column, order_column = table[group_column], table[sort_keys[1][0]]
+    if (kind_column.null_count or order_column.null_count
+            or not pa.types.is_integer(order_column.type)):
+        return None
+    kinds = kind_column.to_numpy()
+    order = order_column.to_numpy()
+    out: list[tuple[int, int, int]] = []
+    for group in groups:
+        rows = np.flatnonzero(kinds == group)
+        if not len(rows):
+            continue
+        # stable, as sort_indices: a merge of the runs already in order (timsort)
+        positions = rows[np.argsort(order[rows], kind="stable")]
+        cut = np.flatnonzero(np.diff(positions) != 1) + 1
+        if len(cut) >= MAX_RUNS:
+            return None
+        starts = np.concatenate(([0], cut))
+        ends = np.concatenate((cut, [len(positions)]))
+        out += [(group, int(positions[a]), int(b - a)) for a, b in zip(starts, ends,
+                                                                       strict=True)]
+    return out
