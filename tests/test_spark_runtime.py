@@ -3,6 +3,7 @@ across replays and restarts, new queries, rescaling, savepoints, time, bad recor
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import re
 import struct
@@ -14,6 +15,8 @@ from typing import Any
 import mmh3
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import weir
 import weir.spark
@@ -438,6 +441,42 @@ def test_a_wrong_output_shape_names_the_operator_and_the_field() -> None:
     assert to_record_batch([], schema, "op").num_rows == 0
     assert to_record_batch([("a", 1), ("b", None)], schema, "op").to_pylist() == [
         {"key": "a", "n": 1}, {"key": "b", "n": None}]
+    strict = pa.schema([("key", pa.string()), pa.field("n", pa.int64(), nullable=False)])
+    with pytest.raises(OutputSchemaError, match=r"output field 'n' is NOT NULL"):
+        to_record_batch([("a", 1), ("b", None)], strict, "op")
+
+
+_NESTED = pa.schema([
+    ("s", pa.string()), ("n", pa.int64()), ("x", pa.float64()), ("b", pa.bool_()),
+    ("l", pa.list_(pa.int32())), ("t", pa.struct([("a", pa.int64()), ("c", pa.string())])),
+    ("ts", pa.timestamp("us", tz="UTC")),
+])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(
+    st.one_of(st.none(), st.text(max_size=5)), st.one_of(st.none(), st.integers(-9, 9)),
+    st.one_of(st.none(), st.floats(allow_nan=False), st.integers(-9, 9)),
+    st.one_of(st.none(), st.booleans()),
+    st.one_of(st.none(), st.lists(st.integers(-9, 9), max_size=3)),
+    st.one_of(st.none(), st.fixed_dictionaries({"a": st.integers(-9, 9), "c": st.text(max_size=3)}),
+              st.tuples(st.integers(-9, 9), st.text(max_size=3))),
+    st.one_of(st.none(), st.datetimes(timezones=st.just(dt.UTC))),
+), max_size=20))
+def test_tuple_outputs_convert_in_one_pass_to_what_each_column_converts_to(
+    rows: list[tuple[Any, ...]],
+) -> None:
+    """Tuples of every kind of field (nulls, ints for a double, nested lists and
+    structs, timestamps) convert as a whole to the batch each column's own conversion
+    gives, or fail as it does (a struct field given as a tuple and as a dict)."""
+    try:
+        columns = [pa.array([r[i] for r in rows], type=f.type) for i, f in enumerate(_NESTED)]
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        with pytest.raises(OutputSchemaError, match="output field 't'"):
+            to_record_batch(rows, _NESTED, "op")
+        return
+    assert to_record_batch(rows, _NESTED, "op").equals(
+        pa.RecordBatch.from_arrays(columns, schema=_NESTED))
 
 
 class WrongShape(weir.KeyedProcessFunction[dict[str, Any], Any]):

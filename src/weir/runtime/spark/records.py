@@ -89,7 +89,21 @@ def to_record_batch(rows: Sequence[Any], schema: pa.Schema, uid: str) -> pa.Reco
     names = schema.names
     width = len(names)
     columns: list[Any]
-    if set(map(type, rows)) <= {tuple}:  # the fast path: tuples, a column at a time in C
+    tuples = set(map(type, rows)) <= {tuple}
+    if tuples and rows:  # the fast path: tuples, converted by Arrow in one pass
+        try:
+            struct = pa.array(rows, type=pa.struct(schema))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+            struct = None  # the column-wise path names the field and value
+        if struct is not None:
+            arrays = struct.flatten()
+            for field, array in zip(schema, arrays, strict=True):
+                if not field.nullable and array.null_count:
+                    raise OutputSchemaError(
+                        f"operator {uid!r}: output field {field.name!r} is NOT NULL but the "
+                        f"function emitted None for it")
+            return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    if tuples:  # tuples, a column at a time in C
         if set(map(len, rows)) - {width}:
             bad = next(r for r in rows if len(r) != width)
             raise OutputSchemaError(
