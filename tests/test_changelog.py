@@ -208,12 +208,13 @@ def test_after_a_base_for_churn_writes_are_sampled_until_fewer_keys_change(
     tmp_path: Path,
 ) -> None:
     """After a base written because most keys changed, a large hash-map state records
-    only a sample of its written keys (no set insert per write): the next checkpoint
-    estimates the share from it. Most keys again: a base. Nothing written: no file
-    (the changes are known to be none). A few keys: one more base (the changes are
-    unknown), after which every change is recorded and a delta follows."""
+    only a sample of its written keys in a set (no set insert per write) and logs
+    every write: the next checkpoint estimates the share from the sample. Most keys
+    again: a base. Nothing written: no file. A few keys: a delta from the log, after
+    which every change is recorded exactly. A sampled batch whose writes outgrow the
+    log (twice the keys held): its changes are unknown, so a base."""
     keys = [f"key-{i}" for i in range(2 * SAMPLE_MIN_KEYS)]
-    coordinator = CheckpointCoordinator(str(tmp_path), retained=3)
+    coordinator = CheckpointCoordinator(str(tmp_path), retained=4)
     cluster = _cluster(1)
     op = cluster[0].operator
     policy = dataclasses.replace(SYNC, rebase_share=0.5)
@@ -224,7 +225,7 @@ def test_after_a_base_for_churn_writes_are_sampled_until_fewer_keys_change(
         _send(cluster, records)
         completed = take_checkpoint(coordinator, checkpointers)
         states[completed.checkpoint_id] = _state(cluster, keys)
-        return completed, op.backend._sample_mask != 0
+        return completed, op.changes_sampled()
 
     try:
         first, sampled_after_first = step([(k, 1) for k in keys])
@@ -232,24 +233,30 @@ def test_after_a_base_for_churn_writes_are_sampled_until_fewer_keys_change(
         assert op.changed_share() == 0.0  # nothing written yet, so nothing sampled
         _send(cluster, [(k, 3) for k in keys[len(keys) * 3 // 10:]])  # 70% again
         estimate = op.changed_share()
-        assert not op.changes_known()
-        with pytest.raises(StateError, match="only a sample"):
-            op.backend.take_changes().__next__()[1].__next__()
         again, sampled_after_again = step([])
         idle, sampled_after_idle = step([])
         few, sampled_after_few = step([(k, 4) for k in keys[:10]])
         delta, _ = step([(k, 5) for k in keys[10:20]])
+        step([(k, 6) for k in keys])  # churn: sampled again
+        for table in op.backend._tables.values():  # (twice the keys: 196,608 writes)
+            table._log_cap = 5_000
+        _send(cluster, [(k, 7) for k in keys[:10] for _ in range(501)])  # 5,010 writes
+        assert op.changes_sampled() and not op.changes_known()
+        with pytest.raises(StateError, match="only a sample"):
+            op.backend.take_changes().__next__()[1].__next__()
+        outgrown, sampled_after_outgrown = step([])
     finally:
         _close(cluster, checkpointers)
     assert 0.6 <= estimate <= 0.8
     assert not sampled_after_first and sampled_after_churn and sampled_after_again
-    assert sampled_after_idle and not sampled_after_few
-    bases = {_keyed(c).base.file.path for c in (first, churn, again, few)}
+    assert sampled_after_idle and not sampled_after_few and not sampled_after_outgrown
+    bases = {_keyed(c).base.file.path for c in (first, churn, again, outgrown)}
     assert len(bases) == 4 and all(
-        _keyed(c).deltas == () for c in (first, churn, again, few))
+        _keyed(c).deltas == () for c in (first, churn, again, outgrown))
     assert _keyed(idle) == _keyed(again)  # nothing written: nothing new to reference
-    assert _keyed(delta).base == _keyed(few).base and len(_keyed(delta).deltas) == 1
-    for completed in (idle, few, delta):
+    assert _keyed(few).base == _keyed(again).base and len(_keyed(few).deltas) == 1
+    assert _keyed(delta).base == _keyed(few).base and len(_keyed(delta).deltas) == 2
+    for completed in (few, delta, outgrown):
         for p in (1, 3):
             assert _restored_state(completed.url, keys, p) == states[completed.checkpoint_id]
 

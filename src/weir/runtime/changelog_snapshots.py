@@ -157,8 +157,8 @@ class ChangelogSnapshots:
             finish = op.prepare_snapshot(checkpoint_id, timestamp)
             # most keys changed: the next checkpoint is likely a base too, so its
             # writes are only sampled (the share estimated, without a set insert per
-            # write); if fewer changed then, it writes one more base and records
-            # every change again
+            # write) and logged (if fewer keys changed then, its delta comes from the
+            # log; a base only if the writes outgrew it)
             op.track_changes(sampled=churn)
             self._chain = None
             self._generation += 1  # a running materialization copies an older chain
@@ -175,6 +175,8 @@ class ChangelogSnapshots:
             return self._changelog_pending(checkpoint_id, sync_ms, base)
         chain = self._adopt_materialization(checkpoint_id, chain)
         snap, changes, written = op.snapshot_changes(checkpoint_id, timestamp)
+        if op.changes_sampled() and (changes or written):
+            op.track_changes()  # fewer keys changed: record every change again
         self._maybe_materialize(checkpoint_id, chain, storage, bool(changes or written))
         sync_ms = (time.perf_counter() - started) * 1000
 

@@ -327,6 +327,10 @@ class KeyedOperator(OperatorBase, KeyedContext, TimerService):
         self.event_timers.track_changes()
         self.processing_timers.track_changes()
 
+    def changes_sampled(self) -> bool:
+        """Whether keyed-state writes are recorded as a sample (see :meth:`track_changes`)."""
+        return isinstance(self.backend, HashMapStateBackend) and self.backend.sampled
+
     def changes_known(self) -> bool:
         """Whether :meth:`snapshot_changes` can be taken: every change since changes
         were last taken was recorded (see :meth:`track_changes`)."""

@@ -95,24 +95,38 @@ class _HashMapTable(TableCore):
         tracked (every key, or only the sample: ``_hashcore.c``'s mark_dirty)."""
         if self._dirty is not None:
             self._writes += 1
-            if not hash(key) & self._sample_mask:
-                self._dirty.add(key)
+            if self._sample_mask:
+                if self._log is not None:
+                    if len(self._log) < self._log_cap:
+                        self._log.append(key)
+                    else:
+                        self._log = None
+                if hash(key) & self._sample_mask:
+                    return
+            self._dirty.add(key)
 
-    def track_changes(self, sample_mask: int = 0) -> None:
+    def track_changes(self, sample_mask: int = 0, log_cap: int = 0) -> None:
         """Record the writes from now on (for changelog snapshots): every key written,
         or with ``sample_mask`` only the keys whose hash has none of its bits (the
-        share of keys written can be estimated, the changes cannot be taken)."""
+        share of keys written can be estimated) and every key written in a list of at
+        most ``log_cap`` (beyond, the changes are unknown: ``changes_known``)."""
         self._dirty, self._writes, self._sample_mask = set(), 0, sample_mask
+        self._log, self._log_cap = ([] if sample_mask else None), log_cap
+
+    def changes_known(self) -> bool:
+        """Whether :meth:`take_changes` can report every change since it last ran."""
+        return not self._sample_mask or not self._writes or self._log is not None
 
     def take_changes(self) -> Iterator[tuple[bytes, Iterable[tuple[bytes, bytes]]]]:
         """``(prefixed key, its canonical entries now)`` of every key written since the
-        last call (no entry: deleted); the tracked set starts over."""
-        if self._sample_mask and self._writes:
+        last call (no entry: deleted); the record starts over (sampled as it was)."""
+        if not self.changes_known():
             raise StateError(
                 f"state {self.name!r}: only a sample of the keys written was tracked "
                 f"({self._writes} writes): the changes are unknown; write a full snapshot"
             )
-        dirty, self._dirty, self._writes = self._dirty or set(), set(), 0
+        dirty = set(self._log) if self._sample_mask and self._log else (self._dirty or set())
+        self.track_changes(self._sample_mask, self._log_cap)
         entries = self.entries_at
         for key in dirty:
             yield key, entries(key)
@@ -443,12 +457,12 @@ class HashMapStateBackend(KeyedStateBackend):
         self._tables: dict[str, _AnyTable] = {}
         self._restored: dict[str, list[tuple[bytes, bytes]]] = defaultdict(list)
         self._tracking = False
-        self._sample_mask = 0
+        self._sample_mask = self._log_cap = 0
 
     def _register(self, table: _AnyTable) -> Any:
         table.load(self._restored.pop(table.name, ()))
         if self._tracking:  # what it loaded is in the snapshot changes apply to
-            table.track_changes(self._sample_mask)
+            table.track_changes(self._sample_mask, self._log_cap)
         self._tables[table.name] = table
         return table
 
@@ -457,22 +471,31 @@ class HashMapStateBackend(KeyedStateBackend):
         is the base that :meth:`take_changes` reports changes against.
 
         ``sampled``: when the state holds at least ``SAMPLE_MIN_KEYS`` keys, record
-        only the keys in a fixed 1-in-``SAMPLE_MASK + 1`` sample by hash, and count
-        every write. :meth:`change_counts` then estimates the keys written, and
-        :meth:`take_changes` works only while nothing was written
-        (:meth:`changes_known`). For a state most of whose keys change between
-        snapshots (each one a full snapshot anyway): the exact record costs a set
-        insert per write, about as much again as the write itself."""
+        in a set only the keys in a fixed 1-in-``SAMPLE_MASK + 1`` sample by hash, and
+        every key written in a list (a log of at most twice the keys held; beyond it,
+        the changes are unknown: :meth:`changes_known`). :meth:`change_counts` then
+        estimates the keys written from the sample, and :meth:`take_changes` takes the
+        keys from the log. For a state most of whose keys change between snapshots
+        (each one a full snapshot anyway, the log dropped): the exact record costs a
+        set insert per write, about as much again as the write itself; an append
+        costs a fifth of it."""
         held = self.change_counts()[1]
         self._sample_mask = SAMPLE_MASK if sampled and held >= SAMPLE_MIN_KEYS else 0
+        self._log_cap = 2 * held
         self._tracking = True
         for table in self._tables.values():
-            table.track_changes(self._sample_mask)
+            table.track_changes(self._sample_mask, self._log_cap)
 
     def changes_known(self) -> bool:
         """Whether :meth:`take_changes` can report the changes: every written key was
-        recorded, or nothing was written since the record started over."""
-        return not self._sample_mask or not any(t._writes for t in self._tables.values())
+        recorded (exactly, or in a sampled table's log of at most twice the keys held),
+        or nothing was written since the record started over."""
+        return all(t.changes_known() for t in self._tables.values())
+
+    @property
+    def sampled(self) -> bool:
+        """Whether writes are recorded as a sample and a log (see :meth:`track_changes`)."""
+        return self._sample_mask != 0
 
     def change_counts(self) -> tuple[int, int]:
         """``(keys written since the last take_changes, keys held)`` over all states
@@ -504,7 +527,7 @@ class HashMapStateBackend(KeyedStateBackend):
         ``(name, ((prefixed key, its canonical entries now), ...))`` — no entry for a
         deleted key. Each table's record starts over as it is read."""
         for name, table in self._tables.items():
-            if table._dirty:
+            if table._writes:  # (sampled: _dirty holds only the sample)
                 yield name, table.take_changes()
 
     def create_value_table(
