@@ -26,7 +26,7 @@ from weir import (
     StateSerializationError,
     ValueStateDescriptor,
 )
-from weir.state import hashmap
+from weir.state import hashmap_tables
 from weir.state._hashcore import KeyCell, ListCore, MapCore, ValueCore
 from weir.testing import KeyedOperatorHarness
 
@@ -161,13 +161,13 @@ def test_fast_paths_match_the_python_semantics(
 def test_the_hash_map_tables_use_the_c_methods() -> None:
     """The public calls resolve to the C fast paths (a refactoring that shadows them
     with Python methods would silently lose the speed)."""
-    assert hashmap._ValueTable.value is ValueCore.value  # type: ignore[attr-defined]
-    assert hashmap._ValueTable.update is ValueCore.update  # type: ignore[attr-defined]
-    assert hashmap._ValueTable.reduce_add is ValueCore.reduce_add  # type: ignore[attr-defined]
-    assert hashmap._ListTable.get is ListCore.get  # type: ignore[attr-defined]
-    assert hashmap._ListTable.add is ListCore.add  # type: ignore[attr-defined]
-    assert hashmap._MapTable.get is MapCore.get  # type: ignore[attr-defined]
-    assert hashmap._MapTable.put is MapCore.put  # type: ignore[attr-defined]
+    assert hashmap_tables.HashMapValueTable.value is ValueCore.value  # type: ignore[attr-defined]
+    assert hashmap_tables.HashMapValueTable.update is ValueCore.update  # type: ignore[attr-defined]
+    assert hashmap_tables.HashMapValueTable.reduce_add is ValueCore.reduce_add  # type: ignore[attr-defined]
+    assert hashmap_tables.HashMapListTable.get is ListCore.get  # type: ignore[attr-defined]
+    assert hashmap_tables.HashMapListTable.add is ListCore.add  # type: ignore[attr-defined]
+    assert hashmap_tables.HashMapMapTable.get is MapCore.get  # type: ignore[attr-defined]
+    assert hashmap_tables.HashMapMapTable.put is MapCore.put  # type: ignore[attr-defined]
     from weir.state.keycontext import KeyContext
 
     assert issubclass(KeyContext, KeyCell)
@@ -309,7 +309,7 @@ _BAD_RAW = st.one_of(st.sampled_from([b"\xa2\xc3\x28", b"\xd9\xff", b"\x01\x02",
 def test_a_restored_value_state_decodes_in_c_to_what_msgpack_gives(
     raws: list[bytes], bad: list[bytes],
 ) -> None:
-    """``_ValueTable.load`` decodes the default serializer's scalars in C
+    """``HashMapValueTable.load`` decodes the default serializer's scalars in C
     (``load_values``) and every other value with the serializer: the same objects of
     the same types as ``MsgpackSerializer.decode`` one by one, or, where that raises,
     a StateSerializationError naming the state."""
@@ -319,7 +319,7 @@ def test_a_restored_value_state_decodes_in_c_to_what_msgpack_gives(
 
     serializer = MsgpackSerializer()
     entries = [(bytes([0, 0, i]), raw) for i, raw in enumerate(raws + bad)]
-    table = hashmap._ValueTable("count", KeyContext(128, KeyGroupRange(0, 127)),
+    table = hashmap_tables.HashMapValueTable("count", KeyContext(128, KeyGroupRange(0, 127)),
                                 serializer, True)
     try:
         want = {key: serializer.decode(raw) for key, raw in entries}

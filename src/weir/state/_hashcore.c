@@ -189,7 +189,7 @@ accepted(PyObject *types, PyObject **last, PyObject *value)
 /* A write of key: counted, and key added to the tracked set (all keys, or with a
  * sample mask only those whose hash has none of its bits: a bytes key's hash is
  * cached by the dict store before, so the test costs no hashing). The Python side's
- * _HashMapTable._mark does the same. */
+ * HashMapTable._mark (weir/state/hashmap_tables.py) does the same. */
 static inline int
 mark_dirty(TableCore *self, PyObject *key)
 {

@@ -1,6 +1,6 @@
-/* The hot loop of a hash-map restore (weir.state.hashmap._ValueTable.load): each
- * restored (prefixed key, encoded value) of a value state decoded and stored in the
- * table's dict. A value of the default MsgpackSerializer that is one msgpack scalar —
+/* The hot loop of a hash-map restore (HashMapValueTable.load, in
+ * weir/state/hashmap_tables.py): each restored (prefixed key, encoded value) of a
+ * value state decoded and stored in the table's dict. A value of the default MsgpackSerializer that is one msgpack scalar —
  * nil, bool, int, float 32 / 64, str (UTF-8), bin — is decoded here, to the object
  * msgpack.unpackb(raw=False) gives; every other value (arrays, maps, extension types,
  * invalid UTF-8, trailing bytes, another serializer) is passed to the serializer's
