@@ -7,7 +7,7 @@ elements and time, ``snapshot``, ``close``.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +39,11 @@ from weir.runtime.operator_base import (
     MAX_WATERMARK,
     MIN_WATERMARK,
     Clock,
-    OperatorBase,
     OperatorConfig,
     StateBackendKind,
     system_clock,
 )
+from weir.runtime.operator_changes import KeyedChanges, StateChange
 from weir.state.backend import KeyedStateBackend
 from weir.state.hashmap import HashMapStateBackend
 from weir.state.keycontext import NO_KEY, KeyContext
@@ -55,9 +55,6 @@ from weir.state.snapshot import (
     assign_keyed_state,
 )
 from weir.state.timers import EVENT_TIMERS, PROCESSING_TIMERS, TimerQueue
-
-#: one state's part of a changelog delta: (primary keys replaced, their entries now)
-StateChange = tuple[Sequence[bytes], Sequence[tuple[bytes, bytes]]]
 
 __all__ = [
     "MAX_WATERMARK",
@@ -71,7 +68,7 @@ __all__ = [
 ]
 
 
-class KeyedOperator(OperatorBase, KeyedContext, TimerService):
+class KeyedOperator(KeyedChanges, KeyedContext, TimerService):
     """One parallel instance of a keyed function (optionally with broadcast input)."""
 
     def __init__(
@@ -312,95 +309,6 @@ class KeyedOperator(OperatorBase, KeyedContext, TimerService):
             )
             queue.track_changes()
         self._timers_mirrored = True
-
-    # changelog snapshots -------------------------------------------------------------
-    def track_changes(self, sampled: bool = False) -> None:
-        """Start recording keyed-state and timer changes (hash map, RocksDB): the state as
-        of now is the base of the next :meth:`snapshot_changes`. ``sampled``: a large
-        hash-map state records only a sample of its written keys, for
-        :meth:`changed_share` (then :meth:`changes_known` says whether the changes
-        can be taken); timers and RocksDB always record every change."""
-        if isinstance(self.backend, HashMapStateBackend):
-            self.backend.track_changes(sampled)
-        else:
-            self.backend.track_changes()
-        self.event_timers.track_changes()
-        self.processing_timers.track_changes()
-
-    def changes_sampled(self) -> bool:
-        """Whether keyed-state writes are recorded as a sample (see :meth:`track_changes`)."""
-        return isinstance(self.backend, HashMapStateBackend) and self.backend.sampled
-
-    def changes_known(self) -> bool:
-        """Whether :meth:`snapshot_changes` can be taken: every change since changes
-        were last taken was recorded (see :meth:`track_changes`)."""
-        return not isinstance(self.backend, HashMapStateBackend) or self.backend.changes_known()
-
-    def apply_changes(self, changes: Sequence[Mapping[str, StateChange]]) -> bool:
-        """Bring the live hash-map state forward by changelog deltas (each: state name
-        -> (primary keys replaced, their entries now), this subtask's key groups), in
-        order; the state as of the last one is the base of the next changes. False,
-        with nothing applied, if a delta names a state that is not registered here
-        (or the backend is not the hash map). If it raises (a value that cannot be
-        decoded), the live state is part way: discard this operator."""
-        backend = self.backend
-        queues = {EVENT_TIMERS: self.event_timers, PROCESSING_TIMERS: self.processing_timers}
-        if not isinstance(backend, HashMapStateBackend) or not all(
-            name in queues or backend.has_table(name) for delta in changes for name in delta
-        ):
-            return False
-        for delta in changes:
-            for name, (primaries, entries) in delta.items():
-                queue = queues.get(name)
-                if queue is not None:
-                    queue.replace_entries(primaries, entries)
-                else:
-                    backend.replace_entries(name, primaries, entries)
-        self.track_changes()
-        return True
-
-    def changed_share(self) -> float:
-        """The share of the keyed state's keys written since changes were last taken
-        (hash map with changes tracked, estimated when sampled; else 0): near 1, a
-        changelog delta is about as large as the whole state."""
-        if not isinstance(self.backend, HashMapStateBackend):
-            return 0.0
-        written, held = self.backend.change_counts()
-        return written / held if held else 0.0
-
-    def snapshot_changes(
-        self, checkpoint_id: int, timestamp: int | None = None
-    ) -> tuple[OperatorSubtaskSnapshot, dict[int, dict[str, Any]],
-               dict[str, dict[bytes, bytes | None]]]:
-        """A changelog snapshot: operator and broadcast state in full, keyed state as
-        the changes since the last snapshot (``KeyedStateStore.changes``: by key group,
-        and the states reported as the bytes written last; the snapshot's ``keyed``
-        holds the state metadata and no entries)."""
-        self._require_open()
-        ts = self.clock() if timestamp is None else timestamp
-        common = self._snapshot_common(checkpoint_id, ts)
-        written: dict[str, dict[bytes, bytes | None]] = {}
-        changes = self.keyed_state.changes({
-            EVENT_TIMERS: self.event_timers.take_changes(),
-            PROCESSING_TIMERS: self.processing_timers.take_changes(),
-        }, written)
-        cfg = self.config
-        keyed = KeyedStateSnapshot(cfg.max_parallelism, cfg.key_group_range,
-                                   self.keyed_state.metas, (EVENT_TIMERS, PROCESSING_TIMERS), {})
-        return OperatorSubtaskSnapshot(
-            cfg.uid, checkpoint_id, ts, cfg.parallelism, cfg.subtask_index,
-            cfg.max_parallelism, keyed, **common,
-        ), changes, written
-
-    def prepare_materialization(self) -> Callable[[], KeyedStateSnapshot]:
-        """Freeze the keyed state and timers now (no ``snapshot_state`` call); the
-        result encodes them when called, off the processing path."""
-        self._require_open()
-        timers = {
-            EVENT_TIMERS: self.event_timers.snapshot_entries(),
-            PROCESSING_TIMERS: self.processing_timers.snapshot_entries(),
-        }
-        return self.keyed_state.prepare_snapshot(timers, self.config.key_group_range)
 
     # KeyedContext -------------------------------------------------------------------
     def _get(self, descriptor: Any, expected: type[Any], method: str) -> Any:
