@@ -152,8 +152,8 @@ class ChangelogSnapshots:
         churn = rebase is not None and op.changed_share() >= rebase
         if chain is None or churn or not op.changes_known():
             # a base: the whole state, as a full snapshot does (first, instead of a
-            # delta about as large as the state, or after a batch whose changes were
-            # only sampled: the chain starts over)
+            # delta about as large as the state, or after a sampled batch whose writes
+            # outgrew their log: the chain starts over)
             finish = op.prepare_snapshot(checkpoint_id, timestamp)
             # most keys changed: the next checkpoint is likely a base too, so its
             # writes are only sampled (the share estimated, without a set insert per

@@ -89,7 +89,8 @@ class HashMapTable(TableCore):
 
     def _mark(self, key: bytes) -> None:
         """Record a write of ``key`` when changes are tracked: counted, and the key
-        tracked (every key, or only the sample: ``_hashcore.c``'s mark_dirty)."""
+        tracked (every key; or, sampled, logged and in the set only if in the sample:
+        ``_hashcore.c``'s mark_dirty)."""
         if self._dirty is not None:
             self._writes += 1
             if self._sample_mask:
@@ -122,7 +123,7 @@ class HashMapTable(TableCore):
                 f"state {self.name!r}: only a sample of the keys written was tracked "
                 f"({self._writes} writes): the changes are unknown; write a full snapshot"
             )
-        dirty = set(self._log) if self._sample_mask and self._log else (self._dirty or set())
+        dirty = set(self._log or ()) if self._sample_mask else (self._dirty or set())
         self.track_changes(self._sample_mask, self._log_cap)
         entries = self.entries_at
         for key in dirty:

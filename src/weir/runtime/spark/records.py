@@ -98,10 +98,7 @@ def to_record_batch(rows: Sequence[Any], schema: pa.Schema, uid: str) -> pa.Reco
         if struct is not None:
             arrays = struct.flatten()
             for field, array in zip(schema, arrays, strict=True):
-                if not field.nullable and array.null_count:
-                    raise OutputSchemaError(
-                        f"operator {uid!r}: output field {field.name!r} is NOT NULL but the "
-                        f"function emitted None for it")
+                _check_not_null(field, array, uid)
             return pa.RecordBatch.from_arrays(arrays, schema=schema)
     if tuples:  # tuples, a column at a time in C
         if set(map(len, rows)) - {width}:
@@ -124,12 +121,16 @@ def to_record_batch(rows: Sequence[Any], schema: pa.Schema, uid: str) -> pa.Reco
                 f"operator {uid!r}: output field {field.name!r} is {field.type} but the "
                 f"function emitted {bad!r} ({type(bad).__name__}) for it"
             ) from None
-        if not field.nullable and arrays[-1].null_count:
-            raise OutputSchemaError(
-                f"operator {uid!r}: output field {field.name!r} is NOT NULL but the function "
-                f"emitted None for it"
-            )
+        _check_not_null(field, arrays[-1], uid)
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _check_not_null(field: pa.Field, array: pa.Array, uid: str) -> None:
+    if not field.nullable and array.null_count:
+        raise OutputSchemaError(
+            f"operator {uid!r}: output field {field.name!r} is NOT NULL but the function "
+            f"emitted None for it"
+        )
 
 
 def _columns_of_mixed(rows: Sequence[Any], schema: pa.Schema, uid: str) -> list[list[Any]]:
