@@ -12,6 +12,7 @@ import pytest
 
 import weir
 from weir.checkpoint.format import SubtaskStateHandle
+from weir.checkpoint.ownership import QUERY, Lineage
 from weir.errors import (
     FencedError,
     IncompleteBatchError,
@@ -19,7 +20,6 @@ from weir.errors import (
     OwnershipError,
 )
 from weir.runtime.spark.epochs import EpochStore, choose_parts
-from weir.runtime.spark.lineage import QUERY, Lineage
 from weir.runtime.spark.plan import plan_batch
 from weir.runtime.spark.recovery import recover_stage
 from weir.state.keygroups import key_group_range_for_operator

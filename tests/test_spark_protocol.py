@@ -220,8 +220,8 @@ def test_1_a_new_query_whose_first_batches_are_empty_takes_the_stage_over_later(
     finally:
         query.stop()
     weir.spark.finish(query)
+    from weir.checkpoint.ownership import Lineage
     from weir.runtime.spark.epochs import EpochStore
-    from weir.runtime.spark.lineage import Lineage
 
     store = EpochStore(weir.CheckpointStorage(str(location)), "count")
     mine = [c for c in Lineage(store.stage, 60_000).claims() if c.query == str(query.id)]
@@ -354,13 +354,23 @@ def test_3_a_query_whose_lease_expired_is_fenced_off_when_a_new_one_takes_over(
 ) -> None:
     records = keyed_records(0, 900, 30)
     location = tmp_path / "weir"
-    build = _stage(location, lease_timeout="1 s")
+    lease_ms = 1_000
+    build = _stage(location, lease_timeout=lease_ms)
     write_file(tmp_path / "a", records[:300], KEYED)
     old_sink = BatchSink()
     old = _start(spark, tmp_path / "a", build, tmp_path / "spark-1", old_sink)
     try:
         _wait(lambda: 0 in old_sink.batches, "the old query's batch 0")
-        time.sleep(1.5)  # idle: no batch renews its lease
+        from weir.checkpoint.ownership import Lineage
+        from weir.runtime.spark.epochs import EpochStore
+
+        lineage = Lineage(EpochStore(weir.CheckpointStorage(str(location)), "count").stage,
+                          lease_ms)
+        claim = lineage.head()
+        assert claim is not None and claim.query == str(old.id), claim
+        # idle: no batch renews its lease; it expires while the old query still runs
+        _wait(lambda: not lineage.alive(claim), "the old query's lease to expire", timeout=30)
+        assert not lineage.released(claim) and old.isActive  # expired, not given up
         write_file(tmp_path / "b", records[300:600], KEYED)
         new = run(spark, tmp_path / "b", SCHEMA, build, tmp_path / "spark-2")
         assert last_counts(new.rows()) == _oracle(records[:600])  # took over its state
@@ -781,13 +791,15 @@ def test_11_late_null_time_and_malformed_records_follow_the_policy_and_are_count
 ) -> None:
     location = tmp_path / "weir"
     _json_lines(tmp_path / "in", [f'{{"key": "k{i}", "ts": {100 + i}}}' for i in range(11)])
-    time.sleep(0.05)
     _json_lines(tmp_path / "in", [
         '{"key": "k1", "ts": 50}',                  # behind the watermark (110)
         '{"key": "k2", "ts": null}',                # no event time
         '{"key": "k3", "ts": "not a number"',       # malformed line
         '{"key": "k4", "ts": 200}',                 # on time
     ])
+    first, second = (f.stat().st_mtime_ns // 1_000_000
+                     for f in sorted((tmp_path / "in").glob("*.json")))
+    assert second > first, (first, second)  # one file per batch, in this order
     schema = "key string, ts long, _corrupt_record string"
     sink = BatchSink()
     query = _start(

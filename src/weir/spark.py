@@ -97,6 +97,7 @@ from weir.api.functions import (
 )
 from weir.api.restart import RestartStrategy
 from weir.checkpoint.coordinator import CompletedCheckpoint, load_checkpoint
+from weir.checkpoint.ownership import Lineage
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import (
     ConfigurationError,
@@ -113,7 +114,6 @@ from weir.runtime.spark.lifecycle import (
     savepoint,
     stop_with_savepoint,
 )
-from weir.runtime.spark.lineage import Lineage
 from weir.runtime.spark.listener import Stage, completion
 from weir.runtime.spark.plan import lineage_state
 from weir.runtime.spark.routing import (

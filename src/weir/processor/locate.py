@@ -19,10 +19,10 @@ from typing import Any
 
 from weir.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint, load_checkpoint
 from weir.checkpoint.format import METADATA_FILE
+from weir.checkpoint.ownership import Lineage
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import ConfigurationError, NoCheckpointError
 from weir.runtime.spark.epochs import EpochStore
-from weir.runtime.spark.lineage import Lineage
 from weir.runtime.spark.plan import lineage_state
 
 __all__ = ["Located", "locate"]

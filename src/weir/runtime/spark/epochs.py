@@ -5,7 +5,7 @@ Layout under a ``checkpoint_location`` (any :class:`CheckpointStorage` URL)::
     stages/<uid-dir>/                         one directory per operator uid: stages
                                               sharing a location never touch each
                                               other's files
-      claims/...                              who owns the stage (weir.runtime.spark.lineage)
+      claims/...                              who owns the stage (weir.checkpoint.ownership)
       pins/<uuid>.json                        a checkpoint a running savepoint copies:
                                               retention keeps it
       queries/<query id>/chk-<batch>/_parts/<subtask>-<attempt>.part
@@ -76,10 +76,10 @@ from weir.checkpoint.format import (
     encode_part,
     uid_dir,
 )
+from weir.checkpoint.ownership import wall_ms
 from weir.checkpoint.storage import TMP_MARKER, CheckpointStorage
 from weir.errors import CorruptCheckpointError, IncompleteBatchError
 from weir.runtime.operator import MIN_WATERMARK
-from weir.runtime.spark.lineage import wall_ms
 from weir.runtime.spark.prior import SUMMARY_FILE, PriorBatch, read_prior, summary_bytes
 from weir.runtime.spark.retention import (
     DEAD_LETTER_SWEEP_BATCHES,

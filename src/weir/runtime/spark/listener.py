@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from weir.checkpoint.ownership import QUERY, Claim, Lineage
 from weir.errors import IncompleteBatchError
 from weir.runtime.spark.epochs import EpochStore
-from weir.runtime.spark.lineage import QUERY, Claim, Lineage
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

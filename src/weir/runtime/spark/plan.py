@@ -26,6 +26,7 @@ import logging
 from dataclasses import dataclass
 
 from weir.checkpoint.coordinator import CompletedCheckpoint, load_checkpoint
+from weir.checkpoint.ownership import QUERY, RECOVERY, Claim, Lineage, wall_ms
 from weir.errors import (
     CorruptCheckpointError,
     FencedError,
@@ -34,7 +35,6 @@ from weir.errors import (
     OwnershipError,
 )
 from weir.runtime.spark.epochs import EpochStore
-from weir.runtime.spark.lineage import QUERY, RECOVERY, Claim, Lineage, wall_ms
 from weir.runtime.spark.prior import PriorBatch, prior_of
 
 __all__ = ["BatchStart", "lineage_state", "plan_batch", "recover_hint"]

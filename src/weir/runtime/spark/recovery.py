@@ -3,7 +3,7 @@
 weir never falls back to older or empty state by itself. When a stage cannot go on —
 its previous batch's state is missing or corrupt, or Spark committed a batch that some
 subtasks never ran — the user chooses what the stage continues from, and this module
-records that choice as a *recovery claim* (:mod:`weir.runtime.spark.lineage`), which
+records that choice as a *recovery claim* (:mod:`weir.checkpoint.ownership`), which
 the next query that runs the stage adopts:
 
 * ``"latest"`` — the newest completed checkpoint of the stage whose files all verify
@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from weir.checkpoint.coordinator import CompletedCheckpoint, load_checkpoint
+from weir.checkpoint.ownership import QUERY, RECOVERY, Claim, Lineage
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import CorruptCheckpointError, NoCheckpointError, OwnershipError
 from weir.runtime.spark.epochs import EpochStore
-from weir.runtime.spark.lineage import QUERY, RECOVERY, Claim, Lineage
 
 __all__ = ["Recovery", "recover_stage"]
 

@@ -22,8 +22,8 @@ import posixpath
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from weir.checkpoint.ownership import Lineage, wall_ms
 from weir.errors import CorruptCheckpointError
-from weir.runtime.spark.lineage import Lineage, wall_ms
 
 if TYPE_CHECKING:
     from weir.runtime.spark.epochs import EpochStore

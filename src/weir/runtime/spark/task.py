@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 from weir.api.functions import KeyedBroadcastProcessFunction
 from weir.checkpoint.coordinator import CompletedCheckpoint
 from weir.checkpoint.format import SubtaskStateHandle, uid_dir
+from weir.checkpoint.ownership import Lineage, wall_ms
 from weir.checkpoint.storage import storage_counts
 from weir.errors import CorruptCheckpointError, FencedError, TaskPlacementError
 from weir.runtime.collection import fewer_collections
@@ -59,7 +60,6 @@ from weir.runtime.spark.cache import (
 )
 from weir.runtime.spark.epochs import EpochStore
 from weir.runtime.spark.keys import keys_of
-from weir.runtime.spark.lineage import Lineage, wall_ms
 from weir.runtime.spark.observed import metrics_batch, with_metrics_column
 from weir.runtime.spark.plan import lineage_state, plan_batch, recover_hint
 from weir.runtime.spark.prior import stage_positions

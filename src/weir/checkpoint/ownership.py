@@ -1,21 +1,30 @@
-"""Who owns a Spark stage's state: a chain of claims, extended by compare-and-set.
+"""Who owns a checkpoint storage: a chain of claims, extended by compare-and-set.
 
-Each operator uid in a checkpoint location has its own directory
-(``stages/<uid-dir>/``, see :mod:`weir.runtime.spark.epochs`); in it::
+One mechanism for both runtimes (the place of Flink's leader election and
+``CheckpointIDCounter``: one writer per checkpoint storage at a time). The claims live
+in ``claims/`` of the storage they guard: on the Spark runtime each operator uid's
+directory (``stages/<uid-dir>/``, :mod:`weir.runtime.spark.epochs`), on the continuous
+runtime the job's checkpoint storage root (:mod:`weir.checkpoint.protocol`)::
 
     claims/<token>.json      a claim (token: 10 digits, from 1), created exclusively:
                              of several writers of token n+1 exactly one succeeds, so
                              the chain never forks. JSON:
                              {"format": "weir-claim", "version": 1, "token": n,
-                              "kind": "query" | "recovery", "query": <query id> | null,
-                              "batch": <first batch of the claim> | null,
+                              "kind": "query" | "recovery",
+                              "query": <owner: a Spark query id, a continuous run id> | null,
+                              "batch": <first epoch of the claim: a Spark batch, a
+                                        continuous checkpoint id> | null,
                               "source": <checkpoint/savepoint URL> | null (empty state),
                               "source_note": <what the source is, for people>,
-                              "claimed_ms": ..., "reason": ...}
-    claims/<token>.alive     {"ms": ...}: the owning query ran a batch then (renewed by
-                             its tasks at most every lease_timeout / 4)
-    claims/<token>.released  {"ms": ...}: the owning query stopped (weir.spark.finish,
-                             or the driver's listener when the query terminated)
+                              "claimed_ms": ..., "reason": ...,
+                              "lineage": <continuous runtime: the job's lineage id> (optional),
+                              "host": ..., "pid": ... (optional: the owner's driver)}
+    claims/<token>.alive     {"ms": ...}: the owner ran then (renewed at most every
+                             lease_timeout / 4: by a Spark query's tasks, by a continuous
+                             job's driver)
+    claims/<token>.released  {"ms": ...}: the owner stopped (weir.spark.finish, the
+                             driver's listener when the query terminated, the end of a
+                             continuous job)
     claims/stopped-<query>.json  {"ms": ...}: that query stopped; every claim of it
                              counts as released, also one a task still running when
                              the query stopped writes afterwards (Spark lets a killed
@@ -24,13 +33,16 @@ Each operator uid in a checkpoint location has its own directory
                              on stages a takeover could reach; deleted by the next
                              claim of another query
 
-The claim with the highest token is the *head*; its query owns the stage. A query
-claims the stage in its first batch (``batch`` = that batch; ``source`` = the state it
-starts from: ``restore_from``, the previous owner's newest completed checkpoint, or
+The claim with the highest token is the *head*; its owner owns the storage. A Spark
+query claims a stage in its first batch (``batch`` = that batch; ``source`` = the state
+it starts from: ``restore_from``, the previous owner's newest completed checkpoint, or
 empty), and from then on continues from its own batches. A *recovery* claim, written
-by :func:`weir.spark.recover`, is adopted by the next query that runs the stage.
+by :func:`weir.spark.recover`, is adopted by the next query that runs the stage. A
+continuous job claims its checkpoint storage when it starts (``batch`` = its first
+checkpoint id) and keeps it for every restart of the run.
 
-Rules enforced (by :mod:`weir.runtime.spark.plan` in every task):
+Rules enforced (by :mod:`weir.runtime.spark.plan` in every Spark task, by
+:mod:`weir.checkpoint.protocol` in a continuous job's driver):
 
 * **one owner** — a query may claim only if the head is released, or was not renewed
   within ``lease_timeout`` (its query is gone); otherwise :class:`OwnershipError`;
@@ -80,15 +92,24 @@ class Claim:
     source_note: str
     claimed_ms: int
     reason: str
+    #: the job lineage the owner continues (continuous runtime; None on Spark)
+    lineage: str | None = None
+    #: where the owner's driver runs (continuous runtime; None on Spark)
+    host: str | None = None
+    pid: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """As stored."""
-        return {
+        doc: dict[str, Any] = {
             "format": _FORMAT, "version": 1, "token": self.token, "kind": self.kind,
             "query": self.query, "batch": self.batch, "source": self.source,
             "source_note": self.source_note, "claimed_ms": self.claimed_ms,
             "reason": self.reason,
         }
+        for name in ("lineage", "host", "pid"):
+            if getattr(self, name) is not None:
+                doc[name] = getattr(self, name)
+        return doc
 
     @staticmethod
     def from_json(doc: Any, where: str) -> Claim:
@@ -103,6 +124,9 @@ class Claim:
                 None if batch is None else int(batch),
                 None if doc["source"] is None else str(doc["source"]),
                 str(doc["source_note"]), int(doc["claimed_ms"]), str(doc["reason"]),
+                None if doc.get("lineage") is None else str(doc["lineage"]),
+                None if doc.get("host") is None else str(doc["host"]),
+                None if doc.get("pid") is None else int(doc["pid"]),
             )
         except (TypeError, KeyError, ValueError) as exc:
             raise CorruptCheckpointError(f"{where}: malformed claim ({exc!r})") from exc
@@ -193,10 +217,12 @@ class Lineage:
     # writing ----------------------------------------------------------------------------
     def try_claim(
         self, token: int, kind: str, query: str | None, batch: int | None,
-        source: str | None, source_note: str, reason: str,
+        source: str | None, source_note: str, reason: str, *, lineage: str | None = None,
+        host: str | None = None, pid: int | None = None,
     ) -> Claim | None:
         """Create claim ``token`` (compare-and-set); None if another writer created it."""
-        claim = Claim(token, kind, query, batch, source, source_note, wall_ms(), reason)
+        claim = Claim(token, kind, query, batch, source, source_note, wall_ms(), reason,
+                      lineage, host, pid)
         data = json.dumps(claim.to_json(), sort_keys=True).encode()
         if not self.stage.create_exclusive(f"{self._name(token)}.json", data):
             return None
@@ -215,9 +241,24 @@ class Lineage:
         """Record that the owner of ``token`` runs now."""
         self.stage.write(f"{self._name(token)}.alive", json.dumps({"ms": wall_ms()}).encode())
 
-    def release(self, token: int) -> None:
+    def release(self, token: int, *, discarded: bool = False) -> None:
         """Record that the owner of ``token`` stopped (others may claim at once); once
-        (the listener and ``finish()`` both release a stopped query's stages)."""
+        (the listener and ``finish()`` both release a stopped query's stages).
+        ``discarded``: it deleted its state on the way (a continuous job cancelled
+        without retained checkpoints): the next owner starts from empty state."""
         path = f"{self._name(token)}.released"
         if not self.stage.exists(path):
-            self.stage.write(path, json.dumps({"ms": wall_ms()}).encode())
+            doc: dict[str, Any] = {"ms": wall_ms()}
+            if discarded:
+                doc["discarded"] = True
+            self.stage.write(path, json.dumps(doc).encode())
+
+    def discarded(self, claim: Claim) -> bool:
+        """Whether the claim's owner deleted its state as it stopped."""
+        path = f"{self._name(claim.token)}.released"
+        if not self.stage.exists(path):
+            return False
+        try:
+            return bool(json.loads(self.stage.read_bytes(path, path)).get("discarded"))
+        except (ValueError, AttributeError, CorruptCheckpointError):
+            return False
