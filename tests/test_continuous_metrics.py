@@ -16,8 +16,8 @@ import pytest
 import weir
 from continuous_helpers import by_value
 from weir.connectors.stream import FileSink, SequenceSource
-from weir.runtime.continuous.metrics import MetricsBoard
-from weir.stream import CheckpointConfig, CheckpointStatus, StreamEnvironment
+from weir.runtime.continuous.metrics import MetricsBoard, TaskMetrics
+from weir.stream import CheckpointConfig, CheckpointStatus, JobClient, StreamEnvironment
 
 
 class Slow(weir.KeyedProcessFunction[int, int]):
@@ -32,6 +32,28 @@ class Slow(weir.KeyedProcessFunction[int, int]):
 @pytest.fixture(autouse=True)
 def _by_value() -> None:
     by_value(sys.modules[__name__])
+
+
+def after_two_heartbeats(job: JobClient, tasks: int, timeout_s: float = 30
+                         ) -> dict[tuple[str, int], TaskMetrics]:
+    """Every one of the ``tasks`` tasks' metrics, once each is over an interval that
+    began after this call: two heartbeats of every task sampled since."""
+    since_ms = int(time.time() * 1000)
+    fresh: dict[tuple[str, int], set[int]] = {}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        metrics = {(m.vertex, m.subtask): m for m in job.metrics()}
+        for task, m in metrics.items():
+            if m.sampled_at_ms > since_ms:
+                fresh.setdefault(task, set()).add(m.sampled_at_ms)
+        # the newest sample of each is its second one since: the one before it, where
+        # its interval begins, was sampled after since_ms
+        if len(metrics) == tasks and all(len(fresh.get(t, ())) >= 2 for t in metrics):
+            return metrics
+        assert time.monotonic() < deadline, (
+            f"not two heartbeats of every one of {tasks} tasks in {timeout_s} s: "
+            f"sampled since {since_ms}: {fresh}")
+        time.sleep(0.05)
 
 
 def test_a_slow_function_shows_as_busy_and_its_source_as_backpressured(tmp_path: Path) -> None:
@@ -50,8 +72,7 @@ def test_a_slow_function_shows_as_busy_and_its_source_as_backpressured(tmp_path:
                 break
             assert time.monotonic() < deadline, (by_task, done)
             time.sleep(0.1)
-        time.sleep(1.5)  # two more heartbeats: rates over a backpressured second
-        metrics = {(m.vertex, m.subtask): m for m in job.metrics()}
+        metrics = after_two_heartbeats(job, 4)  # rates over a backpressured second
         sources = [metrics[("numbers", i)] for i in range(2)]
         slow = [metrics[("slow", i)] for i in range(2)]
         bottleneck = max(slow, key=lambda m: m.busy)  # (7 keys split unevenly)

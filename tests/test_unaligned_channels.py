@@ -146,6 +146,13 @@ def queued(gate: InputGate, items: int) -> None:
     wait_for(lambda: gate.queued(0) >= items, f"fewer than {items} queued")
 
 
+def sent(out: OutputChannel, gate: InputGate, *, arrived: int, waiting: int) -> None:
+    """Wait until ``arrived`` buffers of ``out`` reached channel 0 of the gate and
+    ``waiting`` more wait in ``out``'s queue for credit."""
+    wait_for(lambda: gate.queued(0) >= arrived and out.backlog == waiting,
+             f"not {arrived} buffers at the receiver and {waiting} waiting for credit")
+
+
 def barrier(n: int) -> dict[str, Any]:
     return {"kind": "barrier", "id": n, "ts": 0, "savepoint": None}
 
@@ -156,7 +163,7 @@ def test_a_barrier_overtakes_the_senders_queue_and_the_receivers_queue(
     out = connect(server, 0)
     for i in range(5):
         out.emit(i)  # one credit: record 0 is sent, 1..4 wait in the sender's queue
-    time.sleep(0.2)
+    sent(out, gate, arrived=1, waiting=4)
     overtaken = out.emit_barrier(barrier(1), unaligned=True)
     assert records(overtaken.result(5)) == [1, 2, 3, 4]  # its output state
     arrived(gate)
@@ -176,7 +183,8 @@ def test_input_state_is_what_came_before_each_channels_barrier_and_was_not_taken
     a.emit("a0")
     b.emit("b0")
     b.emit("b1")
-    time.sleep(0.2)
+    wait_for(lambda: gate.queued(0) >= 1 and gate.queued(1) >= 2,
+             "a0, b0 and b1 did not all reach the gate")
     assert poll(gate)[2] in (["a0"], ["b0"])
     a.emit_barrier(barrier(1), unaligned=True)
     arrived(gate)
@@ -202,10 +210,20 @@ def test_an_aligned_barrier_overtakes_at_its_deadline(server: ChannelServer) -> 
                                            max_backlog=64))
     for i in range(4):
         out.emit(i)
-    time.sleep(0.1)
-    overtaken = out.emit_barrier(barrier(1), deadline=time.monotonic() + 0.3)
-    time.sleep(0.1)
-    assert not overtaken.done()  # in order, behind records 1..3, until its deadline
+    sent(out, gate, arrived=1, waiting=3)
+    deadline = time.monotonic() + 0.3
+    overtaken = out.emit_barrier(barrier(1), deadline=deadline)
+    # in order, behind records 1..3, until its deadline: looked at until then while the
+    # flusher checks it every 5 ms
+    looked = 0
+    while True:
+        done = overtaken.done()  # (before reading the clock: the flusher read it first)
+        if time.monotonic() >= deadline:
+            break
+        assert not done, "the barrier overtook the queued records before its deadline"
+        looked += 1
+        time.sleep(0.01)
+    assert looked, "the test did not get to look at the barrier before its deadline"
     assert records(overtaken.result(5)) == [1, 2, 3]
     arrived(gate)
     assert poll(gate)[2]["unaligned"] is True
