@@ -26,7 +26,7 @@ from weir.connectors.stream import FileSink, read_stream_sink
 from weir.runtime.continuous.channels import ChannelConfig
 from weir.runtime.continuous.graph import JobGraph
 from weir.runtime.continuous.master import LocalJob
-from weir.stream import StreamEnvironment
+from weir.stream import CheckpointStatus, JobClient, StreamEnvironment
 
 COUNT = weir.ValueStateDescriptor[int]("count", weir.IntSerializer())
 
@@ -139,3 +139,19 @@ class Running:
         self.thread.join(timeout_s)
         assert not self.thread.is_alive(), "the job did not end"
         return self.errors
+
+
+def wait_for(client: JobClient, what: str, done: Callable[[], Any],
+             timeout: float = 60.0) -> None:
+    """Wait until ``done()`` while ``client``'s job runs (failing if it ended first, or
+    after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert not client.done, f"the job ended before {what}: {client.wait()}"
+        assert time.monotonic() < deadline, f"no {what} in {timeout} s"
+        time.sleep(0.02)
+
+
+def completed(client: JobClient) -> int:
+    """How many checkpoints and savepoints of ``client``'s job completed so far."""
+    return sum(s.status is CheckpointStatus.COMPLETED for s in client.checkpoints())

@@ -17,12 +17,12 @@ from pyspark import cloudpickle
 
 import weir
 import weir.testing
+from continuous_helpers import completed, wait_for
 from weir.checkpoint.coordinator import load_checkpoint
 from weir.connectors import FileSink, SequenceSource, read_stream_sink
 from weir.stream import (
     CheckpointConfig,
     CheckpointStatus,
-    JobClient,
     RestartStrategy,
     StreamEnvironment,
     WatermarkStrategy,
@@ -72,16 +72,6 @@ def job(tmp_path: Path, n: int, *, parallelism: int = 2, rate: float | None = 5_
     return env
 
 
-def wait_for(client: JobClient, what: str, done: Any, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert not client.done, f"the job ended before {what}: {client.wait()}"
-        assert time.monotonic() < deadline, f"no {what} in {timeout} s"
-        time.sleep(0.02)
-
-
-def completed(client: JobClient) -> int:
-    return sum(s.status is CheckpointStatus.COMPLETED for s in client.checkpoints())
 
 
 def test_a_savepoint_while_running_then_stop_with_savepoint_and_resume_at_parallelism_3(
@@ -90,16 +80,17 @@ def test_a_savepoint_while_running_then_stop_with_savepoint_and_resume_at_parall
     n = 40_000
     client = job(tmp_path, n).execute_async("first")
     wait_for(client, "two checkpoints", lambda: completed(client) >= 2)
-    running = client.trigger_savepoint(tmp_path / "sp-running")
+    running = client.trigger_savepoint(tmp_path / "savepoints")
     assert load_checkpoint(running).metadata.kind.name == "SAVEPOINT"
-    with pytest.raises(weir.CheckpointError, match="already holds a savepoint"):
-        client.trigger_savepoint(tmp_path / "sp-running")
-    stopped = client.stop_with_savepoint(tmp_path / "sp-stop")
+    again = client.trigger_savepoint(tmp_path / "savepoints")  # a parent: a new directory
+    assert again != running and Path(again).parent == Path(running).parent
+    assert Path(running).name.startswith("savepoint-first")
+    stopped = client.stop_with_savepoint(tmp_path / "savepoints")
     result = client.wait(60)
     assert result.savepoint == stopped and not result.cancelled
     stats = client.checkpoints()
     kinds = {s.location: s.kind for s in stats if s.location}
-    assert kinds == {running: "savepoint", stopped: "sync_savepoint"}
+    assert kinds == {running: "savepoint", again: "savepoint", stopped: "sync_savepoint"}
     done = [s for s in stats if s.status is CheckpointStatus.COMPLETED]
     assert all(s.duration_ms is not None and s.state_size_bytes for s in done)
     first = read_stream_sink(tmp_path / "out")

@@ -45,8 +45,10 @@ class Clock:
 
 
 def _scheduler(clock: Clock | None = None, **config: Any) -> tuple[CheckpointScheduler, Clock]:
+    # one manual clock for timing and trigger timestamps alike (the two differ in
+    # tests/test_continuous_protocol_time.py and in SchedulerMachine below)
     clock = clock or Clock()
-    return CheckpointScheduler(CheckpointConfig(**config), clock), clock
+    return CheckpointScheduler(CheckpointConfig(**config), clock, wall_clock=clock), clock
 
 
 def _starts(decisions: list[Decision]) -> list[tuple[int, RequestKind]]:
@@ -122,6 +124,8 @@ def test_scheduler_arguments_are_checked() -> None:
         CheckpointScheduler(CheckpointConfig(), Clock(), first_id=0)
     with pytest.raises(ConfigurationError, match="config must be a CheckpointConfig"):
         CheckpointScheduler({}, Clock())  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="wall_clock must be a function"):
+        CheckpointScheduler(CheckpointConfig(), Clock(), wall_clock=0)  # type: ignore[arg-type]
     s, _ = _scheduler()
     with pytest.raises(TypeError, match="RequestKind"):
         s.request("savepoint")  # type: ignore[arg-type]
@@ -654,8 +658,9 @@ REASONS = list(CheckpointFailureReason)
 
 
 class SchedulerMachine(RuleBasedStateMachine):
-    """Random requests, polls, clock advances and checkpoint ends; every decision is
-    checked against what happened before."""
+    """Random requests, polls, clock advances, wall-clock steps (back and forward by up
+    to an hour) and checkpoint ends; every decision is checked against what happened
+    before, timing on the monotonic clock, trigger timestamps on the wall clock."""
 
     @initialize(interval=st.none() | st.integers(10, 300), timeout=st.integers(10, 600),
                 pause=st.integers(0, 200), max_concurrent=st.integers(1, 3),
@@ -668,7 +673,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             max_concurrent=1 if unaligned else max_concurrent, tolerable_failures=tolerable,
             unaligned=unaligned)
         self.clock = Clock(1000)
-        self.s = CheckpointScheduler(self.config, self.clock, first_id=first_id,
+        self.wall = Clock(1_700_000_000_000)
+        self.s = CheckpointScheduler(self.config, self.clock, wall_clock=self.wall,
+                                     first_id=first_id,
                                      rng=None if seed is None else random.Random(seed),
                                      max_queued=4)
         self.s.start()
@@ -686,9 +693,9 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self.last_id = d.checkpoint_id
                 assert d.request_id in self.requests or d.kind is K.PERIODIC
                 assert d.request_id not in self.resolved
-                assert d.timestamp_ms == self.clock.now
+                assert d.timestamp_ms == self.wall.now  # started now, stamped by the wall
                 if d.kind is K.PERIODIC and self.last_completion is not None:
-                    assert d.timestamp_ms >= self.last_completion + self.config.min_pause_ms
+                    assert self.clock.now >= self.last_completion + self.config.min_pause_ms
                 self.resolved.add(d.request_id)
                 self.started[d.checkpoint_id] = d
             elif isinstance(d, DroppedRequest):
@@ -708,6 +715,13 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(ms=st.integers(0, 400))
     def advance(self, ms: int) -> None:
         self.clock.now += ms
+        self.wall.now += ms
+
+    @rule(ms=st.integers(-3_600_000, 3_600_000))
+    def step_wall_clock(self, ms: int) -> None:
+        before = self.s.next_wakeup_ms()
+        self.wall.now += ms
+        assert self.s.next_wakeup_ms() == before
 
     @rule()
     def poll(self) -> None:

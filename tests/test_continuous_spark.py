@@ -139,6 +139,32 @@ def test_checkpoint_storage_the_executors_do_not_share_is_refused_without_restar
     assert tasks_left() == []
 
 
+class _SinkOnItsOwnHost(FileSink):
+    """A FileSink whose directory is a place of each process (``memory://``), as a local
+    path of the driver is on a multi-host cluster."""
+
+    def locations(self) -> list[str]:
+        return ["memory://weir-sink-not-shared"]
+
+
+def test_a_sink_path_the_executors_do_not_share_is_refused_without_restarts(
+        spark: Any, tmp_path: Path) -> None:
+    env = StreamEnvironment(
+        parallelism=1, max_parallelism=32, checkpoint_storage=tmp_path / "chk",
+        checkpointing=CheckpointConfig(interval_ms=100),
+        restart_strategy=RestartStrategy.fixed_delay(attempts=3, delay=0))
+    (env.from_source(SequenceSource(10), uid="numbers")
+        .key_by(lambda v: v % KEYS).process(Count(), uid="count")
+        .sink_to(_SinkOnItsOwnHost(tmp_path / "out"), uid="sink"))
+    started = time.monotonic()
+    with pytest.raises(ConfigurationError, match=r"sink 'sink' writes to "
+                       r"memory://weir-sink-not-shared, which is not shared"):
+        env.execute("sink-not-shared", runner="spark", spark=spark, timeout=120)
+    assert time.monotonic() - started < 30  # no restarts, no waiting
+    assert read_stream_sink(tmp_path / "out") == []
+    assert tasks_left() == []
+
+
 @pytest.mark.parametrize(("master", "conf", "limit"), [
     ("local", {}, 1),
     ("local[3]", {}, 3),

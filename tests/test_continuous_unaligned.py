@@ -97,7 +97,9 @@ def test_five_failures_under_backpressure_lose_duplicate_or_reorder_nothing(
         except weir.CorruptCheckpointError:
             corrupt += 1
     # every checkpoint aborted on a failure is gone, whatever its tasks wrote into it
-    assert set(coordinator.storage.walk_files()) == coordinator.referenced_files()
+    on_disk = {p for p in coordinator.storage.walk_files()
+               if not p.startswith("claims/")}  # (the owner's claims: weir.checkpoint.ownership)
+    assert on_disk == coordinator.referenced_files()
     print(f"[{aligned_timeout_ms} ms] L={lost} D={duplicates} M={mismatched} C={corrupt} "
           f"out-of-order={disorder} | failures={len(causes)}, checkpoints with channel "
           f"state={stored}")

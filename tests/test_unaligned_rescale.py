@@ -3,8 +3,10 @@ a backpressured job (tiny buffers, a slow function) is cancelled right after a
 checkpoint that stored records in flight, and a new job restores it with the slow
 operator at another parallelism. Every input number must come out exactly once — none
 lost with the records in flight, none replayed twice — for keyed, forward (both sides
-rescaled), rebalance and union edges, and broadcast (every new subtask's broadcast
-state then holds every rule)."""
+rescaled), rebalance and union edges (also with the union's inputs listed the other way
+round in the new job: channel state belongs to a producer and a consumer, not to an
+input's position), and broadcast (every new subtask's broadcast state then holds every
+rule)."""
 
 from __future__ import annotations
 
@@ -64,7 +66,10 @@ class SlowPass(weir.ProcessFunction[int, int]):
         yield value
 
 
-def graph(tmp_path: Path, edge: str, parallelism: int, chk: str) -> Any:
+def graph(tmp_path: Path, edge: str, parallelism: int, chk: str, restored: bool = False
+          ) -> Any:
+    """The job of ``edge`` (``restored``: the job that restores the first one's
+    checkpoint — for ``union-swapped``, with the union's inputs the other way round)."""
     env = StreamEnvironment(parallelism=parallelism if edge == "forward" else 2,
                             max_parallelism=32, checkpoint_storage=tmp_path / chk)
     if edge == "forward":  # fan-out at one parallelism: two forward edges (not chained)
@@ -77,10 +82,12 @@ def graph(tmp_path: Path, edge: str, parallelism: int, chk: str) -> Any:
         stream = (env.from_source(SequenceSource(N), uid="numbers")
                   .key_by(lambda v: v % 7).connect(rules.broadcast(RULES))
                   .process(SlowWithRules(), uid="slow", parallelism=parallelism))
-    elif edge == "union":  # two sources of N numbers each: the second one's shifted by N
+    elif edge.startswith("union"):  # two sources of N / 2 numbers: the second one's shifted
         first = env.from_source(SequenceSource(N // 2), uid="first")
         second = env.from_source(SequenceSource(N // 2), uid="second").map(lambda v: v + N // 2)
-        stream = first.union(second).key_by(lambda v: v % 7).process(
+        union = (second.union(first) if restored and edge == "union-swapped"
+                 else first.union(second))
+        stream = union.key_by(lambda v: v % 7).process(
             SlowKeyed(), uid="slow", parallelism=parallelism)
     else:
         numbers = env.from_source(SequenceSource(N), uid="numbers")
@@ -96,7 +103,8 @@ def _by_value() -> None:
     by_value(sys.modules[__name__])
 
 
-@pytest.mark.parametrize("edge", ["keyed", "forward", "rebalance", "union", "broadcast"])
+@pytest.mark.parametrize("edge", ["keyed", "forward", "rebalance", "union", "union-swapped",
+                                  "broadcast"])
 # make test rescales 2 -> 3; make soak (WEIR_SOAK=1) also 2 -> 1
 @pytest.mark.parametrize("rescaled", [3, 1] if os.environ.get("WEIR_SOAK") else [3],
                          ids=lambda p: f"2-to-{p}")
@@ -115,8 +123,8 @@ def test_records_in_flight_reach_the_rescaled_job_exactly_once(
     in_flight = sum(f.size for h in latest.metadata.channel_state.values()
                     for f in h.subtasks.values())
     assert in_flight > 0, "the checkpoint restored from has no records in flight"
-    second = LocalJob(dataclasses.replace(graph(tmp_path, edge, rescaled, "chk2"),
-                                          channel=TINY),
+    second = LocalJob(dataclasses.replace(graph(tmp_path, edge, rescaled, "chk2",
+                                                restored=True), channel=TINY),
                       CheckpointConfig(interval_ms=200, unaligned=True),
                       restart=weir.RestartStrategy.no_restart(), restore_from=latest.url)
     second.run(timeout_s=120)

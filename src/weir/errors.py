@@ -22,9 +22,10 @@
     ├── CheckpointError             writing a checkpoint or savepoint failed (storage, disk full)
     ├── OutputSchemaError           a function's output does not fit output_schema (Spark)
     ├── SinkError                   a sink could not stage, commit or abort a batch
+    │   └── SinkLineageError        a sink's output belongs to another job lineage
     ├── SourceError                 a source read input it cannot parse (file, offset, line)
-    ├── OwnershipError              a stage's location is owned by another running query
-    │   └── FencedError             this query lost the location to a newer owner
+    ├── OwnershipError              a checkpoint storage is owned by another running run
+    │   └── FencedError             this run lost the storage to a newer owner
     ├── TaskPlacementError          a Spark task got rows of key groups it does not own
     ├── RestartsExhaustedError      a supervised query failed and its restart strategy gives up
     ├── ChannelError                a continuous-runtime channel failed: peer gone, bad secret,
@@ -57,6 +58,7 @@ __all__ = [
     "JobFailedError",
     "RestoreError",
     "SinkError",
+    "SinkLineageError",
     "SourceError",
     "StateBackendError",
     "StateError",
@@ -132,8 +134,9 @@ class IncompleteBatchError(RestoreError):
 
 
 class CorruptCheckpointError(RestoreError):
-    """A checkpoint or savepoint file is missing, truncated, or fails its checksum.
-    Automatic recovery skips such a checkpoint; an explicit restore fails with it."""
+    """A checkpoint or savepoint file is missing, truncated, or fails its checksum. A
+    runtime never falls back past such a checkpoint by itself (its output may be
+    committed); the message names the file and the explicit way to go on."""
 
 
 class CheckpointFormatError(CorruptCheckpointError):
@@ -153,19 +156,26 @@ class SinkError(WeirError):
     """A sink could not stage, commit or abort a batch."""
 
 
+class SinkLineageError(SinkError):
+    """Where a sink writes belongs to another lineage of jobs (another job, or this one
+    started afresh without its state): nothing was written; restarting cannot help."""
+
+
 class SourceError(WeirError):
     """A source read input it cannot turn into records (e.g. a line of a JSON-lines file
     that is not JSON); the message names the file, the byte offset and the line."""
 
 
 class OwnershipError(WeirError):
-    """A stage's checkpoint location is owned by another query that is still running;
-    one location (per operator uid) has one owner query at a time."""
+    """A checkpoint storage is owned by another run that is still running: a Spark
+    query (per operator uid of a location) or a continuous job's driver; one storage
+    has one owner at a time."""
 
 
 class FencedError(OwnershipError):
-    """This query was fenced off: a newer query (or an explicit recovery) took over the
-    stage's checkpoint location, so this query's state is no longer the stage's."""
+    """This run was fenced off: a newer query or job run (or an explicit recovery)
+    took over its checkpoint storage, so its state is no longer the job's; it stops
+    and deletes nothing."""
 
 
 class TaskPlacementError(WeirError):

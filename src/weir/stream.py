@@ -40,11 +40,16 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
+import os
+import shutil
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import fsspec
 
 from weir.api.checkpointing import CheckpointConfig, CheckpointingMode
 from weir.api.connectors import Sink, Source
@@ -54,7 +59,7 @@ from weir.api.restart import RestartStrategy
 from weir.api.watermarks import WatermarkStrategy
 from weir.errors import ConfigurationError
 from weir.runtime.continuous.channels import ChannelConfig
-from weir.runtime.continuous.client import JobClient, JobResult, TaskInfo
+from weir.runtime.continuous.client import JobClient, JobResult, TaskInfo, run_job
 from weir.runtime.continuous.graph import (
     JobGraph,
     LogicalInput,
@@ -62,6 +67,8 @@ from weir.runtime.continuous.graph import (
     OperatorSpec,
     OpKind,
     Partitioner,
+    check_channel_config,
+    check_state_backend,
     compile_graph,
 )
 from weir.runtime.continuous.master import LocalJob
@@ -73,6 +80,7 @@ from weir.runtime.continuous.stats import (
     CheckpointStatus,
     SubtaskCheckpointStats,
 )
+from weir.state.keygroups import check_parallelism
 from weir.state.rocksdb_options import RocksDBMemory
 
 __all__ = [
@@ -82,6 +90,9 @@ __all__ = [
     "StreamEnvironment",
     "SubtaskCheckpointStats", "TaskInfo", "TaskMetrics", "WatermarkStrategy",
 ]
+
+
+_T = TypeVar("_T")
 
 
 class Runner(StrEnum):
@@ -100,7 +111,11 @@ class StreamEnvironment:
     strategy to Flink's default (exponential delay when checkpointing is on, no
     restart otherwise). ``rocksdb_memory`` bounds RocksDB in each task process (its
     shared block cache and write buffers, and the entry cache per state and subtask;
-    ``weir.RocksDBMemory``) when ``state_backend="rocksdb"``."""
+    ``weir.RocksDBMemory``) when ``state_backend="rocksdb"``.
+
+    Every setting is checked here, and every operator's as it is added: a bad one
+    raises :class:`~weir.errors.ConfigurationError` naming it and what is allowed,
+    never a task that fails and restarts."""
 
     def __init__(self, *, checkpoint_storage: str | Path, parallelism: int = 1,
                  max_parallelism: int = 128, state_backend: str = "hashmap",
@@ -109,23 +124,28 @@ class StreamEnvironment:
                  channels: ChannelConfig | None = None,
                  query_server: QueryServerConfig | None = None,
                  rocksdb_memory: RocksDBMemory | None = None) -> None:
-        self.checkpoint_storage = str(checkpoint_storage)
+        self.checkpoint_storage = _storage(checkpoint_storage)
+        check_parallelism(parallelism, max_parallelism)
         self.parallelism, self.max_parallelism = parallelism, max_parallelism
-        self.state_backend = state_backend
+        #: "hashmap" or "rocksdb"
+        self.state_backend = check_state_backend(state_backend)
         if rocksdb_memory is not None and not isinstance(rocksdb_memory, RocksDBMemory):
             raise ConfigurationError(f"rocksdb_memory must be a weir.RocksDBMemory, got "
                                      f"{type(rocksdb_memory).__name__}")
         #: each task process's RocksDB budget and entry cache (None: the defaults)
         self.rocksdb_memory = rocksdb_memory
-        self.checkpointing = checkpointing or CheckpointConfig()
+        self.checkpointing = _instance(checkpointing, CheckpointConfig, "checkpointing",
+                                       "weir.stream.CheckpointConfig")
         if restart_strategy is None:
             restart_strategy = (RestartStrategy.exponential_delay()
                                 if self.checkpointing.interval_ms is not None
                                 else RestartStrategy.no_restart())
-        self.restart_strategy = restart_strategy
-        self.channels = channels or ChannelConfig()
+        self.restart_strategy = _instance(restart_strategy, RestartStrategy, "restart_strategy",
+                                          "weir.RestartStrategy (fixed_delay(), "
+                                          "exponential_delay(), failure_rate(), no_restart())")
+        self.channels = check_channel_config(channels or ChannelConfig())
         #: where a running job answers live state queries (loopback, a random secret)
-        self.query_server = query_server or QueryServerConfig()
+        self.query_server = _query_server(query_server)
         self._nodes: list[LogicalNode] = []
 
     def _add(self, op: OperatorSpec, parallelism: int,
@@ -144,13 +164,26 @@ class StreamEnvironment:
         if watermarks is not None and not isinstance(watermarks, WatermarkStrategy):
             raise ConfigurationError(f"watermarks must be a WatermarkStrategy, got "
                                      f"{type(watermarks).__name__}")
-        p = parallelism or self.parallelism
+        p = self._parallelism(parallelism, uid) or self.parallelism
         node = self._add(OperatorSpec(OpKind.SOURCE, _uid(uid), source,
                                       watermarks=watermarks), p)
         return DataStream(self, (LogicalInput(node),), p)
 
+    def _parallelism(self, parallelism: object, uid: object) -> int | None:
+        """An operator's own ``parallelism``: None (the default) or an int in
+        [1, max_parallelism]."""
+        if parallelism is None:
+            return None
+        try:
+            check_parallelism(parallelism, self.max_parallelism)  # type: ignore[arg-type]
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"operator {uid!r}: {exc} (None: the environment's "
+                                     f"parallelism, {self.parallelism})") from None
+        assert isinstance(parallelism, int)
+        return parallelism
+
     def execute(self, job_name: str = "job", *,
-                timeout: float | datetime.timedelta = 3600.0,
+                timeout: float | datetime.timedelta | None = None,
                 restore_from: str | Path | None = None,
                 allow_non_restored_state: bool = False,
                 runner: Runner | str = Runner.LOCAL, spark: Any = None) -> JobResult:
@@ -158,28 +191,47 @@ class StreamEnvironment:
         restart strategy allows); what it did. Raises
         :class:`~weir.errors.JobFailedError` when it gives up.
 
-        The job continues from the latest completed checkpoint in its checkpoint
-        storage; with none there, from ``restore_from`` — a savepoint or checkpoint
-        written by any runtime (the harness, Spark, this one, ``weir.write_savepoint``)
-        at any parallelism, matched to the operators by uid; state of an operator the
-        job does not have is an error unless ``allow_non_restored_state``.
+        The job claims its checkpoint storage (one running job per storage: another
+        one running refuses this one with :class:`~weir.errors.OwnershipError`) and
+        starts from ``restore_from`` when given — a savepoint or checkpoint written by
+        any runtime (the harness, Spark, this one, ``weir.write_savepoint``) at any
+        parallelism, matched to the operators by uid; state of an operator the job does
+        not have is an error unless ``allow_non_restored_state``. Without it, the job
+        continues the storage's state (its newest completed checkpoint, or the
+        savepoint the previous run started from), or starts empty. A restart after a
+        failure restores the run's own newest completed checkpoint. A corrupt newest
+        checkpoint is an error naming the file and the explicit ``restore_from`` of an
+        older one (never a silent fallback: its output was committed). What each
+        attempt restored is logged and listed in ``JobResult.restored``.
 
         ``runner``: :attr:`Runner.LOCAL` (a process per task on this machine) or
         :attr:`Runner.SPARK` (the tasks as one barrier-mode stage of the SparkSession
-        ``spark``; one task slot per task)."""
-        return self._job(job_name, restore_from, allow_non_restored_state, runner,
-                         spark).run(timeout_s=_seconds(timeout))
+        ``spark``; one task slot per task).
+
+        ``timeout``: None (the default, as Flink's ``execute``) waits as long as the job
+        runs; seconds or a :class:`datetime.timedelta` (> 0) end it with
+        :class:`~weir.errors.JobFailedError` if it runs longer.
+
+        Every argument and the job graph are checked before any task starts: a bad one
+        raises :class:`~weir.errors.ConfigurationError`; so is the claim on the
+        checkpoint storage and what the job restores
+        (:class:`~weir.errors.OwnershipError`, :class:`~weir.errors.RestoreError`)."""
+        timeout_s = _timeout_s(timeout)
+        return run_job(self._job(job_name, restore_from, allow_non_restored_state, runner,
+                                 spark), timeout_s)
 
     def execute_async(self, job_name: str = "job", *,
-                      timeout: float | datetime.timedelta = 365 * 86400.0,
+                      timeout: float | datetime.timedelta | None = None,
                       restore_from: str | Path | None = None,
                       allow_non_restored_state: bool = False,
                       runner: Runner | str = Runner.LOCAL, spark: Any = None) -> JobClient:
-        """Start the job in the background (as :meth:`execute`); a
+        """Start the job in the background (as :meth:`execute`, checked as it is); a
         :class:`JobClient` to take savepoints, stop it with a savepoint, cancel it,
-        watch its checkpoints and wait for it."""
+        watch its checkpoints and wait for it. ``timeout``: None (the default) lets it
+        run as long as it does."""
+        timeout_s = _timeout_s(timeout)
         job = self._job(job_name, restore_from, allow_non_restored_state, runner, spark)
-        return JobClient(job, _seconds(timeout))
+        return JobClient(job, timeout_s)
 
     def _job(self, job_name: str, restore_from: str | Path | None,
              allow_non_restored_state: bool, runner: Runner | str, spark: Any) -> LocalJob:
@@ -191,15 +243,34 @@ class StreamEnvironment:
         if (runner is Runner.SPARK) != (spark is not None):
             raise ConfigurationError("runner='spark' needs spark=<a SparkSession>, and "
                                      "spark= is only for runner='spark'")
+        if restore_from is not None and (not isinstance(restore_from, str | os.PathLike)
+                                         or not str(restore_from)):
+            raise ConfigurationError(f"restore_from must be the path or URL of a savepoint "
+                                     f"or checkpoint (or None), got {restore_from!r}")
+        if not isinstance(allow_non_restored_state, bool):
+            raise ConfigurationError(f"allow_non_restored_state must be a bool, got "
+                                     f"{allow_non_restored_state!r}")
+        graph = self.job_graph(job_name)
         launcher = SparkLauncher(spark) if runner is Runner.SPARK else None
-        return LocalJob(self.job_graph(job_name), self.checkpointing,
-                        restart=self.restart_strategy, restore_from=restore_from,
-                        allow_non_restored_state=allow_non_restored_state,
-                        launcher=launcher, query_server=self.query_server)
+        job = LocalJob(graph, self.checkpointing,
+                       restart=self.restart_strategy, restore_from=restore_from,
+                       allow_non_restored_state=allow_non_restored_state,
+                       launcher=launcher, query_server=self.query_server)
+        # claim the checkpoint storage and decide what the job restores now, before any
+        # task starts (for execute_async too): a storage another run owns, a savepoint
+        # that cannot be read or holds operators the job lacks raise here
+        try:
+            job.claim()
+        except BaseException:
+            shutil.rmtree(job.workdir, ignore_errors=True)  # (made for this job)
+            raise
+        return job
 
     def job_graph(self, job_name: str = "job") -> JobGraph:
         """What :meth:`execute` would run: the operators chained into vertices (one task
-        per subtask each) and the edges between them (Flink's job graph)."""
+        per subtask each) and the edges between them (Flink's job graph). Raises
+        :class:`~weir.errors.ConfigurationError` for a job that cannot run."""
+        _job_name(job_name)
         nodes = self._nodes
         if not any(n.op.kind is OpKind.SINK for n in nodes):
             raise ConfigurationError("the job has no sink: end every stream with sink_to")
@@ -216,8 +287,76 @@ class StreamEnvironment:
             rocksdb_memory=self.rocksdb_memory)
 
 
-def _seconds(timeout: float | datetime.timedelta) -> float:
-    return timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
+def _timeout_s(timeout: object) -> float | None:
+    """``execute``'s ``timeout`` in seconds: None (or infinity) for no deadline."""
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
+    if seconds is None or seconds == math.inf:
+        return None
+    if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
+            or math.isnan(seconds) or seconds <= 0):
+        raise ConfigurationError(f"timeout must be None (no deadline: the default), seconds "
+                                 f"> 0 or a datetime.timedelta > 0; got {timeout!r}")
+    return float(seconds)
+
+
+def _job_name(name: object) -> str:
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigurationError(f"a job name must be a non-empty string, got {name!r}")
+    bad = sorted({c for c in name if c in "/\\" or not c.isprintable()})
+    if bad:
+        raise ConfigurationError(f"job name {name!r} contains {bad}: it names the job's "
+                                 f"work directory and processes; use letters, digits, "
+                                 f"'-', '_' or '.'")
+    return name
+
+
+def _storage(url: object) -> str:
+    """``checkpoint_storage`` as a URL whose filesystem fsspec knows."""
+    if not isinstance(url, str | os.PathLike) or not str(url):
+        raise ConfigurationError(f"checkpoint_storage must be a non-empty path or URL, got "
+                                 f"{url!r}")
+    text = str(url)
+    for part in text.split("::"):  # (fsspec's chained URLs: simplecache::s3://...)
+        protocol, _ = fsspec.core.split_protocol(part)
+        if protocol is None:
+            continue
+        try:
+            fsspec.get_filesystem_class(protocol)
+        except ValueError:
+            raise ConfigurationError(
+                f"checkpoint_storage {text!r}: unknown filesystem {protocol!r}; use a local "
+                f"path or a URL of a filesystem fsspec knows (fsspec.available_protocols(): "
+                f"file, s3, gcs, abfs, hdfs, memory...)") from None
+        except ImportError as exc:
+            raise ConfigurationError(f"checkpoint_storage {text!r}: the filesystem "
+                                     f"{protocol!r} needs a package that is not installed "
+                                     f"({exc})") from exc
+    return text
+
+
+def _instance(value: _T | None, cls: type[_T], name: str, what: str) -> _T:
+    """``value`` if it is a ``cls``, ``cls()`` if None."""
+    if value is None:
+        return cls()
+    if not isinstance(value, cls):
+        raise ConfigurationError(f"{name} must be a {what}, got {type(value).__name__}")
+    return value
+
+
+def _query_server(config: QueryServerConfig | None) -> QueryServerConfig:
+    config = _instance(config, QueryServerConfig, "query_server",
+                       "weir.stream.QueryServerConfig")
+    if not isinstance(config.host, str) or not config.host:
+        raise ConfigurationError(f"QueryServerConfig.host must be a host name or address, "
+                                 f"got {config.host!r}")
+    port = config.port
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigurationError(f"QueryServerConfig.port must be an int in [0, 65535] (0: "
+                                 f"any free port), got {port!r}")
+    if config.secret is not None and (not isinstance(config.secret, str) or not config.secret):
+        raise ConfigurationError("QueryServerConfig.secret must be a non-empty string or "
+                                 "None (a random one)")
+    return config
 
 
 def _rejecting(op: OperatorSpec, bad_record_exceptions: Sequence[type[BaseException]],
@@ -259,7 +398,8 @@ class DataStream:
               inputs: tuple[LogicalInput, ...] | None = None) -> DataStream:
         ins = self._inputs if inputs is None else inputs
         forward = len(ins) == 1 and ins[0].partitioner is Partitioner.FORWARD
-        p = parallelism or (self._parallelism if forward else self._env.parallelism)
+        p = self._env._parallelism(parallelism, op.name) or (
+            self._parallelism if forward else self._env.parallelism)
         node = self._env._add(op, p, ins)
         return DataStream(self._env, (LogicalInput(node),), p)
 
@@ -369,7 +509,7 @@ class KeyedStream(DataStream):
         op = _rejecting(OperatorSpec(OpKind.KEYED, _uid(uid), function,
                                      key_selector=self._key_selector),
                         bad_record_exceptions, dead_letters)
-        return self._then(op, parallelism or self._env.parallelism)
+        return self._then(op, self._env.parallelism if parallelism is None else parallelism)
 
     def connect(self, broadcast: BroadcastStream) -> KeyedBroadcastStream:
         """This keyed stream with a broadcast stream, for a
@@ -412,5 +552,5 @@ class KeyedBroadcastStream:
                                      key_selector=keyed._key_selector,
                                      broadcast_descriptors=self._broadcast.descriptors),
                         bad_record_exceptions, dead_letters)
-        return keyed._then(op, parallelism or keyed._env.parallelism,
+        return keyed._then(op, keyed._env.parallelism if parallelism is None else parallelism,
                            keyed._inputs + self._broadcast._inputs)

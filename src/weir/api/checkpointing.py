@@ -4,7 +4,11 @@
 :class:`CheckpointConfig` is an immutable setting; the scheduler of the continuous
 runtime (:mod:`weir.runtime.continuous.scheduling`) applies it. Durations are int
 milliseconds or :class:`datetime.timedelta` (truncated to whole milliseconds, as
-Flink's ``Duration.toMillis``); they are stored as int milliseconds.
+Flink's ``Duration.toMillis``); they are stored as int milliseconds. The interval,
+minimum pause and timeout are measured on a monotonic clock, as Flink's
+``CheckpointCoordinator`` measures them: a step of the wall clock (NTP, a resumed VM)
+neither delays nor expires checkpoints; only a checkpoint's trigger timestamp, kept in
+its metadata, is wall-clock time.
 
 * ``interval_ms`` — ``execution.checkpointing.interval`` (default: none, periodic
   checkpoints off): a periodic checkpoint is triggered every interval; Flink's minimum

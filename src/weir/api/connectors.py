@@ -11,13 +11,18 @@ A **sink** is exactly-once by two-phase commit: its writer writes records into a
 transaction; at a checkpoint's barrier :meth:`SinkWriter.prepare_commit` closes the
 transaction and returns a *committable* (msgpack-able), which goes into the checkpoint;
 once the checkpoint completes, :meth:`Sink.commit` makes the committables of it and of
-every earlier checkpoint visible. A restore commits the committables it recovers
-(their checkpoint completed; the notification may have been lost) and
-:meth:`Sink.abort_attempts` drops what earlier attempts — of this run of the job, or of
-an earlier run (a job resumed from a savepoint) — left open. ``commit`` must be
-idempotent: a committable may be committed again after a failure, or by a later run
-restored from a savepoint (so a committable names where it was written). Transaction
-names must be unique across runs: :class:`SinkContext` gives the run's id.
+every earlier checkpoint visible. As a subtask opens, the sink first checks that where
+it writes belongs to the job's *lineage* (:meth:`Sink.claim`: a job continuing from its
+own checkpoints or a savepoint keeps its lineage, a fresh start has a new one), then
+commits the committables recovered from a checkpoint (:meth:`Sink.commit_after_recovery`:
+their checkpoint completed, the notification may have been lost; some may be committed
+already and their output since taken away by a consumer), and
+:meth:`Sink.abort_attempts` drops what earlier attempts of this sink — of this run of
+the job, or of an earlier run (a job resumed from a savepoint) — left open. ``commit``
+must be idempotent: a committable may be committed again after a failure, or by a later
+run restored from a savepoint (so a committable names where it was written).
+Transaction names must be unique across runs and across the sinks that may share a
+place to write: :class:`SinkContext` gives the run's id and the sink's uid.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Sink", "SinkContext", "SinkWriter", "Source", "SourceReader"]
+from weir.errors import SinkLineageError
+
+__all__ = ["Sink", "SinkContext", "SinkLineageError", "SinkWriter", "Source", "SourceReader"]
 
 T = TypeVar("T")
 
@@ -89,6 +96,14 @@ class SinkContext:
     parallelism: int
     #: the attempt within the run: 0, then one more after each restart
     attempt: int
+    #: the sink operator's uid (any characters): transactions of two sinks writing to
+    #: one place never share a name, and a sink drops only its own (a job always gives
+    #: it; the default is for a context made by hand, e.g. in a test of one sink)
+    uid: str = ""
+    #: the job's lineage: the same while a job continues from its own checkpoints or
+    #: from a savepoint, new for a fresh start with no state (:meth:`Sink.claim`; a job
+    #: always gives it)
+    lineage: str = ""
 
 
 class Sink(ABC, Generic[T]):
@@ -98,12 +113,34 @@ class Sink(ABC, Generic[T]):
     def writer(self, context: SinkContext) -> SinkWriter[T]:
         """The writer of a subtask in an attempt of a run."""
 
+    def claim(self, context: SinkContext) -> None:
+        """Check that where this sink writes belongs to ``context.lineage``, recording
+        it as the owner when nobody is; raise :class:`SinkLineageError` when another
+        lineage is (called as a subtask opens, before anything else of the sink; other
+        subtasks may claim at the same moment and must agree). Default: nothing."""
+
+    def locations(self) -> list[str]:
+        """The places (directories, URLs) this sink writes that every task of the job
+        must reach at the same path: on a cluster (the Spark runner) a job whose
+        executors do not share one is refused when it starts. Default: none."""
+        return []
+
     @abstractmethod
     def commit(self, committables: list[Any]) -> None:
         """Make the committables' records visible; idempotent."""
 
+    def commit_after_recovery(self, committables: list[Any]) -> None:
+        """Commit the committables recovered from a completed checkpoint as a subtask
+        restores (Flink's ``commitAfterRecovery``): some may have been committed
+        already, and what they made visible since moved or deleted by a consumer — a
+        transaction found neither pending nor committed counts as committed. Default:
+        :meth:`commit`."""
+        self.commit(committables)
+
     @abstractmethod
     def abort_attempts(self, context: SinkContext, keep: list[Any]) -> None:
-        """Drop what earlier attempts of ``context``'s run, and every other run, left
-        uncommitted, except ``keep`` (called as a subtask of ``context.attempt`` starts,
-        before it writes; other subtasks of that attempt may be writing already)."""
+        """Drop what this sink (``context.uid``) left uncommitted in earlier attempts of
+        ``context``'s run and in every other run, except ``keep`` — never what another
+        sink wrote (called as a subtask of ``context.attempt`` starts, after
+        :meth:`claim`, before it writes; other subtasks of that attempt may be writing
+        already)."""

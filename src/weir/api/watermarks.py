@@ -5,12 +5,13 @@ A source task assigns each record its timestamp and, every ``interval_ms`` (Flin
 ``pipeline.auto-watermark-interval``, 200 ms), sends the watermark ``largest
 timestamp - max_out_of_orderness - 1`` downstream when it advanced. A task's event
 time is the smallest watermark of its inputs (an idle one no longer holds it back:
-``with_idleness``); event-time timers fire as it passes them. At the end of a bounded
-input the source sends the largest watermark, so every event-time timer fires before
-the final checkpoint. An assigner that returns None (a record without a usable time)
-lets the record through without a timestamp (``ctx.timestamp`` is None) and without
-moving the watermark: a process function can reject it into its dead letters
-(``bad_record_exceptions``).
+``with_idleness``; once every input is idle, it is the largest watermark of them all,
+as Flink's ``StatusWatermarkValve`` does); event-time timers fire as it passes them. At
+the end of a bounded input the source sends the largest watermark, so every event-time
+timer fires before the final checkpoint. An assigner that returns None (a record
+without a usable time) lets the record through without a timestamp (``ctx.timestamp``
+is None) and without moving the watermark: a process function can reject it into its
+dead letters (``bad_record_exceptions``).
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ class WatermarkStrategy:
     max_out_of_orderness_ms: int = 0
     #: how often (ms) a source task sends its watermark
     interval_ms: int = 200
-    #: a source task without records this long (ms) is idle: it no longer holds event
-    #: time back until it has records again (None: never idle)
+    #: a source task without records this long (ms) is idle: it sends the watermark of
+    #: the records it read, then no longer holds event time back until it has records
+    #: again (None: never idle)
     idleness_ms: int | None = None
 
     def with_idleness(self, timeout: float | datetime.timedelta) -> WatermarkStrategy:

@@ -28,9 +28,26 @@ of records (of ``(timestamp, record)`` pairs in a job with event time). Restorin
 channel state therefore unpickles data from the checkpoint storage — trust it as you
 trust the job's own code; the checkpoint metadata is never unpickled.
 
+``edge`` is the edge's name, which says what the edge connects and how its records are
+stored (:func:`weir.runtime.continuous.graph.edge_name`)::
+
+    <producer>-><consumer>[<occurrence>(,broadcast)(,timestamped)]
+
+producer and consumer the vertex ids (their operators' uids), ``occurrence`` which of
+the edges from producer into consumer on that side, ``broadcast`` the broadcast input
+of a keyed broadcast function, ``timestamped`` records stored as ``(timestamp,
+record)`` (else bare). A restore matches the rows to its job's edges by these — not by
+the order of a consumer's inputs (:mod:`weir.runtime.continuous.inflight`). Files
+written before (same header version, same map) name an edge
+``<producer>-><consumer>#<index of the input at the consumer>`` and do not say how
+their records are stored; they still restore (by producer and consumer; by that index
+among several edges between the same two vertices), and the form of their records is
+not checked.
+
 In ``_metadata``: ``"channel_state": {vertex: {"parallelism": p, "subtasks":
-[[i, REF], ...]}}``, for the tasks that wrote a file; absent when no checkpointed task
-had records in flight (aligned checkpoints and savepoints never do).
+[[i, REF], ...]}}``, per vertex of an unaligned checkpoint, ``subtasks`` listing the
+tasks that wrote a file; absent for aligned checkpoints and savepoints, which never
+hold records in flight.
 """
 
 from __future__ import annotations
@@ -44,10 +61,10 @@ from weir.checkpoint.datafiles import _DATA_HEADER, _header, check_data_header
 from weir.checkpoint.storage import FileRef
 from weir.errors import CorruptCheckpointError
 
-__all__ = ["ChannelState", "ChannelStateHandle", "decode_channel_state",
+__all__ = ["Buffers", "ChannelState", "ChannelStateHandle", "decode_channel_state",
            "encode_channel_state"]
 
-#: (edge name, the other end's subtask) -> buffers, oldest first
+#: (edge name — see the module doc —, the other end's subtask) -> buffers, oldest first
 Buffers = Mapping[tuple[str, int], Sequence[bytes]]
 
 

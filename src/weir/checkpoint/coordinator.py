@@ -82,6 +82,8 @@ class PendingCheckpoint:
     acks: dict[str, dict[int, SubtaskStateHandle]] = field(default_factory=dict)
     #: vertex -> (parallelism, subtask -> its channel-state file)
     channel_state: dict[str, tuple[int, dict[int, FileRef]]] = field(default_factory=dict)
+    #: a savepoint's directory was made for it alone (an abort removes the directory)
+    fresh_directory: bool = False
 
     def acknowledge_channel_state(self, vertex: str, parallelism: int, subtask: int,
                                   ref: FileRef | None) -> None:
@@ -230,6 +232,11 @@ class CheckpointCoordinator:
         """The id the next :meth:`trigger` gives (after every id seen in the storage)."""
         return self._next_id
 
+    def skip_ids_to(self, first: int) -> None:
+        """Give ids from ``first`` on (never lower than those already given): ids never
+        repeat in a storage, also after a restore from a savepoint of a later id."""
+        self._next_id = max(self._next_id, first)
+
     def trigger(self, timestamp_ms: int | None = None) -> PendingCheckpoint:
         """Start checkpoint ``n+1``."""
         cid = self._next_id
@@ -245,23 +252,41 @@ class CheckpointCoordinator:
         *,
         timestamp_ms: int | None = None,
         storage_options: dict[str, Any] | None = None,
+        fresh_directory: bool = False,
     ) -> PendingCheckpoint:
-        """Start a savepoint into the directory ``target`` (which must not hold one)."""
+        """Start a savepoint into the directory ``target``, which must be new or empty:
+        an aborted savepoint deletes what is in its directory (a job's savepoints go
+        into fresh directories, :func:`weir.checkpoint.protocol.new_savepoint_directory`:
+        ``fresh_directory``, which an abort removes)."""
         storage = as_storage(target, storage_options)
         if storage.exists(METADATA_FILE):
             raise CheckpointError(
                 f"{storage.url} already holds a savepoint; choose a new directory"
             )
+        held = storage.walk_files()
+        if held:
+            raise CheckpointError(
+                f"{storage.url} is not empty (it holds {held[0]!r} and {len(held) - 1} more "
+                f"files); a savepoint goes into a new or empty directory, so that a failed "
+                f"one deletes nothing else. Choose a new directory")
         cid = self._next_id
         self._next_id += 1
         ts = self.clock() if timestamp_ms is None else timestamp_ms
-        return PendingCheckpoint(cid, ts, CheckpointKind.SAVEPOINT, storage, "")
+        return PendingCheckpoint(cid, ts, CheckpointKind.SAVEPOINT, storage, "",
+                                 fresh_directory=fresh_directory)
 
     def complete(
-        self, pending: PendingCheckpoint, source_positions: Mapping[str, Any] | None = None
+        self, pending: PendingCheckpoint, source_positions: Mapping[str, Any] | None = None,
+        *, owner: Mapping[str, Any] | None = None, exclusive: bool = False,
     ) -> CompletedCheckpoint:
         """Publish the metadata of ``pending`` (which makes it complete); for a
-        checkpoint, then subsume checkpoints beyond the retained count."""
+        checkpoint, then subsume checkpoints beyond the retained count (a failure to
+        delete one is logged, never the checkpoint's). ``exclusive``: publish with the
+        storage's compare-and-set — of two writers of one checkpoint exactly one
+        succeeds, the other gets a :class:`CheckpointError` (a job's driver,
+        :mod:`weir.checkpoint.protocol`; atomic on local disks and object stores);
+        otherwise by an atomic rename. ``owner``: what the metadata records of its
+        writer."""
         meta = CheckpointMetadata(
             checkpoint_id=pending.checkpoint_id,
             kind=pending.kind,
@@ -272,9 +297,16 @@ class CheckpointCoordinator:
             duration_ms=(time.perf_counter() - pending.started) * 1000,
             channel_state={v: ChannelStateHandle(v, p, dict(files))
                            for v, (p, files) in pending.channel_state.items()},
+            owner=dict(owner or {}),
         )
         path = f"{pending.directory}/{METADATA_FILE}" if pending.directory else METADATA_FILE
-        pending.storage.write(path, encode_metadata(meta))
+        if not exclusive:
+            pending.storage.write(path, encode_metadata(meta))
+        elif not pending.storage.create_exclusive(path, encode_metadata(meta)):
+            raise CheckpointError(
+                f"{pending.storage.url.rstrip('/')}/{path} was published by another writer "
+                f"first: checkpoint {pending.checkpoint_id} is not this coordinator's (two "
+                f"writers on one checkpoint storage?)")
         completed = CompletedCheckpoint(pending.storage, pending.directory, meta)
         if pending.kind is CheckpointKind.CHECKPOINT:
             self._add(completed)
@@ -312,9 +344,11 @@ class CheckpointCoordinator:
         where = pending.storage.url if savepoint else (
             f"{pending.storage.url.rstrip('/')}/{pending.directory}")
         try:
-            if savepoint:
+            if savepoint:  # (a new or empty directory, or a fresh one of the job's)
                 for path in pending.storage.walk_files():
                     pending.storage.delete(path)
+                if pending.fresh_directory and not pending.storage.walk_files():
+                    pending.storage.delete("", recursive=True)  # (only empty directories)
                 return
             pending.storage.delete(pending.directory, recursive=True)
             keep = self.referenced_files()
@@ -333,10 +367,20 @@ class CheckpointCoordinator:
         self._refs.update(completed.metadata.shared_files())
 
     def _discard(self, old: CompletedCheckpoint) -> None:
-        self.storage.delete(f"{old.directory}/{METADATA_FILE}")
-        self.storage.delete(old.directory, recursive=True)
+        """Delete a subsumed checkpoint; a failure is logged (its files are orphans the
+        next clean-up deletes), never fatal (Flink: discarding subsumed checkpoints)."""
+        released = []
         for path in sorted(old.metadata.shared_files()):
             self._refs[path] -= 1
             if self._refs[path] <= 0:
                 del self._refs[path]
+                released.append(path)
+        try:
+            self.storage.delete(f"{old.directory}/{METADATA_FILE}")
+            self.storage.delete(old.directory, recursive=True)
+            for path in released:
                 self.storage.delete(path)
+        except (OSError, CheckpointError) as exc:
+            log.warning("discarding subsumed checkpoint %d in %s failed (%s: %s); what is "
+                        "left is deleted by the next clean-up", old.checkpoint_id,
+                        self.storage.url, type(exc).__name__, exc)

@@ -54,6 +54,8 @@ version, the 32-byte SHA-256 of the body, and the body: UTF-8 JSON (never pickle
      "stats": {"bytes": ..., "duration_ms": ..., "subtasks": n},
      "channel_state": {...},                  # unaligned checkpoints: records in
                                               # flight (weir.checkpoint.channel_state)
+     "owner": {"lineage": ..., "token": n},   # optional: the writer's job lineage
+                                              # and claim (weir.checkpoint.protocol)
      "operators": {uid: {"parallelism": p, "max_parallelism": M, "subtasks": [
         {"subtask_index": i, "key_group_range": [start, end],
          "states": [{"name", "kind", "serializers", "ttl"}], "timer_states": [...],
@@ -252,6 +254,9 @@ class CheckpointMetadata:
     format_version: int = FORMAT_VERSION
     #: vertex -> the records its tasks had in flight (unaligned checkpoints only)
     channel_state: Mapping[str, ChannelStateHandle] = field(default_factory=dict)
+    #: who wrote it (continuous runtime, :mod:`weir.checkpoint.protocol`): ``lineage``
+    #: (the job lineage) and ``token`` (the owner's claim); empty when not recorded
+    owner: Mapping[str, Any] = field(default_factory=dict)
 
     def files(self) -> list[FileRef]:
         """Every file this checkpoint references."""
@@ -355,6 +360,8 @@ def encode_metadata(meta: CheckpointMetadata) -> bytes:
             vertex: {"parallelism": h.parallelism,
                      "subtasks": [[i, ref.to_json()] for i, ref in sorted(h.subtasks.items())]}
             for vertex, h in sorted(meta.channel_state.items())}
+    if meta.owner:  # (weir.checkpoint.protocol)
+        doc["owner"] = dict(meta.owner)
     return _envelope(_META_MAGIC, doc)
 
 
@@ -513,6 +520,7 @@ def decode_metadata(data: bytes, where: str) -> CheckpointMetadata:
                     str(vertex), int(h["parallelism"]),
                     {int(i): FileRef.from_json(ref, where) for i, ref in h["subtasks"]})
                 for vertex, h in (doc.get("channel_state") or {}).items()},
+            owner=dict(doc.get("owner") or {}),
         )
     except CorruptCheckpointError:
         raise

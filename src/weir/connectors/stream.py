@@ -9,36 +9,68 @@
 * :class:`FileSink` — JSON lines, exactly-once by two-phase commit. Layout under its
   directory::
 
-      .pending/<run>-<attempt>-<subtask>-<n>.jsonl    an open or prepared transaction
-      part-<run>-<attempt>-<subtask>-<n>.jsonl         a committed one (renamed)
+      _lineage.json                                   the lineage of jobs writing here
+      .pending/<sink>-<run>-<attempt>-<subtask>-<n>.jsonl   an open or prepared transaction
+      part-<sink>-<run>-<attempt>-<subtask>-<n>.jsonl        a committed one (renamed)
 
-  (``run``: the run's id, which sorts by start time; numbers zero-padded, so the names
-  sort in the order a subtask wrote them).
+  (``sink``: the sink's uid as a file name can hold it — its letters, digits and ``_``,
+  at most 32, then ``_`` and 8 hex digits of its SHA-256 — so sinks sharing a directory,
+  a dead-letter sink beside the main one, never write or drop each other's files;
+  ``run``: the run's id, which sorts by start time; numbers zero-padded, so a sink's
+  names sort in the order a subtask wrote them).
 
   A committable is ``[directory, pending file name]``; committing renames it (a second
   commit finds the part file and does nothing; a run restored from a savepoint commits
-  the savepoint's transactions where they were written). Files of earlier attempts and
-  other runs left in ``.pending`` that no checkpoint holds are deleted on restore.
+  the savepoint's transactions where they were written). A restore re-commits what its
+  checkpoint holds and takes a transaction that is neither pending nor committed as
+  committed (a consumer took the part file away; a warning names it); a commit after a
+  checkpoint completes raises instead (the pending file of this attempt was removed).
+  Files of this sink's earlier attempts and other runs left in ``.pending`` that no
+  checkpoint holds are deleted on restore.
+
+  ``_lineage.json`` (``{"format": "weir-stream-sink/1", "lineage": ..., "recorded_by":
+  {...}, "recorded_at": ...}``) is created by the first subtask to open, exclusively
+  and whole (written to a temporary file, then hard-linked to its name, which fails if
+  it exists); a job of another lineage — a fresh start onto a used directory — is
+  refused (:class:`~weir.api.connectors.SinkLineageError`).
 * :class:`SqliteSink` — JSON records in a SQLite table, exactly-once by two-phase
-  commit through a staging table (see the class).
+  commit through a staging table, its lineage in ``<table>_lineage`` (see the class).
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import hashlib
 import json
+import logging
 import os
+import re
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from weir.api.connectors import Sink, SinkContext, SinkWriter, Source, SourceReader
+from weir.api.connectors import (
+    Sink,
+    SinkContext,
+    SinkLineageError,
+    SinkWriter,
+    Source,
+    SourceReader,
+)
 from weir.connectors.sqlite_db import open_database
 from weir.errors import SinkError
 
 __all__ = ["FileSink", "SequenceSource", "SqliteSink", "read_sqlite_stream_sink",
            "read_stream_sink"]
+
+log = logging.getLogger("weir")
+
+#: a FileSink directory's record of the lineage writing it, and its format
+LINEAGE_MARKER = "_lineage.json"
+LINEAGE_FORMAT = "weir-stream-sink/1"
 
 
 class _SequenceReader(SourceReader[int]):
@@ -86,17 +118,91 @@ class SequenceSource(Source[int]):
         return _SequenceReader(start, self.n, self.records_per_second)
 
 
+def sink_tag(uid: str) -> str:
+    """A sink uid as a part of a file name or transaction id: its letters, digits and
+    ``_`` (others as ``_``, at most 32), ``_``, and 8 hex digits of its SHA-256 — no
+    ``-``, no ``.``, distinct for distinct uids."""
+    safe = re.sub(r"[^A-Za-z0-9_]", "_", uid)[:32]
+    return f"{safe}_{hashlib.sha256(uid.encode()).hexdigest()[:8]}"
+
+
 def _transaction(context: SinkContext, n: int) -> str:
-    """A transaction's name: unique across runs, attempts, subtasks; in a run, sorting
-    by name is sorting by attempt, subtask, and order of writing."""
-    return f"{context.run_id}-{context.attempt:05d}-{context.subtask:05d}-{n:09d}"
+    """A transaction's name: unique across sinks, runs, attempts, subtasks; in a sink
+    and a run, sorting by name is sorting by attempt, subtask, and order of writing."""
+    return (f"{sink_tag(context.uid)}-{context.run_id}-{context.attempt:05d}-"
+            f"{context.subtask:05d}-{n:09d}")
 
 
 def _left_over(name: str, context: SinkContext) -> bool:
-    """Whether transaction ``name`` is of an earlier attempt or another run."""
-    run, _, rest = name.partition("-")
+    """Whether transaction ``name`` is this sink's, of an earlier attempt or another
+    run (another sink's is never left over)."""
+    own, _, rest = name.partition("-")
+    if own != sink_tag(context.uid):
+        return False
+    run, _, rest = rest.partition("-")
     attempt = rest.split("-", 1)[0]
     return run != context.run_id or (attempt.isdigit() and int(attempt) < context.attempt)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def _fsync_directory(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _read_owner(marker: Path, uid: str) -> str | None:
+    """The lineage recorded in ``marker`` (None: no marker)."""
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        problem = str(exc)
+    else:
+        if (isinstance(data, dict) and data.get("format") == LINEAGE_FORMAT
+                and isinstance(data.get("lineage"), str)):
+            return str(data["lineage"])
+        problem = f"not a {LINEAGE_FORMAT} lineage record"
+    raise SinkError(
+        f"FileSink {uid!r}: {marker} cannot be read ({problem}), so the lineage of jobs "
+        f"that owns {marker.parent} is unknown; nothing was written. If the directory "
+        f"holds only this job's output, delete {marker} (the next start records the "
+        f"lineage again); else give the sink a new directory.")
+
+
+def _record_owner(marker: Path, context: SinkContext) -> None:
+    """Create ``marker`` naming ``context.lineage`` unless it exists: written whole to a
+    temporary file, then hard-linked to its name (exclusive: the link fails if another
+    subtask created it first, and the marker is never seen half written)."""
+    record = {"format": LINEAGE_FORMAT, "lineage": context.lineage,
+              "recorded_by": {"uid": context.uid, "run_id": context.run_id,
+                              "subtask": context.subtask, "attempt": context.attempt},
+              "recorded_at": _now()}
+    tmp = marker.with_name(f"{marker.name}.{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8") as out:
+            json.dump(record, out, indent=1)
+            out.flush()
+            os.fsync(out.fileno())
+        try:
+            os.link(tmp, marker)
+        except FileExistsError:
+            return  # another subtask recorded it first: what it recorded counts
+        _fsync_directory(marker.parent)
+    except OSError as exc:
+        raise SinkError(
+            f"FileSink {context.uid!r}: cannot record the lineage of the job writing "
+            f"{marker.parent} in {marker}: {exc}; nothing was written. Check that the "
+            f"directory is writable (and on a filesystem with hard links).") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 class _FileWriter(SinkWriter[Any]):
@@ -135,30 +241,71 @@ class FileSink(Sink[Any]):
         self.path = Path(path)
         self.pending = self.path / ".pending"
 
+    def locations(self) -> list[str]:
+        """Its directory (every task must reach it at the same path)."""
+        return [str(self.path.resolve())]
+
+    def claim(self, context: SinkContext) -> None:
+        """Record ``context.lineage`` in ``<path>/_lineage.json`` if no lineage is
+        recorded there; refuse another one (see the module doc)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        marker = self.path / LINEAGE_MARKER
+        owner = _read_owner(marker, context.uid)
+        if owner is None:
+            _record_owner(marker, context)
+            owner = _read_owner(marker, context.uid)
+        if owner != context.lineage:
+            raise SinkLineageError(
+                f"FileSink {context.uid!r}: {self.path} holds the output of another "
+                f"lineage of jobs ({owner!r}, recorded in {marker}); this job's lineage "
+                f"is {context.lineage!r} — a fresh start, without the checkpoints or a "
+                f"savepoint of the job that wrote it, would commit that output a second "
+                f"time. Nothing was written. To continue that job, restore it from its "
+                f"checkpoints or a savepoint; to start over, delete {self.path} or give "
+                f"the sink a new directory.")
+
     def writer(self, context: SinkContext) -> SinkWriter[Any]:
         self.pending.mkdir(parents=True, exist_ok=True)
         return _FileWriter(self, context)
 
     def commit(self, committables: list[Any]) -> None:
+        """Rename each pending file to its part file (a second commit finds the part
+        file); a transaction neither pending nor committed raises :class:`SinkError`:
+        its pending file was removed, its records are lost."""
+        self._commit(committables, recovered=False)
+
+    def commit_after_recovery(self, committables: list[Any]) -> None:
+        """As :meth:`commit`, but a transaction neither pending nor committed counts
+        as committed (a consumer took its part file away; logged as a warning)."""
+        self._commit(committables, recovered=True)
+
+    def _commit(self, committables: list[Any], recovered: bool) -> None:
         directories = set()
         for directory, name in committables:  # (where it was written: a run restored
             path = Path(directory)             # from a savepoint may write elsewhere)
-            target = path / f"part-{name}"
+            pending, target = path / ".pending" / name, path / f"part-{name}"
             try:
-                os.rename(path / ".pending" / name, target)
+                os.rename(pending, target)
             except FileNotFoundError:
-                if not target.exists():
-                    raise SinkError(f"FileSink: transaction {name} of {directory} is "
-                                    f"neither pending nor committed: its file was removed"
-                                    ) from None
+                if target.exists():
+                    pass  # committed before
+                elif recovered:  # (Flink's LocalCommitter.commitAfterRecovery)
+                    log.warning(
+                        "weir: FileSink: transaction %s recovered from a checkpoint is "
+                        "neither pending (%s) nor committed (%s): taken as committed "
+                        "(its part file was moved or deleted after its commit)",
+                        name, pending, target)
+                else:
+                    raise SinkError(
+                        f"FileSink: transaction {name} in {directory} is neither pending "
+                        f"({pending}) nor committed ({target}): its pending file was "
+                        f"removed before its checkpoint's commit, so its records are "
+                        f"lost. Nothing but the sink may move or delete files in "
+                        f"{path / '.pending'} (a consumer may take the part files)."
+                    ) from None
             directories.add(path)
         for path in directories:
-            with contextlib.suppress(OSError):
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+            _fsync_directory(path)
 
     def abort_attempts(self, context: SinkContext, keep: list[Any]) -> None:
         kept = {name for _, name in keep}
@@ -216,15 +363,24 @@ class _SqliteWriter(SinkWriter[Any]):
 class SqliteSink(Sink[Any]):
     """Records as JSON in table ``table`` of the SQLite database ``path``, exactly-once
     by two-phase commit: a writer stages its transaction's rows in ``<table>_staging``
-    under a transaction id (the committable); committing moves them into ``table`` and
-    records the id in ``<table>_committed``, in one SQLite transaction, so a second
-    commit of the same id does nothing."""
+    under a transaction id (the committable; named as a :class:`FileSink`'s files are,
+    ``<sink>-<run>-<attempt>-<subtask>-<n>``, so sinks sharing a table never mix their
+    transactions); committing moves them into ``table`` and records the id in
+    ``<table>_committed``, in one SQLite transaction, so a second commit of the same id
+    does nothing. ``<table>_lineage`` holds one row, the lineage of the jobs writing the
+    table (inserted by the first subtask to open, under the write lock); a job of
+    another lineage is refused."""
 
     def __init__(self, path: str | Path, *, table: str = "records") -> None:
         if not table.isidentifier():
             raise ValueError(f"table must be an identifier, got {table!r}")
         self.path, self.table = str(path), table
         self.staging, self.committed = f"{table}_staging", f"{table}_committed"
+        self.lineage = f"{table}_lineage"
+
+    def locations(self) -> list[str]:
+        """The directory of its database file (every task must reach it)."""
+        return [str(Path(self.path).resolve().parent)]
 
     def _connect(self) -> Any:
         conn = open_database(self.path)
@@ -237,6 +393,9 @@ class SqliteSink(Sink[Any]):
                          f"ON {self.staging} (txn)")
             conn.execute(f"CREATE TABLE IF NOT EXISTS {self.committed} "
                          f"(txn TEXT PRIMARY KEY)")
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {self.lineage} "
+                         f"(id INTEGER PRIMARY KEY CHECK (id = 1), lineage TEXT NOT NULL, "
+                         f"recorded_by TEXT NOT NULL, recorded_at TEXT NOT NULL)")
         return conn
 
     @contextlib.contextmanager
@@ -255,6 +414,29 @@ class SqliteSink(Sink[Any]):
                 raise
         finally:
             conn.close()
+
+    def claim(self, context: SinkContext) -> None:
+        """Record ``context.lineage`` in ``<table>_lineage`` if no lineage is recorded
+        there; refuse another one."""
+        recorded_by = json.dumps({"uid": context.uid, "run_id": context.run_id,
+                                  "subtask": context.subtask, "attempt": context.attempt})
+        with self._locked() as conn:
+            conn.execute(f"INSERT OR IGNORE INTO {self.lineage} "
+                         f"(id, lineage, recorded_by, recorded_at) VALUES (1, ?, ?, ?)",
+                         (context.lineage, recorded_by, _now()))
+            (owner,) = conn.execute(f"SELECT lineage FROM {self.lineage} WHERE id = 1"
+                                    ).fetchone()
+        if owner != context.lineage:
+            raise SinkLineageError(
+                f"SqliteSink {context.uid!r}: table {self.table} of {self.path} holds the "
+                f"output of another lineage of jobs ({owner!r}, recorded in "
+                f"{self.lineage}); this job's lineage is {context.lineage!r} — a fresh "
+                f"start, without the checkpoints or a savepoint of the job that wrote it, "
+                f"would commit that output a second time. Nothing was written. To continue "
+                f"that job, restore it from its checkpoints or a savepoint; to start over, "
+                f"drop the tables {self.table}, {self.staging}, {self.committed} and "
+                f"{self.lineage} (or delete {self.path}), or give the sink a new table or "
+                f"database.")
 
     def writer(self, context: SinkContext) -> SinkWriter[Any]:
         return _SqliteWriter(self, context)

@@ -25,8 +25,14 @@ if TYPE_CHECKING:
     from weir.runtime.continuous.master import LocalJob
 
 __all__ = [
-    "CheckpointStats", "CheckpointStatus", "Command", "JobClient", "JobResult", "TaskInfo",
+    "CheckpointStats", "CheckpointStatus", "Command", "JobClient", "JobResult",
+    "TaskInfo", "run_job",
 ]
+
+def run_job(job: LocalJob, timeout_s: float | None) -> JobResult:
+    """Run ``job`` to its end in this thread; ``timeout_s``: its deadline in seconds,
+    None for none (Flink's ``execute`` has none)."""
+    return job.run(timeout_s=timeout_s)
 
 
 @dataclass
@@ -43,6 +49,8 @@ class JobResult:
     cancelled: bool = False
     #: the savepoint stop-with-savepoint ended it with
     savepoint: str | None = None
+    #: what each attempt restored (which checkpoint or savepoint, or empty state)
+    restored: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -75,18 +83,19 @@ def _seconds(timeout: float | timedelta | None) -> float | None:
 
 
 class JobClient:
-    """A job started by :meth:`weir.stream.StreamEnvironment.execute_async`."""
+    """A job started by :meth:`weir.stream.StreamEnvironment.execute_async`, run in a
+    background thread with a deadline of ``timeout_s`` seconds (None: none)."""
 
-    def __init__(self, job: LocalJob, timeout_s: float) -> None:
+    def __init__(self, job: LocalJob, timeout_s: float | None = None) -> None:
         self._job = job
         self._result: Future[JobResult] = Future()
         self._thread = threading.Thread(target=self._run, args=(timeout_s,),
                                         name=f"weir job {job.graph.job}", daemon=True)
         self._thread.start()
 
-    def _run(self, timeout_s: float) -> None:
+    def _run(self, timeout_s: float | None) -> None:
         try:
-            self._result.set_result(self._job.run(timeout_s=timeout_s))
+            self._result.set_result(run_job(self._job, timeout_s))
         except BaseException as exc:
             self._result.set_exception(exc)
 
@@ -158,15 +167,20 @@ class JobClient:
 
     def trigger_savepoint(self, target: str | Path,
                           timeout: float | timedelta | None = 600.0) -> str:
-        """Take a savepoint into the directory ``target`` (self-contained, canonical:
-        it restores on any runtime at any parallelism) while the job goes on; its URL.
-        Raises :class:`~weir.errors.CheckpointError` if it fails."""
+        """Take a savepoint into a new directory ``savepoint-<job>-<random>`` inside the
+        directory ``target`` (self-contained, canonical: it restores on any runtime at
+        any parallelism) while the job goes on; its URL. As in Flink (>= 1.15) it
+        commits no side effects — the sinks commit its transactions with the next
+        checkpoint — and a failure restores the latest checkpoint, not it. Raises
+        :class:`~weir.errors.CheckpointError` if it fails (it then deletes only its own
+        directory)."""
         return self._submit(Command("savepoint", str(target)), timeout)
 
     def stop_with_savepoint(self, target: str | Path, *, drain: bool = False,
                             timeout: float | timedelta | None = 600.0) -> str:
-        """Stop the sources, take a last savepoint into ``target``, commit the sinks
-        and end the job; the savepoint's URL. With ``drain`` event time first jumps to
+        """Stop the sources, take a last savepoint into a new directory inside
+        ``target`` (as :meth:`trigger_savepoint`), commit the sinks and end the job; the
+        savepoint's URL. With ``drain`` event time first jumps to
         the end, so every event-time timer fires (for a job that will not resume);
         without, pending timers stay in the savepoint (to resume it later)."""
         return self._submit(Command("stop", str(target), drain), timeout)

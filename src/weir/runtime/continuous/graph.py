@@ -12,13 +12,19 @@ channels between task processes. A forward edge across different parallelisms be
 a rebalance (as in Flink's DataStream API).
 
 A task is ``(vertex id, subtask)``; a vertex is named by the uid of its first operator
-that has one, else by its first operator's name.
+that has one, else by its first operator's name. An edge is named by what it connects
+(:func:`edge_name`): its producer's and consumer's vertex ids, which of the edges
+between them it is, its side and the form of its records — never by the position of
+its input at the consumer, so that the records in flight an unaligned checkpoint stores
+under that name (:mod:`weir.checkpoint.channel_state`) find their edge again in a job
+that lists its inputs in another order.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -30,8 +36,58 @@ from weir.runtime.continuous.channels import DEFAULT_CONFIG, ChannelConfig
 from weir.state.keygroups import check_parallelism
 from weir.state.rocksdb_options import RocksDBMemory
 
-__all__ = ["Edge", "JobGraph", "LogicalInput", "LogicalNode", "OpKind", "OperatorSpec",
-           "Partitioner", "Vertex", "compile_graph"]
+__all__ = ["STATE_BACKENDS", "TIMESTAMPED", "Edge", "JobGraph", "LogicalInput", "LogicalNode",
+           "OpKind", "OperatorSpec", "Partitioner", "Vertex", "check_channel_config",
+           "check_state_backend", "compile_graph", "edge_name"]
+
+STATE_BACKENDS = ("hashmap", "rocksdb")
+"""The state backends a job's keyed state can live in (``StateBackendKind`` values)."""
+
+
+def check_state_backend(state_backend: object) -> str:
+    """``state_backend`` as its name (``"hashmap"`` or ``"rocksdb"``; a
+    ``StateBackendKind`` is taken by its value); raises
+    :class:`~weir.errors.ConfigurationError` naming the allowed ones otherwise."""
+    name = getattr(state_backend, "value", state_backend)  # (a StateBackendKind)
+    if not isinstance(name, str) or name not in STATE_BACKENDS:
+        raise ConfigurationError(f"unknown state_backend {state_backend!r}; choose one of "
+                                 f"{list(STATE_BACKENDS)}")
+    return name
+
+
+def _check_ints(owner: object, names: tuple[tuple[str, int], ...], where: str) -> None:
+    """Each ``(name, minimum)``: ``owner.name`` is an int (not a bool) >= minimum."""
+    for name, minimum in names:
+        value = getattr(owner, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise ConfigurationError(f"{where}{name} must be an int >= {minimum}, got "
+                                     f"{value!r}")
+
+
+def _finite(value: object, minimum: float, *, strict: bool = False) -> bool:
+    """Whether ``value`` is a finite number (not a bool) >= ``minimum`` (> if strict)."""
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value) and (value > minimum if strict else value >= minimum))
+
+
+def check_channel_config(config: object) -> ChannelConfig:
+    """``config`` if it is a valid :class:`ChannelConfig` (types and ranges of every
+    setting); raises :class:`~weir.errors.ConfigurationError` saying which setting is
+    wrong and what it allows otherwise."""
+    if not isinstance(config, ChannelConfig):
+        raise ConfigurationError(f"channels must be a weir.stream.ChannelConfig, got "
+                                 f"{type(config).__name__}")
+    _check_ints(config, (("buffer_records", 1), ("exclusive_buffers", 1),
+                         ("max_backlog", 1), ("floating_buffers", 0)), "ChannelConfig.")
+    timeout = config.buffer_timeout_ms
+    if not _finite(timeout, 0):
+        raise ConfigurationError(f"ChannelConfig.buffer_timeout_ms must be a finite number "
+                                 f"of milliseconds >= 0 (0: send after every record), got "
+                                 f"{timeout!r}")
+    if not isinstance(config.flush_when_idle, bool):
+        raise ConfigurationError(f"ChannelConfig.flush_when_idle must be a bool, got "
+                                 f"{config.flush_when_idle!r}")
+    return config
 
 
 class Partitioner(enum.Enum):
@@ -110,10 +166,35 @@ class LogicalNode:
     inputs: tuple[LogicalInput, ...] = ()
 
 
+TIMESTAMPED = "timestamped"
+"""The tag of an edge name whose records travel as ``(timestamp, record)``."""
+
+
+def edge_name(producer: str, consumer: str, occurrence: int = 0, *,
+              broadcast_side: bool = False, timestamped: bool = False) -> str:
+    """The name of an edge, which is its identity in channel state:
+    ``<producer>-><consumer>[<occurrence>(,broadcast)(,timestamped)]``.
+
+    ``producer`` and ``consumer`` are vertex ids (their operators' uids); ``occurrence``
+    counts the edges from ``producer`` into ``consumer`` on the same side before this
+    one (0 but for a stream unioned with itself); ``broadcast`` marks the broadcast
+    input of a keyed broadcast function; ``timestamped`` that the records travel as
+    ``(timestamp, record)`` (the job has event time) — so a checkpoint's records in
+    flight say which form they were stored in. The name is unique among a consumer's
+    inputs and does not depend on their order."""
+    tags = [str(occurrence)]
+    if broadcast_side:
+        tags.append("broadcast")
+    if timestamped:
+        tags.append(TIMESTAMPED)
+    return f"{producer}->{consumer}[{','.join(tags)}]"
+
+
 @dataclasses.dataclass(frozen=True)
 class Edge:
     """A network edge between two vertices."""
 
+    #: its identity: :func:`edge_name`
     name: str
     producer: str
     consumer: str
@@ -174,6 +255,26 @@ class JobGraph:
         f"{int(time.time() * 1000):013d}{uuid.uuid4().hex[:6]}"))
 
     def __post_init__(self) -> None:
+        # every setting is checked here, in the driver, before any task process starts:
+        # a bad one would otherwise fail every task of every restart the same way
+        where = f"job {self.job!r}"
+        if not isinstance(self.checkpoint_storage, str) or not self.checkpoint_storage:
+            raise ConfigurationError(f"{where}: checkpoint_storage must be a non-empty path "
+                                     f"or URL, got {self.checkpoint_storage!r}")
+        try:
+            object.__setattr__(self, "state_backend", check_state_backend(self.state_backend))
+            check_channel_config(self.channel)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{where}: {exc}") from None
+        if self.rocksdb_memory is not None and not isinstance(self.rocksdb_memory,
+                                                              RocksDBMemory):
+            raise ConfigurationError(f"{where}: rocksdb_memory must be a weir.RocksDBMemory "
+                                     f"or None, got {type(self.rocksdb_memory).__name__}")
+        _check_ints(self, (("source_batch", 1), ("aligned_timeout_ms", 0)), f"{where}: ")
+        heartbeat = self.heartbeat_timeout_s
+        if not _finite(heartbeat, 0, strict=True):
+            raise ConfigurationError(f"{where}: heartbeat_timeout_s must be a finite number "
+                                     f"of seconds > 0, got {heartbeat!r}")
         uids = self.uids()
         duplicates = sorted({u for u in uids if uids.count(u) > 1})
         if duplicates:
@@ -184,7 +285,10 @@ class JobGraph:
             raise ConfigurationError(f"job {self.job!r}: two tasks would share a name in "
                                      f"{ids}; give the operators other uids")
         for vertex in self.vertices:
-            check_parallelism(vertex.parallelism, self.max_parallelism)
+            try:
+                check_parallelism(vertex.parallelism, self.max_parallelism)
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"{where}, vertex {vertex.id!r}: {exc}") from None
 
     @property
     def event_time(self) -> bool:
@@ -255,17 +359,23 @@ def compile_graph(job: str, nodes: Sequence[LogicalNode], **settings: Any) -> Jo
         ops = tuple(nodes[i].op for i in members)
         named = next((op.uid for op in ops if op.uid is not None), ops[0].name)
         vertices.append(Vertex(named, nodes[members[0]].parallelism, ops))
+    timestamped = any(node.op.watermarks is not None for node in nodes)  # (event time)
     edges: list[Edge] = []
     for members, vertex in zip(chains, vertices, strict=True):
         head = nodes[members[0]]
-        for k, inp in enumerate(head.inputs):  # (a chain's other members are chained)
+        seen: dict[tuple[str, bool], int] = {}  # (producer, side) -> its edges so far
+        for inp in head.inputs:  # (a chain's other members are chained)
             producer = vertices[chain_of[inp.node]]
             partitioner = inp.partitioner
             if partitioner is Partitioner.FORWARD and (
                     producer.parallelism != vertex.parallelism):
                 partitioner = Partitioner.REBALANCE
-            edges.append(Edge(f"{producer.id}->{vertex.id}#{k}", producer.id, vertex.id,
-                              partitioner, inp.key_selector, inp.broadcast_side))
+            occurrence = seen.get((producer.id, inp.broadcast_side), 0)
+            seen[(producer.id, inp.broadcast_side)] = occurrence + 1
+            name = edge_name(producer.id, vertex.id, occurrence,
+                             broadcast_side=inp.broadcast_side, timestamped=timestamped)
+            edges.append(Edge(name, producer.id, vertex.id, partitioner, inp.key_selector,
+                              inp.broadcast_side))
     return JobGraph(job, tuple(vertices), tuple(edges), **settings)
 
 

@@ -2,6 +2,23 @@
 (format: :mod:`weir.checkpoint.channel_state`) and, on restore, handing each task the
 records it now owns, to replay before any new input.
 
+Channel state is stored under edge names (:func:`~weir.runtime.continuous.graph.edge_name`)
+and is matched to the restoring job's edges by what they connect — the producer's and
+the consumer's vertex (their uids), the side and which of the edges between the two it
+is (:func:`belongs_to`) — never by the position of an input at its consumer: a job that
+lists a union's inputs (or any consumer's) in another order restores every record. An
+edge name of the layout written before (``<producer>-><consumer>#<input index>``)
+belongs to the only edge from that producer into that consumer, or, when there are
+several, to the consumer's input of that index (the rule it was written by).
+
+When a job starts from a checkpoint (:func:`check_edges`, in the driver, before any
+task runs) records in flight are refused if they were stored in the other form than the
+job's records take — bare without event time, ``(timestamp, record)`` with it — as
+they would be misread (whatever ``allow_non_restored_state`` says; names of the earlier
+layout do not tell, and are not checked); and records on an edge the job does not have
+(its producer or consumer gone, or no longer connected) are refused unless
+``allow_non_restored_state``: then they are dropped, and logged.
+
 On channel (producer j -> consumer k) of edge e, the records in flight at checkpoint n
 are k's input state for j, then j's output state for k. At the same parallelism they go
 back to consumer k. Rescaled (Flink's ``UnalignedCheckpointRescaleITCase`` edges):
@@ -19,12 +36,15 @@ Per old channel, order is kept; channels replay one after the other.
 
 from __future__ import annotations
 
+import logging
 import pickle
+import re
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from weir.checkpoint.channel_state import (
+    Buffers,
     ChannelState,
     decode_channel_state,
     encode_channel_state,
@@ -33,10 +53,18 @@ from weir.checkpoint.coordinator import CompletedCheckpoint
 from weir.checkpoint.format import uid_dir
 from weir.checkpoint.storage import CheckpointStorage, FileRef
 from weir.errors import RestoreError
-from weir.runtime.continuous.graph import JobGraph, Partitioner
+from weir.runtime.continuous.graph import TIMESTAMPED, Edge, JobGraph, Partitioner
 from weir.state.keygroups import assign_key_to_parallel_operator
 
-__all__ = ["check_edges", "replay_records", "write_channel_state"]
+__all__ = ["belongs_to", "check_edges", "replay_records", "stored_timestamps",
+           "write_channel_state"]
+
+log = logging.getLogger("weir")
+
+#: the tags that end an edge name (graph.edge_name)
+_TAGS = re.compile(rf"\[[0-9]+(,broadcast)?(,{TIMESTAMPED})?\]\Z")
+#: the end of an edge name of the earlier layout: the input's index at the consumer
+_INDEX = re.compile(r"#([0-9]+)\Z")
 
 
 def write_channel_state(storage: CheckpointStorage, checkpoint_id: int, vertex: str,
@@ -46,6 +74,53 @@ def write_channel_state(storage: CheckpointStorage, checkpoint_id: int, vertex: 
         return None
     name = f"chk-{checkpoint_id}/_channels/{uid_dir(vertex)}/{subtask}-{uuid.uuid4().hex[:12]}"
     return storage.write(f"{name}.channels", encode_channel_state(state))
+
+
+def stored_timestamps(name: str) -> bool | None:
+    """Whether the records stored under edge name ``name`` are ``(timestamp, record)``
+    pairs (True) or bare records (False); None for a name of the earlier layout, which
+    does not say."""
+    tags = _TAGS.search(name)
+    return None if tags is None else tags.group(2) is not None
+
+
+def _identity(name: str) -> str:
+    """An edge name without its record-form tag: producer, consumer, occurrence, side."""
+    timestamped = f",{TIMESTAMPED}]"
+    return name[:-len(timestamped)] + "]" if name.endswith(timestamped) else name
+
+
+def belongs_to(name: str, edge: Edge, graph: JobGraph) -> bool:
+    """Whether the channel state stored under edge name ``name`` — in a file of the
+    edge's consumer (input state) or producer (output state) — belongs to ``edge`` of
+    ``graph``: from the same producer vertex into the same consumer vertex, on the same
+    side, the same one of the edges between them (see the module doc for names of the
+    earlier layout)."""
+    if _TAGS.search(name) is not None:
+        return _identity(name) == _identity(edge.name)
+    pair = f"{edge.producer}->{edge.consumer}"
+    index = _INDEX.search(name)
+    if index is None or name[:index.start()] != pair:
+        return False
+    inputs = [e.name for e in graph.inputs(edge.consumer)]
+    from_producer = [e for e in graph.inputs(edge.consumer) if e.producer == edge.producer]
+    return len(from_producer) == 1 or inputs.index(edge.name) == int(index.group(1))
+
+
+def _ends(name: str, vertex: str, inputs: bool) -> tuple[str, str]:
+    """The producer and the consumer a stored edge name connects, read in a file of
+    ``vertex`` (its input state: it is the consumer; else the producer)."""
+    tags = _TAGS.search(name) or _INDEX.search(name)
+    pair = name if tags is None else name[:tags.start()]
+    if inputs:
+        end = f"->{vertex}"
+        return (pair[:-len(end)] if pair.endswith(end) else pair), vertex
+    start = f"{vertex}->"
+    return vertex, (pair[len(start):] if pair.startswith(start) else pair)
+
+
+def _where(completed: CompletedCheckpoint) -> str:
+    return f"checkpoint {completed.checkpoint_id} at {completed.url}"
 
 
 def _read(completed: CompletedCheckpoint, vertex: str
@@ -61,23 +136,100 @@ def _read(completed: CompletedCheckpoint, vertex: str
     return handle.parallelism, files
 
 
+def _form(timestamps: bool) -> str:
+    return "as (timestamp, record) pairs" if timestamps else "as bare records"
+
+
+def _refuse_other_form(completed: CompletedCheckpoint, graph: JobGraph,
+                       names: Sequence[str]) -> RestoreError:
+    stored = not graph.event_time
+    return RestoreError(
+        f"{_where(completed)} holds records in flight stored {_form(stored)} (the job "
+        f"it was taken of {'had' if stored else 'had no'} event time), on edges "
+        f"{sorted(set(names))[:3]}; this job {'has no' if stored else 'has'} event time "
+        f"({'no source has' if stored else 'a source has'} a watermark strategy) and "
+        f"would read them {_form(not stored)}. Start the job as it was checkpointed "
+        f"(event time {'on' if stored else 'off'}) from this checkpoint, take a savepoint "
+        f"of it (savepoints hold no records in flight), and start this job from that "
+        f"savepoint")
+
+
 def check_edges(completed: CompletedCheckpoint, graph: JobGraph,
                 allow_non_restored_state: bool) -> None:
-    """Refuse a checkpoint whose records in flight belong to a task this job does not
-    have (unless ``allow_non_restored_state``: they are dropped)."""
-    missing = sorted(set(completed.metadata.channel_state)
-                     - {v.id for v in graph.vertices})
-    if missing and not allow_non_restored_state:
+    """Refuse to start ``graph`` from ``completed`` if records it holds in flight
+    cannot be restored (in the driver, before any task runs; see the module doc):
+    records stored in the other form (bare, or with timestamps) than this job's, always;
+    records on an edge this job does not have unless ``allow_non_restored_state`` — then
+    they are dropped, and logged."""
+    vertices = {v.id for v in graph.vertices}
+    other_form: list[str] = []
+    #: (edge name, producer, consumer) -> buffers of records in flight on no edge here
+    unmatched: dict[tuple[str, str, str], int] = {}
+    for vertex in sorted(completed.metadata.channel_state):
+        read = _read(completed, vertex)
+        if read is None:
+            continue
+        for _, state in sorted(read[1].items()):
+            for inputs, rows in ((True, state.inputs), (False, state.outputs)):
+                edges = [] if vertex not in vertices else (
+                    graph.inputs(vertex) if inputs else graph.outputs(vertex))
+                for (name, _), buffers in sorted(rows.items()):
+                    if not buffers:
+                        continue
+                    if any(belongs_to(name, e, graph) for e in edges):
+                        if stored_timestamps(name) not in (None, graph.event_time):
+                            other_form.append(name)
+                        continue
+                    key = (name, *_ends(name, vertex, inputs))
+                    unmatched[key] = unmatched.get(key, 0) + len(buffers)
+    if other_form:
+        raise _refuse_other_form(completed, graph, other_form)
+    if not unmatched:
+        return
+    lost = [f"{name!r} from {producer!r} into {consumer!r} ({buffers} buffers; "
+            f"{_why(graph, producer, consumer)})"
+            for (name, producer, consumer), buffers in sorted(unmatched.items())]
+    if not allow_non_restored_state:
         raise RestoreError(
-            f"checkpoint {completed.checkpoint_id} at {completed.url} holds records in "
-            f"flight of tasks {missing}, which this job does not have; keep their operator "
-            f"uids, or pass allow_non_restored_state=True to drop them")
+            f"{_where(completed)} holds records in flight on edges this job does not "
+            f"have: {'; '.join(lost)}. Keep those operators (with their uids) connected "
+            f"as they were, or pass allow_non_restored_state=True to drop these records")
+    for what in lost:
+        log.warning("weir: %s: dropped the records in flight on edge %s "
+                    "(allow_non_restored_state)", _where(completed), what)
+
+
+def _why(graph: JobGraph, producer: str, consumer: str) -> str:
+    """Why this job has no edge for records in flight from producer into consumer."""
+    vertices = {v.id for v in graph.vertices}
+    for end in (producer, consumer):
+        if end not in vertices:
+            return f"this job has no task {end!r}"
+    if not any(e.producer == producer for e in graph.inputs(consumer)):
+        return f"{producer!r} no longer feeds {consumer!r}"
+    return (f"none of this job's edges from {producer!r} into {consumer!r} is that one "
+            f"(another side, or fewer of them)")
+
+
+def _rows(completed: CompletedCheckpoint, graph: JobGraph, edge: Edge, rows: Buffers
+          ) -> dict[int, list[bytes]]:
+    """The buffers stored in ``rows`` (one file's input or output state) that belong to
+    ``edge``, by the other end's subtask."""
+    found: dict[int, list[bytes]] = {}
+    for (name, other), buffers in sorted(rows.items()):
+        if not buffers or not belongs_to(name, edge, graph):
+            continue
+        if stored_timestamps(name) not in (None, graph.event_time):  # (check_edges refuses)
+            raise _refuse_other_form(completed, graph, [name])
+        found.setdefault(other, []).extend(buffers)
+    return found
 
 
 def replay_records(completed: CompletedCheckpoint, graph: JobGraph, vertex: str,
                    subtask: int) -> list[tuple[str, list[Any]]]:
     """The records to replay at ``vertex[subtask]`` before any new input: per old
-    channel, ``(edge name, records)`` (records as the channels carry them)."""
+    channel, ``(edge name, records)`` (this job's edge; records as the channels carry
+    them)."""
     if not completed.metadata.channel_state:
         return []
     out: list[tuple[str, list[Any]]] = []
@@ -91,17 +243,17 @@ def replay_records(completed: CompletedCheckpoint, graph: JobGraph, vertex: str,
             if mine is None and producer is None:
                 continue
             raise RestoreError(
-                f"checkpoint {completed.checkpoint_id} at {completed.url}: channel state "
-                f"of edge {edge.name} lacks the parallelism of "
-                f"{vertex if old_consumers is None else edge.producer}")
+                f"{_where(completed)}: channel state of edge {edge.name} lacks the "
+                f"parallelism of {vertex if old_consumers is None else edge.producer}")
+        assert mine is not None and producer is not None
+        inputs = {k: _rows(completed, graph, edge, state.inputs)
+                  for k, state in mine[1].items()}
+        outputs = {j: _rows(completed, graph, edge, state.outputs)
+                   for j, state in producer[1].items()}
         for k in _old_consumers(edge.partitioner, subtask, consumer.parallelism,
                                 old_consumers):
             for j in range(old_producers):
-                buffers: list[bytes] = []
-                if mine is not None and k in mine[1]:
-                    buffers += mine[1][k].inputs.get((edge.name, j), ())
-                if producer is not None and j in producer[1]:
-                    buffers += producer[1][j].outputs.get((edge.name, k), ())
+                buffers = inputs.get(k, {}).get(j, []) + outputs.get(j, {}).get(k, [])
                 if not buffers:
                     continue
                 records = [r for b in buffers for r in pickle.loads(b)]

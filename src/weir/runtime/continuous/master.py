@@ -7,22 +7,34 @@ hosts the coordinator, and runs the checkpoints.
    job's secret in its environment.
 2. **Address exchange.** Each task registers on the control connection (a task with inputs
    with the address of its input gate); once all have, every task gets ``start``: the
-   data addresses and the checkpoint to restore (the latest completed one in the
-   checkpoint storage, or none). Tasks find each other by host:port only, never by
-   assuming one machine — the same exchange ``BarrierTaskContext.allGather`` will do
+   data addresses, the checkpoint to restore and the job's lineage (both decided by
+   the one checkpoint protocol, :mod:`weir.checkpoint.protocol`: ``restore_from`` when
+   given, else the storage's current state; after a restart, the run's own newest
+   completed checkpoint). Tasks find each other by host:port only, never by
+   assuming one machine — the same exchange ``BarrierTaskContext.allGather`` does
    on Spark.
+
+   Before anything, the run claims the checkpoint storage (one owner; a running one
+   refuses this run with ``OwnershipError``), renews the claim while it runs, checks
+   it before every checkpoint, completion and clean-up (``FencedError`` once another
+   run took over: this one stops and deletes nothing), and releases it at its end.
 3. **Checkpoints.** A :class:`~.scheduling.CheckpointScheduler` decides; a started
    checkpoint is a ``trigger`` to every source task; every task acknowledges with its
    operators' parts; when all have, the metadata is published
-   (:class:`~weir.checkpoint.coordinator.CheckpointCoordinator`) and every task is
-   notified (sinks commit). Declines and expiry abort it.
+   (:class:`~weir.checkpoint.coordinator.CheckpointCoordinator`, exclusively) and every
+   task is notified (sinks commit). Declines, expiry and a failure to publish the
+   metadata (Flink's ``FINALIZE_CHECKPOINT_FAILURE``) abort it and count against
+   ``tolerable_failures``.
 4. **End.** A bounded job's sources report their end; then a final checkpoint is
    forced (so every sink commits what it wrote), the sources are told to finish, and
    the job ends when every task has.
 
 5. **Requests** from the job's client (:mod:`.client`, in another thread): a savepoint
    is a savepoint request to the scheduler; its checkpoint writes every snapshot in
-   full into the savepoint's directory. Stop-with-savepoint tells the sources to stop
+   full into a fresh ``savepoint-<job>-<random>`` directory inside the target. A
+   savepoint of a running job commits no side effects and is no recovery point (Flink
+   >= 1.15): its tasks are not notified, their sinks commit its transactions with the
+   next checkpoint. Stop-with-savepoint tells the sources to stop
    (draining or not); once every source reported its end, a synchronous savepoint
    takes the final checkpoint's place (its failure fails the job, as in Flink). Cancel
    kills every task at once and deletes the retained checkpoints unless
@@ -41,6 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import queue
 import tempfile
@@ -55,18 +68,15 @@ from pyspark import cloudpickle
 
 from weir.api.checkpointing import CheckpointConfig, CheckpointingMode
 from weir.api.restart import RestartStrategy
-from weir.checkpoint.coordinator import (
-    CheckpointCoordinator,
-    PendingCheckpoint,
-    load_checkpoint,
-)
+from weir.checkpoint.coordinator import CheckpointCoordinator, PendingCheckpoint
 from weir.checkpoint.format import CheckpointKind, decode_part
+from weir.checkpoint.protocol import JobOwnership, RestorePoint, new_savepoint_directory
 from weir.checkpoint.storage import FileRef
 from weir.errors import CheckpointError, ConfigurationError, JobFailedError, WeirError
 from weir.runtime.continuous import zygote
 from weir.runtime.continuous.client import Command, JobResult
 from weir.runtime.continuous.control import ControlServer, TaskId
-from weir.runtime.continuous.graph import JobGraph
+from weir.runtime.continuous.graph import JobGraph, OpKind
 from weir.runtime.continuous.inflight import check_edges
 from weir.runtime.continuous.metrics import MetricsBoard
 from weir.runtime.continuous.processes import check_heartbeats, root_cause, stop_processes
@@ -80,6 +90,7 @@ from weir.runtime.continuous.scheduling import (
     JobFailure,
     RequestKind,
     StartCheckpoint,
+    monotonic_ms,
 )
 from weir.runtime.continuous.spark_launcher import SparkLauncher, SparkStage
 from weir.runtime.continuous.stats import CheckpointHistory, CheckpointStats, CheckpointStatus
@@ -99,7 +110,8 @@ class LocalJob:
                  restore_from: str | Path | None = None,
                  allow_non_restored_state: bool = False,
                  launcher: SparkLauncher | None = None,
-                 query_server: QueryServerConfig | None = None) -> None:
+                 query_server: QueryServerConfig | None = None,
+                 lease_timeout_ms: int = 60_000) -> None:
         self.graph, self.checkpointing = graph, checkpointing
         #: where the tasks run: None, processes forked here; else a Spark barrier stage
         self.launcher = launcher
@@ -111,7 +123,12 @@ class LocalJob:
         #: waits between attempts (default: until the delay passed or a cancel)
         self.sleep: Callable[[float], Any] = sleep or self._cancel.wait
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"weir-{graph.job}-"))
-        self.coordinator = CheckpointCoordinator(graph.checkpoint_storage, retained=retained)
+        # (no side effect before the storage is claimed: clean-up only by its owner)
+        self.coordinator = CheckpointCoordinator(graph.checkpoint_storage, retained=retained,
+                                                 clean_up=False)
+        #: the run's claim on the checkpoint storage, and what it restores
+        self.ownership = JobOwnership(self.coordinator, graph.job, graph.run_id,
+                                      lease_timeout_ms=lease_timeout_ms)
         self.attempt = 0
         self._inbox: queue.Queue[tuple[TaskId, dict[str, Any]]] = queue.Queue()
         self._procs: dict[TaskId, zygote.TaskProcess | SparkStage] = {}
@@ -154,31 +171,35 @@ class LocalJob:
         """Every checkpoint and savepoint triggered so far, oldest first."""
         return self.history.snapshot()
 
-    def run(self, timeout_s: float = 600.0) -> JobResult:
+    def run(self, timeout_s: float | None = None) -> JobResult:
         """Run the job to its end (bounded sources), restarting every task from the
         latest completed checkpoint after a failure as the restart strategy allows;
         raises :class:`~weir.errors.JobFailedError` once it gives up."""
         started = time.monotonic()
+        deadline = math.inf if timeout_s is None else started + timeout_s
         tracker = self.restart.tracker()
-        finished = False
+        finished = discarded = False
+        self.claim()
         self.query_server = QueryServer(self.queries, self.query_config,
                                         metrics=self.metrics.snapshot,
                                         checkpoints=self.history.snapshot)
         try:
             while not self._cancel.is_set():  # (a cancel during a restart's delay)
                 try:
-                    self._run_attempt(started + timeout_s)
+                    self._run_attempt(deadline)
                     finished = True
                     break
                 except _Cancelled:
                     break
                 except JobFailedError as exc:
-                    self._on_failure(exc, tracker, started + timeout_s)
+                    self._on_failure(exc, tracker, deadline)
             if not finished:  # cancelled
                 self.result.cancelled = True
-                if not self.checkpointing.retain_on_cancel:
+                if not self.checkpointing.retain_on_cancel and self.ownership.holds():
                     self.coordinator.discard_all()
+                    discarded = True
         finally:
+            self.ownership.release(discarded=discarded)
             self._fail_commands(f"job {self.graph.job!r} ended")
             self.queries.set_running(False, f"job {self.graph.job!r} ended")
             self.query_server.close()
@@ -186,10 +207,30 @@ class LocalJob:
         self.result.duration_s = time.monotonic() - started
         return self.result
 
+    def claim(self) -> None:
+        """Claim the checkpoint storage and decide what the run starts from (raises
+        OwnershipError, or CorruptCheckpointError for a corrupt newest checkpoint);
+        then delete what no checkpoint references (as its owner). Once per run:
+        :meth:`run` claims unless this was called before."""
+        if self.ownership.start is not None:
+            return
+        start = self.ownership.claim(self.restore_from)
+        try:
+            if start.checkpoint is not None:
+                start.checkpoint.check_operators(
+                    self.graph.uids(), self.allow_non_restored_state)
+                check_edges(start.checkpoint, self.graph, self.allow_non_restored_state)
+            self.coordinator.clean_up_orphans()
+        except BaseException:
+            self.ownership.release()
+            raise
+
     def _on_failure(self, exc: JobFailedError, tracker: Any, deadline: float) -> None:
         self.result.failures.append(str(exc).splitlines()[0])
         delay = tracker.on_failure(time.monotonic())
-        if delay is None or time.monotonic() >= deadline:
+        if time.monotonic() >= deadline:
+            raise JobFailedError(f"{exc} — and the job's deadline passed") from exc
+        if delay is None:
             raise JobFailedError(
                 f"{exc} — and its restart strategy {self.restart} allows no more "
                 f"restarts after {tracker.restarts}; the latest completed "
@@ -241,8 +282,10 @@ class LocalJob:
                                             f"{self.attempt} ended)")
             server.close()
             stop_processes(self._procs.values(), grace_s=5.0 if finished else 0.0)
+            owner = self.ownership.holds()  # (fenced off: delete nothing)
             for cid, (pending, _) in self._pending.items():
-                self.coordinator.abort(pending)
+                if owner or pending.kind is CheckpointKind.SAVEPOINT:
+                    self.coordinator.abort(pending)
                 self.history.update(cid, status=CheckpointStatus.FAILED,
                                     failure="the attempt ended")
             self._pending.clear()
@@ -253,7 +296,8 @@ class LocalJob:
                 self.coordinator.abort(pending)
             self._aborted.clear()
             try:
-                self.coordinator.clean_up_orphans()
+                if owner:
+                    self.coordinator.clean_up_orphans()
             except OSError as exc:  # (never in place of the attempt's own outcome)
                 log.warning("weir: job %r: cleaning up the checkpoint storage after attempt "
                             "%d failed (%s); the next start deletes what is left",
@@ -274,7 +318,8 @@ class LocalJob:
             inbox = self._inbox
             self._procs.update(self.launcher.launch(
                 pickled, job_env, list(self.graph.tasks()), self.graph.job, self.attempt,
-                lambda task, message: inbox.put((task, message)), self.graph.checkpoint_storage))
+                lambda task, message: inbox.put((task, message)), self.graph.checkpoint_storage,
+                self._sink_locations()))
             return
         graph_file = self.workdir / "graph.pickle"
         graph_file.write_bytes(pickled)
@@ -283,6 +328,13 @@ class LocalJob:
             self._procs[(vertex, subtask)] = zygote.launch(
                 [str(graph_file), vertex, str(subtask), str(self.attempt)], env)
 
+    def _sink_locations(self) -> tuple[tuple[str, str], ...]:
+        """(uid, location) of every place the job's sinks write (``Sink.locations``)."""
+        ops = [op for v in self.graph.vertices for op in v.chain]
+        ops += [op.dead_letters for op in ops if op.dead_letters is not None]
+        return tuple((str(op.uid), location) for op in ops if op.kind is OpKind.SINK
+                     for location in op.fn.locations())
+
     def _next(self, deadline: float, wait_s: float | None = None
               ) -> tuple[TaskId, dict[str, Any]] | None:
         left = deadline - time.monotonic()
@@ -290,7 +342,8 @@ class LocalJob:
             raise JobFailedError(f"job {self.graph.job!r} did not finish in time")
         check_heartbeats(self._heard, self._finished, self.graph)
         try:
-            item = self._inbox.get(timeout=min(left, wait_s if wait_s is not None else left))
+            wait = left if wait_s is None else min(left, wait_s)
+            item = self._inbox.get(timeout=None if wait == math.inf else wait)
         except queue.Empty:
             return None
         task, message = item
@@ -311,24 +364,15 @@ class LocalJob:
             raise root_cause(item, self._inbox, self._finished, self.graph.job)
         return item
 
-    def _restore_url(self) -> str | None:
-        """What every task restores: the latest completed checkpoint of this job, else
-        ``restore_from`` (a savepoint or checkpoint of any runtime, at any parallelism),
-        whose operators must all be in the job unless ``allow_non_restored_state``."""
-        latest = self.coordinator.latest()
-        if latest is not None:
-            return latest.url
-        if self.restore_from is None:
-            return None
-        try:
-            found = load_checkpoint(self.restore_from)
-        except (OSError, WeirError) as exc:
-            raise ConfigurationError(
-                f"job {self.graph.job!r}: cannot restore from {self.restore_from}: {exc}"
-            ) from exc
-        found.check_operators(self.graph.uids(), self.allow_non_restored_state)
-        check_edges(found, self.graph, self.allow_non_restored_state)
-        return found.url
+    def _restore_point(self) -> RestorePoint:
+        """What every task of this attempt restores (:mod:`weir.checkpoint.protocol`):
+        the run's own newest completed checkpoint, else the state the run started from
+        (``restore_from``, or the storage's state when the run claimed it)."""
+        point = self.ownership.restart_point()
+        log.info("weir: job %r attempt %d restores %s", self.graph.job, self.attempt,
+                 point.note)
+        self.result.restored.append(point.note)
+        return point
 
     def _run(self, server: ControlServer, deadline: float) -> None:
         graph = self.graph
@@ -342,11 +386,14 @@ class LocalJob:
                 self.task_pids[got[0]] = int(got[1].get("pid") or 0)
                 if got[1]["address"] is not None:
                     addresses[task_address(*got[0])] = got[1]["address"]
-        start = {"kind": "start", "addresses": addresses, "restore": self._restore_url()}
+        start = {"kind": "start", "addresses": addresses, "restore": self._restore_point().url,
+                 "lineage": self.ownership.lineage_id}
         for task in tasks:
             server.send(task, start)
         self.queries.set_running(True)
-        scheduler = CheckpointScheduler(self.checkpointing, _clock,
+        # (intervals, pauses and timeouts on the monotonic clock; the wall clock only for
+        # the trigger timestamps that go into the metadata)
+        scheduler = CheckpointScheduler(self.checkpointing, monotonic_ms, wall_clock=_clock,
                                         first_id=self.coordinator.next_id)
         scheduler.start()
         run = _Attempt(server, scheduler, tasks, set(graph.sources()))
@@ -357,8 +404,8 @@ class LocalJob:
                 started_id = self._decide(decision, run)
                 if started_id is not None and run.final_id is None and run.ended == run.sources:
                     run.final_id = started_id
-            wake = scheduler.next_wakeup_ms()
-            wait = 0.5 if wake is None else max(0.0, (wake - _clock()) / 1000)
+            delay_ms = scheduler.wakeup_delay_ms()
+            wait = 0.5 if delay_ms is None else delay_ms / 1000
             got = self._next(deadline, min(wait, 0.5))
             if got is None:
                 continue
@@ -417,10 +464,12 @@ class LocalJob:
         if isinstance(decision, StartCheckpoint):
             cid = decision.checkpoint_id
             command = self._requested.pop(decision.request_id, None)
+            self.ownership.check(f"checkpoint {cid}")
             try:
                 pending = (self.coordinator.trigger(decision.timestamp_ms) if command is None
                            else self.coordinator.trigger_savepoint(
-                               command.target, timestamp_ms=decision.timestamp_ms))
+                               new_savepoint_directory(command.target, self.graph.job),
+                               timestamp_ms=decision.timestamp_ms, fresh_directory=True))
             except (OSError, WeirError) as exc:  # (a savepoint's target)
                 assert command is not None
                 self.coordinator.trigger(decision.timestamp_ms)  # (its id is used up)
@@ -453,7 +502,7 @@ class LocalJob:
                 self.result.aborted.append((decision.checkpoint_id, decision.reason.name))
                 self.history.update(decision.checkpoint_id, status=CheckpointStatus.FAILED,
                                     failure=decision.reason.message,
-                                    duration_ms=_clock() - entry[0].timestamp_ms)
+                                    duration_ms=(time.perf_counter() - entry[0].started) * 1000)
                 for task in run.tasks:
                     run.server.send(task, {"kind": "abort", "id": decision.checkpoint_id})
             command = self._savepoints.pop(decision.checkpoint_id, None)
@@ -498,13 +547,23 @@ class LocalJob:
         acked.add(task)
         if acked != run.tasks:
             return []
+        self.ownership.check(f"completing checkpoint {cid}")
+        try:
+            completed = self.coordinator.complete(pending, owner=self.ownership.owner_record(),
+                                                  exclusive=True)
+        except (OSError, CheckpointError) as exc:  # Flink's FINALIZE_CHECKPOINT_FAILURE
+            log.warning("weir: job %r: checkpoint %d could not be finalized: %s",
+                        self.graph.job, cid, exc)
+            return run.scheduler.failed(cid, CheckpointFailureReason.FINALIZE_CHECKPOINT_FAILURE)
         del self._pending[cid]
-        completed = self.coordinator.complete(pending)
         self.result.completed.append(cid)
         self.history.completed(cid, completed.metadata)
-        for t in run.tasks:
-            run.server.send(t, {"kind": "complete", "id": cid})
         command = self._savepoints.pop(cid, None)
+        # a savepoint of a running job commits no side effects (Flink >= 1.15): its
+        # tasks hear of it from the next checkpoint; stop-with-savepoint commits
+        if command is None or command is self._stopping:
+            for t in run.tasks:
+                run.server.send(t, {"kind": "complete", "id": cid})
         if command is not None:
             if command is self._stopping:
                 self.result.savepoint = pending.storage.url

@@ -4,8 +4,10 @@ channels are (Flink's ``busyTimeMsPerSecond`` / ``idleTimeMsPerSecond`` /
 queued per channel, ``currentInputWatermark``).
 
 A task counts, from its start: the time its main loop waited for input with none
-there (*idle*), the time it waited for credit to send (*backpressured*; the output
-channels' ``backpressured_ns``), the records it took in and sent out. Its heartbeat (at
+there (*idle*; a source task: the time its reader had nothing to read — polls that
+returned no record and a short wait for a message after each — and the time after its
+end), the time it waited for credit to send (*backpressured*; the output channels'
+``backpressured_ns``), the records it took in and sent out. Its heartbeat (at
 most once a second) carries a :func:`sample` of them with the buffers queued on each
 input channel, each output channel's backlog and its watermark; the driver's
 :class:`MetricsBoard` turns two consecutive samples into rates: *busy* is the rest of

@@ -1,5 +1,13 @@
 """When checkpoints start, and what follows when they end: Flink's checkpoint scheduling
-rules as pure logic over an injected millisecond clock (no threads, no I/O, no sleep).
+rules as pure logic over injected millisecond clocks (no threads, no I/O, no sleep).
+
+Two clocks, as Flink's ``CheckpointCoordinator`` has (``clock.relativeTimeMillis()``
+and ``clock.absoluteTimeMillis()``): every interval, minimum pause, timeout, wake-up
+time and the queue's age order are measured on a **monotonic** clock, so a step of the
+wall clock (NTP, a suspended VM, an operator's ``date -s``) neither stalls checkpoints
+(and the sink commits that follow them) for as long as it stepped back nor expires the
+pending ones when it steps forward; the **wall clock** only gives the trigger timestamp
+each started checkpoint carries (recorded in its metadata).
 
 The job's driver loop owns one :class:`CheckpointScheduler`. It calls :meth:`~
 CheckpointScheduler.poll` whenever :meth:`~CheckpointScheduler.next_wakeup_ms` says (or
@@ -59,6 +67,7 @@ from __future__ import annotations
 import bisect
 import enum
 import random
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -69,10 +78,22 @@ from weir.errors import CheckpointError, ConfigurationError
 
 __all__ = ["MAX_QUEUED_REQUESTS", "AbortedCheckpoint", "CheckpointFailureReason",
            "CheckpointScheduler", "Decision", "DroppedRequest", "JobFailure", "RequestKind",
-           "StartCheckpoint"]
+           "StartCheckpoint", "monotonic_ms", "wall_clock_ms"]
 
 MAX_QUEUED_REQUESTS = 1000
 """Flink's bound of the request queue (``CheckpointRequestDecider``)."""
+
+
+def monotonic_ms() -> int:
+    """Monotonic time in int milliseconds (any origin): the scheduler's default clock
+    for every interval, pause and timeout."""
+    return time.monotonic_ns() // 1_000_000
+
+
+def wall_clock_ms() -> int:
+    """Wall-clock time in epoch milliseconds: the scheduler's default clock for the
+    trigger timestamps of the checkpoints it starts."""
+    return time.time_ns() // 1_000_000
 
 
 class RequestKind(enum.Enum):
@@ -142,7 +163,7 @@ class CheckpointFailureReason(enum.Enum):
 @dataclass(frozen=True)
 class StartCheckpoint:
     """Start checkpoint ``checkpoint_id`` of ``kind`` now (``timestamp_ms``: its trigger
-    time), for request ``request_id``."""
+    time on the wall clock, epoch ms, for its metadata), for request ``request_id``."""
 
     checkpoint_id: int
     kind: RequestKind
@@ -195,12 +216,16 @@ class _Request:
 
 class CheckpointScheduler:
     """The checkpoint scheduling of one job under ``config`` (rules in the module
-    documentation). ``clock()`` gives the time in int milliseconds (monotonic);
-    checkpoint ids start at ``first_id`` (after a restore: the restored id + 1);
-    ``rng`` draws Flink's random initial delay (None: the first periodic trigger is
-    ``interval_ms`` after :meth:`start`)."""
+    documentation). ``clock()`` gives monotonic time in int milliseconds: every timing
+    decision (intervals, minimum pause, timeouts, :meth:`next_wakeup_ms`) is on it.
+    ``wall_clock()`` gives epoch milliseconds, used only for the trigger timestamp of
+    each :class:`StartCheckpoint` (default: the system's wall clock); it may step back
+    or forward without changing any decision. Checkpoint ids start at ``first_id``
+    (after a restore: the restored id + 1); ``rng`` draws Flink's random initial delay
+    (None: the first periodic trigger is ``interval_ms`` after :meth:`start`)."""
 
-    def __init__(self, config: CheckpointConfig, clock: Callable[[], int], *,
+    def __init__(self, config: CheckpointConfig, clock: Callable[[], int] = monotonic_ms, *,
+                 wall_clock: Callable[[], int] = wall_clock_ms,
                  first_id: int = 1, rng: random.Random | None = None,
                  max_queued: int = MAX_QUEUED_REQUESTS) -> None:
         if not isinstance(config, CheckpointConfig):
@@ -208,17 +233,24 @@ class CheckpointScheduler:
         for name, value in (("first_id", first_id), ("max_queued", max_queued)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigurationError(f"{name} must be an int >= 1, got {value!r}")
+        for name, fn in (("clock", clock), ("wall_clock", wall_clock)):
+            if not callable(fn):
+                raise ConfigurationError(f"{name} must be a function giving int "
+                                         f"milliseconds, got {fn!r}")
         self.config, self._clock, self._rng, self._max_queued = config, clock, rng, max_queued
+        self._wall_clock = wall_clock
         # Flink's base interval: never shorter than the minimum pause
         self._interval = (None if config.interval_ms is None
                           else max(config.interval_ms, config.min_pause_ms))
         self._next_id, self._next_request = first_id, 1
         self._queue: list[_Request] = []
         self._pending: dict[int, StartCheckpoint] = {}
+        #: when each pending checkpoint expires (monotonic ms: its trigger + timeout)
+        self._expiry: dict[int, int] = {}
         self._outbox: list[Decision] = []
         self._running = False
-        self._next_periodic: int | None = None
-        self._last_completion: int | None = None
+        self._next_periodic: int | None = None  # monotonic ms
+        self._last_completion: int | None = None  # monotonic ms
         # CheckpointFailureManager
         self._failures, self._last_success = 0, first_id - 1
         self._counted: set[int] = set()
@@ -294,23 +326,32 @@ class CheckpointScheduler:
             self.request(RequestKind.PERIODIC)
         out, self._outbox = self._outbox, []
         for cid in sorted(self._pending):
-            if now - self._pending[cid].timestamp_ms >= self.config.timeout_ms:
+            if now >= self._expiry[cid]:
                 out += self._abort(cid, CheckpointFailureReason.CHECKPOINT_EXPIRED, by_task=False)
         while (decision := self._choose(now)) is not None:
             out.append(decision)
         return out
 
     def next_wakeup_ms(self) -> int | None:
-        """When :meth:`poll` has something to do next (clock time in ms; the current
-        time if it has now): the next periodic trigger, the end of the pause, the earliest
-        expiry, or None (nothing until a request or an end of checkpoint)."""
-        times = [s.timestamp_ms + self.config.timeout_ms for s in self._pending.values()]
+        """When :meth:`poll` has something to do next (time of ``clock``, the monotonic
+        one, in ms; the current time if it has now): the next periodic trigger, the end
+        of the pause, the earliest expiry, or None (nothing until a request or an end of
+        checkpoint). A driver waits :meth:`wakeup_delay_ms` instead of comparing this
+        with a clock of its own."""
+        times = list(self._expiry.values())
         if self._next_periodic is not None:
             times.append(self._next_periodic)
         if self._outbox or (self._queue and (len(self._pending) < self.config.max_concurrent
                                              or self._queue[0].forced)):
             times.append(self._clock())
         return min(times, default=None)
+
+    def wakeup_delay_ms(self) -> int | None:
+        """How long from now (ms, >= 0, on the monotonic ``clock``) until :meth:`poll`
+        has something to do: 0 if it has now, None if nothing happens until a request
+        or the end of a checkpoint."""
+        wakeup = self.next_wakeup_ms()
+        return None if wakeup is None else max(0, wakeup - self._clock())
 
     # the end of a checkpoint ------------------------------------------------------------
 
@@ -320,6 +361,7 @@ class CheckpointScheduler:
         not pending (expired, aborted, unknown) is ignored: returns []."""
         if (done := self._pending.pop(checkpoint_id, None)) is None:
             return []
+        del self._expiry[checkpoint_id]
         if checkpoint_id > self._last_success:  # handleCheckpointSuccess
             self._last_success = checkpoint_id
             self._failures = 0
@@ -378,15 +420,19 @@ class CheckpointScheduler:
                 reason = CheckpointFailureReason.PERIODIC_SCHEDULER_SHUTDOWN
         if reason is not None:
             return DroppedRequest(head.request_id, head.kind, reason)
-        start = StartCheckpoint(self._next_id, head.kind, now, head.request_id)
+        # the trigger timestamp is wall-clock time (for the metadata); its expiry is
+        # measured on the monotonic clock
+        start = StartCheckpoint(self._next_id, head.kind, self._wall_clock(), head.request_id)
         self._next_id += 1
         self._pending[start.checkpoint_id] = start
+        self._expiry[start.checkpoint_id] = now + self.config.timeout_ms
         return start
 
     def _abort(self, checkpoint_id: int, reason: CheckpointFailureReason,
                by_task: bool) -> list[Decision]:
         # CheckpointCoordinator.abortPendingCheckpoint + CheckpointFailureManager
         kind = self._pending.pop(checkpoint_id).kind
+        del self._expiry[checkpoint_id]
         out: list[Decision] = [AbortedCheckpoint(checkpoint_id, kind, reason)]
         if by_task and not reason.pre_flight:  # handleTaskLevelCheckpointException
             if kind is RequestKind.SYNC_SAVEPOINT:

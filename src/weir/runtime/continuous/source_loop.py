@@ -14,11 +14,18 @@ if TYPE_CHECKING:
 
 __all__ = ["read_source"]
 
+#: after a poll without records, wait up to this long (from the poll's start) for a
+#: message from the coordinator before polling again: a reader that returns at once
+#: does not spin the task's core (a reader that waited in its poll is not delayed)
+STARVED_WAIT_S = 0.002
+
 
 def read_source(task: Task) -> None:
     """The main loop of a source task (see :mod:`.task`): read between checks of the
     control connection, checkpoint on the coordinator's trigger, end at the source's
-    end or on ``stop``."""
+    end or on ``stop``. Time the reader had nothing to read (a poll that returned no
+    record, and a short wait for a message after it, instead of polling again at once)
+    counts as idle in the task's metrics, as does the time after the source's end."""
     source = task.chain.ops[0]
     reader, feed = source.reader, task.chain.after[0]
     strategy = task.chain.watermarks
@@ -26,8 +33,9 @@ def read_source(task: Task) -> None:
     batch = task.graph.source_batch
     exhausted = False
     largest, sent = MIN_WATERMARK, MIN_WATERMARK
-    next_watermark = last_record = time.monotonic()
+    next_watermark = last_record = checked = time.monotonic()  # (checked: the last check)
     idle = False
+    starved_until: float | None = None  # (an empty poll: wait for a message until then)
 
     def send_watermark(watermark: int) -> None:
         nonlocal sent, idle
@@ -59,6 +67,11 @@ def read_source(task: Task) -> None:
             waited = time.perf_counter_ns()
             message = task.control.receive(0.05)
             task.idle_ns += time.perf_counter_ns() - waited
+        elif starved_until is not None:  # nothing to read at the last poll: not busy
+            waited = time.perf_counter_ns()
+            message = task.control.receive(max(0.0, starved_until - time.monotonic()))
+            task.idle_ns += time.perf_counter_ns() - waited
+            starved_until = None
         elif overtakes and not all(out.available for out in task.outs):
             waited = time.perf_counter_ns()
             message = task.control.receive(0.002)
@@ -88,7 +101,11 @@ def read_source(task: Task) -> None:
         task.heartbeat()
         if exhausted:
             continue
+        polled, polled_ns = time.monotonic(), time.perf_counter_ns()
         records = reader.poll(batch)
+        if records is not None and not records:  # (a reader's wait in its poll: idle)
+            task.idle_ns += time.perf_counter_ns() - polled_ns
+            starved_until = polled + STARVED_WAIT_S
         if records is None:
             exhausted = True
             end_of_input(drain=True)
@@ -112,8 +129,12 @@ def read_source(task: Task) -> None:
             now = time.monotonic()
             if strategy is not None and now >= next_watermark:
                 next_watermark = now + strategy.interval_ms / 1000
-                quiet = strategy.idleness_ms is not None and (
+                # never idle at a check with records since the last one: their watermark
+                # goes out first, also from an idle source (which it makes active again;
+                # Flink's WatermarksWithIdleness / IdlenessTimer.checkIfIdle)
+                quiet = strategy.idleness_ms is not None and last_record < checked and (
                     now - last_record) * 1000 >= strategy.idleness_ms
+                checked = now
                 if quiet:
                     if not idle:
                         idle = True  # no longer holds event time back downstream

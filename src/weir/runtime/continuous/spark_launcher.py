@@ -20,11 +20,13 @@ connection proves the job's secret (32 random bytes per attempt, HMAC challenge,
 stage's closure, so on an untrusted network turn on Spark's RPC encryption
 (``spark.authenticate``, ``spark.network.crypto.enabled``).
 
-**Checkpoint storage** must be one place for the driver and every executor (a shared
-filesystem, ``s3://``, ``hdfs://``): before a task starts, it looks for a file the
-driver has just written there, and a task that cannot see it fails the job at once
-with :class:`~weir.errors.ConfigurationError` (no restart: a local path on a
-multi-host cluster does not heal).
+**Checkpoint storage and sink paths** must be one place for the driver and every
+executor (a shared filesystem, ``s3://``, ``hdfs://``): before a task starts, it looks
+for a file the driver has just written into the checkpoint storage and into every
+sink's location (``Sink.locations``), and a task that cannot see one fails the job at
+once with :class:`~weir.errors.ConfigurationError` naming it (no restart: a local path
+on a multi-host cluster does not heal; a sink's output split across hosts could not be
+committed after a restart elsewhere).
 
 **Slots.** All of a job's tasks need a task slot at the same time. A job with more
 tasks than the application can ever have is refused at once; while executors are
@@ -137,31 +139,37 @@ class SparkLauncher:
 
     def launch(self, graph: bytes, env: dict[str, str], tasks: list[TaskId], job: str,
                attempt: int, report: Callable[[TaskId, dict[str, Any]], None],
-               storage: str) -> dict[TaskId, SparkStage]:
+               storage: str, sinks: tuple[tuple[str, str], ...] = ()
+               ) -> dict[TaskId, SparkStage]:
         """Submit the stage running ``tasks`` (``graph``: the pickled job graph; ``env``:
         the coordinator's address and the job's secret; ``storage``: the checkpoint
-        storage's URL, which every task checks it shares); the stage's handle per task.
+        storage's URL, and ``sinks``: (sink uid, location) pairs, which every task checks
+        it shares); the stage's handle per task.
         A stage that fails on Spark's side is reported through ``report`` as the
         failure of the first task (``fatal`` when restarting cannot help)."""
         self.await_slots(len(tasks), job, tasks)
-        probe = _Probe(storage)
+        probe = _Probe(storage, sinks)
         stage = SparkStage(self.sc, _task_runner(graph, env, tasks, attempt, self.local,
-                                                 storage, probe.name),
+                                                 storage, probe.name, sinks),
                            len(tasks), tasks[0], job, attempt, report, probe.remove)
         return dict.fromkeys(tasks, stage)
 
 
 class _Probe:
-    """A file the driver writes into the checkpoint storage for the tasks to find."""
+    """A file the driver writes into the checkpoint storage and every sink location for
+    the tasks to find."""
 
-    def __init__(self, storage: str) -> None:
+    def __init__(self, storage: str, sinks: tuple[tuple[str, str], ...] = ()) -> None:
         self.name = f"_weir-probe-{uuid.uuid4().hex}"
-        self._storage = CheckpointStorage(storage)
-        self._storage.write(self.name, b"written by the driver of a continuous job")
+        self._storages = [CheckpointStorage(storage)]
+        self._storages += [CheckpointStorage(location) for _, location in sinks]
+        for written in self._storages:
+            written.write(self.name, b"written by the driver of a continuous job")
 
     def remove(self) -> None:
-        with contextlib.suppress(OSError):
-            self._storage.delete(self.name)
+        for written in self._storages:
+            with contextlib.suppress(OSError):
+                written.delete(self.name)
 
 
 def _slot_limit(master: str, conf: Any) -> int | None:
@@ -256,7 +264,8 @@ def _cause(exc: BaseException) -> str:
 
 
 def _task_runner(graph: bytes, env: dict[str, str], tasks: list[TaskId], attempt: int,
-                 local: bool, storage: str, probe: str
+                 local: bool, storage: str, probe: str,
+                 sinks: tuple[tuple[str, str], ...] = ()
                  ) -> Callable[[Iterator[Any]], Iterator[int]]:
     """The function of the stage's partitions: partition ``i`` runs weir task ``i``
     (listening on loopback when ``local``, else on its executor's address), once it
@@ -277,6 +286,15 @@ def _task_runner(graph: bytes, env: dict[str, str], tasks: list[TaskId], attempt
                 f"{probe} the driver just wrote there): a continuous job on a cluster "
                 f"needs checkpoint storage that the driver and every executor share — a "
                 f"shared filesystem mounted at the same path, s3://, hdfs://")
+        for uid, location in sinks:
+            if not CheckpointStorage(location).exists(probe):
+                raise ConfigurationError(
+                    f"sink {uid!r} writes to {location}, which is not shared between the "
+                    f"driver and the executor on {host} (task {vertex}[{subtask}] does not "
+                    f"see the file {probe} the driver just wrote there): on a cluster a "
+                    f"sink's output must be one place for every task — a shared filesystem "
+                    f"mounted at the same path — or its transactions could not be "
+                    f"committed after a restart on another host")
         env_of_task = {**env, "WEIR_BIND_HOST": host}
         if threading.active_count() == 1:
             yield _forked(graph, vertex, subtask, attempt, env_of_task)

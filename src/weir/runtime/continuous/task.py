@@ -28,9 +28,12 @@ committable up to it; a restore commits the recovered ones and drops what earlie
 attempts left open.
 
 Event time: records travel as ``(timestamp, record)`` when a source has a watermark
-strategy; a task's watermark is the minimum over its input channels that are not idle;
-when it advances, the keyed operators' event-time timers fire in chain order and the
-watermark is forwarded. A task whose every input is idle forwards idleness.
+strategy; a task's event time is its input's :class:`~.gates.WatermarkValve` (Flink's
+``StatusWatermarkValve``): the minimum watermark of its input channels that are neither
+idle nor behind it, and once every channel is idle the largest watermark of all; when it
+advances, the keyed operators' event-time timers fire in chain order and the watermark
+is forwarded, and so is the valve's idleness (every input idle) and its return to
+activity.
 
 End: a source that ran out (or was told to ``stop`` for a stop-with-savepoint) sends the
 maximum watermark — unless a stop does not drain — and reports its end. After the job's
@@ -50,13 +53,13 @@ import traceback
 from concurrent.futures import Future
 from typing import Any
 
-from weir.api.connectors import SinkContext
+from weir.api.connectors import SinkContext, SinkLineageError
 from weir.checkpoint.changelog import ChangelogPolicy
 from weir.checkpoint.channel_state import ChannelState
 from weir.checkpoint.coordinator import load_checkpoint
 from weir.checkpoint.format import SubtaskStateHandle, encode_part
 from weir.checkpoint.storage import CheckpointStorage
-from weir.errors import ChannelError
+from weir.errors import ChannelError, SinkError
 from weir.runtime.checkpoint_cpu import counted, counting
 from weir.runtime.checkpointer import PendingSnapshot, SubtaskCheckpointer
 from weir.runtime.continuous.barriers import (
@@ -71,7 +74,7 @@ from weir.runtime.continuous.barriers import (
 from weir.runtime.continuous.chain import OperatorChain, Push
 from weir.runtime.continuous.channels import OutputChannel
 from weir.runtime.continuous.control import ControlClient
-from weir.runtime.continuous.gates import ChannelServer, InputGate
+from weir.runtime.continuous.gates import ChannelServer, InputGate, WatermarkValve
 from weir.runtime.continuous.graph import JobGraph, OpKind, Partitioner
 from weir.runtime.continuous.inflight import replay_records, write_channel_state
 from weir.runtime.continuous.metrics import sample
@@ -80,7 +83,6 @@ from weir.runtime.continuous.routing import discard, route
 from weir.runtime.continuous.source_loop import read_source
 from weir.runtime.continuous.wire import Kind
 from weir.runtime.operator import KeyedOperator
-from weir.runtime.operator_base import MIN_WATERMARK
 
 #: changelog checkpoints of keyed tasks: materialize once the deltas hold 8 times the
 #: base (a restore reads at most about 9 times the state; Flink materializes every 10
@@ -182,17 +184,30 @@ class Task:
                 op.core, self.storage, mode=mode, changelog=CHANGELOG_POLICY,
                 confirmed_only=True))
         p = self.vertex.parallelism
+        # the sinks' lineage: the driver's; without it a fresh start's is its run (new
+        # state, new lineage), while a restore's is unknown: then no sink checks it
+        lineage = start.get("lineage") or self.graph.run_id
+        check_lineage = bool(start.get("lineage")) or completed is None
         for op in self.chain.all:
             if op.kind is OpKind.SOURCE:
                 assert op.state is not None
                 op.reader = op.spec.fn.reader(self.subtask, p, op.state.restored)
             elif op.kind is OpKind.SINK:
                 assert op.state is not None
-                recovered = [list(c) for c in op.state.restored or []]
-                op.spec.fn.commit([c for _, c in recovered])  # their checkpoint completed
-                context = SinkContext(self.graph.run_id, self.subtask, p, self.attempt)
-                op.spec.fn.abort_attempts(context, [c for _, c in recovered])
-                op.writer = op.spec.fn.writer(context)
+                sink = op.spec.fn
+                context = SinkContext(self.graph.run_id, self.subtask, p, self.attempt,
+                                      uid=op.spec.name, lineage=lineage)
+                if check_lineage:
+                    try:
+                        sink.claim(context)
+                    except SinkLineageError as exc:  # no restart can help: the job ends
+                        self.control.send({"kind": "failed", "fatal": True,
+                                           "error": f"{type(exc).__name__}: {exc}"})
+                        raise
+                recovered = [c for _, c in op.state.restored or []]
+                sink.commit_after_recovery(recovered)  # their checkpoint completed
+                sink.abort_attempts(context, recovered)
+                op.writer = sink.writer(context)
         self.chain.wire(self._router(start["addresses"], secret))
         self._keyed_ops = {op.spec.name: op.core for op in self.chain.stateful
                            if isinstance(op.core, KeyedOperator)}  # (live state queries)
@@ -321,7 +336,11 @@ class Task:
     def _notified(self, kind: str, cid: int) -> None:
         if kind == "complete":
             for sink in self.chain.sinks:
-                sink.spec.fn.commit([c for i, c in sink.committables if i <= cid])
+                try:
+                    sink.spec.fn.commit([c for i, c in sink.committables if i <= cid])
+                except SinkError as exc:
+                    raise SinkError(f"sink {sink.spec.name!r} (subtask {self.subtask}), "
+                                    f"checkpoint {cid}: {exc}") from exc
                 sink.committables = [e for e in sink.committables if e[0] > cid]
         for c in self.checkpointers:
             if kind == "complete":
@@ -419,24 +438,15 @@ class Task:
             process_broadcast = head.guard(keyed_head.process_broadcast_element)
             after = self.chain.after[0]
         event_time = self.graph.event_time
-        watermarks = [MIN_WATERMARK] * channels
-        idle: set[int] = set()
-        current, idle_sent = MIN_WATERMARK, False
+        valve = WatermarkValve(channels)
+        valve_events = ("watermark", "idle", "active")
 
-        def advance() -> None:
-            nonlocal current, idle_sent
-            active = [w for c, w in enumerate(watermarks) if c not in idle]
-            if not active:  # every input idle: event time stands still
-                if not idle_sent:
-                    idle_sent = True
-                    self.forward_event({"kind": "idle"})
-                return
-            watermark = min(active)
-            if watermark > current or (idle_sent and watermark >= current):
-                current, idle_sent = max(current, watermark), False
-                self.watermark = current
-                self.chain.fire_watermark(current)
-                self.forward_event({"kind": "watermark", "ts": current})
+        def advance(channel: int, event: dict[str, Any]) -> None:
+            for out in valve.on_event(channel, event):
+                if out["kind"] == "watermark":  # timers fire before it goes on
+                    self.watermark = out["ts"]
+                    self.chain.fire_watermark(out["ts"])
+                self.forward_event(out)
 
         idle_flush = self.outs if self.graph.channel.flush_when_idle else []
         next_tick = time.monotonic()
@@ -495,13 +505,8 @@ class Task:
                     else:
                         for record in item:
                             push(record, None)
-                elif item.get("kind") == "watermark":
-                    watermarks[channel] = max(watermarks[channel], int(item["ts"]))
-                    idle.discard(channel)
-                    advance()
-                elif item.get("kind") == "idle":
-                    idle.add(channel)
-                    advance()
+                elif item.get("kind") in valve_events:
+                    advance(channel, item)
                 else:  # barrier, cancellation marker, end of partition
                     handler.on_event(channel, item)
             if time.monotonic() >= next_tick:  # processing-time timers, heartbeat
