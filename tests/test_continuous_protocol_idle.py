@@ -20,7 +20,7 @@ from continuous_helpers import by_value
 from weir.api.connectors import Source, SourceReader
 from weir.connectors.file_source import FileSource
 from weir.connectors.stream import FileSink
-from weir.runtime.continuous.gates import WatermarkValve
+from weir.runtime.continuous.valve import WatermarkValve
 from weir.runtime.operator_base import MIN_WATERMARK
 from weir.stream import CheckpointConfig, StreamEnvironment
 

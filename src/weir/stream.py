@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import math
 import os
 import shutil
 import uuid
@@ -48,8 +47,6 @@ from collections.abc import Callable, Iterable, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
-
-import fsspec
 
 from weir.api.checkpointing import CheckpointConfig, CheckpointingMode
 from weir.api.connectors import Sink, Source
@@ -74,6 +71,13 @@ from weir.runtime.continuous.graph import (
 from weir.runtime.continuous.master import LocalJob
 from weir.runtime.continuous.metrics import TaskMetrics
 from weir.runtime.continuous.queries import QueryServerConfig
+from weir.runtime.continuous.settings import (
+    check_job_name,
+    check_query_server,
+    check_storage_url,
+    instance_of,
+    timeout_seconds,
+)
 from weir.runtime.continuous.spark_launcher import SparkLauncher
 from weir.runtime.continuous.stats import (
     CheckpointStats,
@@ -124,7 +128,7 @@ class StreamEnvironment:
                  channels: ChannelConfig | None = None,
                  query_server: QueryServerConfig | None = None,
                  rocksdb_memory: RocksDBMemory | None = None) -> None:
-        self.checkpoint_storage = _storage(checkpoint_storage)
+        self.checkpoint_storage = check_storage_url(checkpoint_storage)
         check_parallelism(parallelism, max_parallelism)
         self.parallelism, self.max_parallelism = parallelism, max_parallelism
         #: "hashmap" or "rocksdb"
@@ -134,18 +138,18 @@ class StreamEnvironment:
                                      f"{type(rocksdb_memory).__name__}")
         #: each task process's RocksDB budget and entry cache (None: the defaults)
         self.rocksdb_memory = rocksdb_memory
-        self.checkpointing = _instance(checkpointing, CheckpointConfig, "checkpointing",
+        self.checkpointing = instance_of(checkpointing, CheckpointConfig, "checkpointing",
                                        "weir.stream.CheckpointConfig")
         if restart_strategy is None:
             restart_strategy = (RestartStrategy.exponential_delay()
                                 if self.checkpointing.interval_ms is not None
                                 else RestartStrategy.no_restart())
-        self.restart_strategy = _instance(restart_strategy, RestartStrategy, "restart_strategy",
+        self.restart_strategy = instance_of(restart_strategy, RestartStrategy, "restart_strategy",
                                           "weir.RestartStrategy (fixed_delay(), "
                                           "exponential_delay(), failure_rate(), no_restart())")
         self.channels = check_channel_config(channels or ChannelConfig())
         #: where a running job answers live state queries (loopback, a random secret)
-        self.query_server = _query_server(query_server)
+        self.query_server = check_query_server(query_server)
         self._nodes: list[LogicalNode] = []
 
     def _add(self, op: OperatorSpec, parallelism: int,
@@ -216,7 +220,7 @@ class StreamEnvironment:
         raises :class:`~weir.errors.ConfigurationError`; so is the claim on the
         checkpoint storage and what the job restores
         (:class:`~weir.errors.OwnershipError`, :class:`~weir.errors.RestoreError`)."""
-        timeout_s = _timeout_s(timeout)
+        timeout_s = timeout_seconds(timeout)
         return run_job(self._job(job_name, restore_from, allow_non_restored_state, runner,
                                  spark), timeout_s)
 
@@ -229,7 +233,7 @@ class StreamEnvironment:
         :class:`JobClient` to take savepoints, stop it with a savepoint, cancel it,
         watch its checkpoints and wait for it. ``timeout``: None (the default) lets it
         run as long as it does."""
-        timeout_s = _timeout_s(timeout)
+        timeout_s = timeout_seconds(timeout)
         job = self._job(job_name, restore_from, allow_non_restored_state, runner, spark)
         return JobClient(job, timeout_s)
 
@@ -270,7 +274,7 @@ class StreamEnvironment:
         """What :meth:`execute` would run: the operators chained into vertices (one task
         per subtask each) and the edges between them (Flink's job graph). Raises
         :class:`~weir.errors.ConfigurationError` for a job that cannot run."""
-        _job_name(job_name)
+        check_job_name(job_name)
         nodes = self._nodes
         if not any(n.op.kind is OpKind.SINK for n in nodes):
             raise ConfigurationError("the job has no sink: end every stream with sink_to")
@@ -285,78 +289,6 @@ class StreamEnvironment:
             checkpoint_storage=self.checkpoint_storage, max_parallelism=self.max_parallelism,
             state_backend=self.state_backend, channel=self.channels,
             rocksdb_memory=self.rocksdb_memory)
-
-
-def _timeout_s(timeout: object) -> float | None:
-    """``execute``'s ``timeout`` in seconds: None (or infinity) for no deadline."""
-    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
-    if seconds is None or seconds == math.inf:
-        return None
-    if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
-            or math.isnan(seconds) or seconds <= 0):
-        raise ConfigurationError(f"timeout must be None (no deadline: the default), seconds "
-                                 f"> 0 or a datetime.timedelta > 0; got {timeout!r}")
-    return float(seconds)
-
-
-def _job_name(name: object) -> str:
-    if not isinstance(name, str) or not name.strip():
-        raise ConfigurationError(f"a job name must be a non-empty string, got {name!r}")
-    bad = sorted({c for c in name if c in "/\\" or not c.isprintable()})
-    if bad:
-        raise ConfigurationError(f"job name {name!r} contains {bad}: it names the job's "
-                                 f"work directory and processes; use letters, digits, "
-                                 f"'-', '_' or '.'")
-    return name
-
-
-def _storage(url: object) -> str:
-    """``checkpoint_storage`` as a URL whose filesystem fsspec knows."""
-    if not isinstance(url, str | os.PathLike) or not str(url):
-        raise ConfigurationError(f"checkpoint_storage must be a non-empty path or URL, got "
-                                 f"{url!r}")
-    text = str(url)
-    for part in text.split("::"):  # (fsspec's chained URLs: simplecache::s3://...)
-        protocol, _ = fsspec.core.split_protocol(part)
-        if protocol is None:
-            continue
-        try:
-            fsspec.get_filesystem_class(protocol)
-        except ValueError:
-            raise ConfigurationError(
-                f"checkpoint_storage {text!r}: unknown filesystem {protocol!r}; use a local "
-                f"path or a URL of a filesystem fsspec knows (fsspec.available_protocols(): "
-                f"file, s3, gcs, abfs, hdfs, memory...)") from None
-        except ImportError as exc:
-            raise ConfigurationError(f"checkpoint_storage {text!r}: the filesystem "
-                                     f"{protocol!r} needs a package that is not installed "
-                                     f"({exc})") from exc
-    return text
-
-
-def _instance(value: _T | None, cls: type[_T], name: str, what: str) -> _T:
-    """``value`` if it is a ``cls``, ``cls()`` if None."""
-    if value is None:
-        return cls()
-    if not isinstance(value, cls):
-        raise ConfigurationError(f"{name} must be a {what}, got {type(value).__name__}")
-    return value
-
-
-def _query_server(config: QueryServerConfig | None) -> QueryServerConfig:
-    config = _instance(config, QueryServerConfig, "query_server",
-                       "weir.stream.QueryServerConfig")
-    if not isinstance(config.host, str) or not config.host:
-        raise ConfigurationError(f"QueryServerConfig.host must be a host name or address, "
-                                 f"got {config.host!r}")
-    port = config.port
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ConfigurationError(f"QueryServerConfig.port must be an int in [0, 65535] (0: "
-                                 f"any free port), got {port!r}")
-    if config.secret is not None and (not isinstance(config.secret, str) or not config.secret):
-        raise ConfigurationError("QueryServerConfig.secret must be a non-empty string or "
-                                 "None (a random one)")
-    return config
 
 
 def _rejecting(op: OperatorSpec, bad_record_exceptions: Sequence[type[BaseException]],

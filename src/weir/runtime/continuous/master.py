@@ -60,7 +60,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +68,9 @@ from pyspark import cloudpickle
 from weir.api.checkpointing import CheckpointConfig, CheckpointingMode
 from weir.api.restart import RestartStrategy
 from weir.checkpoint.coordinator import CheckpointCoordinator, PendingCheckpoint
-from weir.checkpoint.format import CheckpointKind, decode_part
-from weir.checkpoint.protocol import JobOwnership, RestorePoint, new_savepoint_directory
-from weir.checkpoint.storage import FileRef
-from weir.errors import CheckpointError, ConfigurationError, JobFailedError, WeirError
+from weir.checkpoint.format import CheckpointKind
+from weir.checkpoint.protocol import JobOwnership, RestorePoint
+from weir.errors import ConfigurationError, JobFailedError
 from weir.runtime.continuous import zygote
 from weir.runtime.continuous.client import Command, JobResult
 from weir.runtime.continuous.control import ControlServer, TaskId
@@ -81,15 +79,10 @@ from weir.runtime.continuous.inflight import check_edges
 from weir.runtime.continuous.metrics import MetricsBoard
 from weir.runtime.continuous.processes import check_heartbeats, root_cause, stop_processes
 from weir.runtime.continuous.queries import QueryRouter, QueryServer, QueryServerConfig
+from weir.runtime.continuous.rounds import Attempt, CheckpointRounds
 from weir.runtime.continuous.scheduling import (
-    AbortedCheckpoint,
     CheckpointFailureReason,
     CheckpointScheduler,
-    Decision,
-    DroppedRequest,
-    JobFailure,
-    RequestKind,
-    StartCheckpoint,
     monotonic_ms,
 )
 from weir.runtime.continuous.spark_launcher import SparkLauncher, SparkStage
@@ -101,7 +94,7 @@ __all__ = ["JobResult", "LocalJob"]
 log = logging.getLogger("weir")
 
 
-class LocalJob:
+class LocalJob(CheckpointRounds):
     """Runs a :class:`JobGraph` with a process per task (see the module doc)."""
 
     def __init__(self, graph: JobGraph, checkpointing: CheckpointConfig, *,
@@ -240,20 +233,6 @@ class LocalJob:
         self.sleep(delay)
         if not self._cancel.is_set():  # (cancelled while waiting: no next attempt)
             self.attempt += 1
-
-    def _fail_commands(self, why: str) -> None:
-        """Fail every savepoint request not answered yet (the attempt or job ended)."""
-        with self._lock:
-            waiting = [*self._commands, *self._requested.values(), *self._savepoints.values()]
-            if self._stopping is not None:
-                waiting.append(self._stopping)
-            self._commands, self._requested, self._savepoints = [], {}, {}
-            self._stopping = None
-        for command in waiting:
-            if not command.future.done():
-                command.future.set_exception(CheckpointError(
-                    f"{'stop-with-savepoint' if command.kind == 'stop' else 'savepoint'} "
-                    f"into {command.target} did not complete: {why}"))
 
     def _run_attempt(self, deadline: float) -> None:
         """One attempt: launch every task, run to the end; JobFailedError on failure
@@ -396,7 +375,7 @@ class LocalJob:
         scheduler = CheckpointScheduler(self.checkpointing, monotonic_ms, wall_clock=_clock,
                                         first_id=self.coordinator.next_id)
         scheduler.start()
-        run = _Attempt(server, scheduler, tasks, set(graph.sources()))
+        run = Attempt(server, scheduler, tasks, set(graph.sources()))
         while self._finished != tasks:
             self._take_commands(run)
             self.queries.dispatch(server.send)
@@ -437,151 +416,6 @@ class LocalJob:
                                          f"stop-with-savepoint {run.final_id} failed")
                 run.final_id = None  # the final checkpoint was aborted: force another
                 self._request_final(run)
-
-    def _request_final(self, run: _Attempt) -> None:
-        """Every source ended: the final checkpoint (or stop-with-savepoint's savepoint)."""
-        if self._stopping is not None:
-            self._requested[run.scheduler.request(RequestKind.SYNC_SAVEPOINT)] = self._stopping
-        else:
-            run.scheduler.request(RequestKind.FORCED)
-
-    def _take_commands(self, run: _Attempt) -> None:
-        with self._lock:
-            commands, self._commands = self._commands, []
-        for command in commands:
-            if command.kind == "savepoint":
-                self._requested[run.scheduler.request(RequestKind.SAVEPOINT)] = command
-            elif self._stopping is not None or run.ended == run.sources:
-                command.future.set_exception(CheckpointError(
-                    f"job {self.graph.job!r} is already ending; no stop-with-savepoint into "
-                    f"{command.target}"))
-            else:
-                self._stopping = command
-                for source in run.sources:
-                    run.server.send(source, {"kind": "stop", "drain": command.drain})
-
-    def _decide(self, decision: Decision, run: _Attempt) -> int | None:
-        if isinstance(decision, StartCheckpoint):
-            cid = decision.checkpoint_id
-            command = self._requested.pop(decision.request_id, None)
-            self.ownership.check(f"checkpoint {cid}")
-            try:
-                pending = (self.coordinator.trigger(decision.timestamp_ms) if command is None
-                           else self.coordinator.trigger_savepoint(
-                               new_savepoint_directory(command.target, self.graph.job),
-                               timestamp_ms=decision.timestamp_ms, fresh_directory=True))
-            except (OSError, WeirError) as exc:  # (a savepoint's target)
-                assert command is not None
-                self.coordinator.trigger(decision.timestamp_ms)  # (its id is used up)
-                command.future.set_exception(exc)
-                for then in run.scheduler.failed(
-                        cid, CheckpointFailureReason.TRIGGER_CHECKPOINT_FAILURE):
-                    self._decide(then, run)
-                return None
-            assert pending.checkpoint_id == cid, (pending, decision)
-            self._pending[cid] = (pending, set())
-            location = None if command is None else pending.storage.url
-            if command is not None:
-                self._savepoints[cid] = command
-            self.history.started(CheckpointStats(
-                cid, "checkpoint" if command is None else decision.kind.value,
-                CheckpointStatus.IN_PROGRESS, decision.timestamp_ms, location=location))
-            # the final checkpoint (every source ended) is aligned, so that no record is
-            # in flight past it (with unaligned checkpoints too, as savepoints)
-            final = run.ended == run.sources
-            for source in run.sources:
-                run.server.send(source, {"kind": "trigger", "id": cid, "ts": pending.timestamp_ms,
-                                         "savepoint": location, "aligned": final})
-            return cid
-        if isinstance(decision, AbortedCheckpoint):
-            entry = self._pending.pop(decision.checkpoint_id, None)
-            if entry is not None:
-                self.coordinator.abort(entry[0])
-                if entry[0].kind is CheckpointKind.SAVEPOINT:
-                    self._aborted.append(entry[0])
-                self.result.aborted.append((decision.checkpoint_id, decision.reason.name))
-                self.history.update(decision.checkpoint_id, status=CheckpointStatus.FAILED,
-                                    failure=decision.reason.message,
-                                    duration_ms=(time.perf_counter() - entry[0].started) * 1000)
-                for task in run.tasks:
-                    run.server.send(task, {"kind": "abort", "id": decision.checkpoint_id})
-            command = self._savepoints.pop(decision.checkpoint_id, None)
-            if command is not None:
-                command.future.set_exception(CheckpointError(
-                    f"savepoint {decision.checkpoint_id} into {command.target} failed: "
-                    f"{decision.reason.message}"))
-        elif isinstance(decision, DroppedRequest):
-            command = self._requested.pop(decision.request_id, None)
-            if command is not None:
-                command.future.set_exception(CheckpointError(
-                    f"savepoint into {command.target} was not started: "
-                    f"{decision.reason.message}"))
-        elif isinstance(decision, JobFailure):
-            raise JobFailedError(f"job {self.graph.job!r}: {decision.error()}")
-        return None
-
-    def _ack(self, task: TaskId, message: dict[str, Any], run: _Attempt) -> list[Decision]:
-        cid = int(message["id"])
-        entry = self._pending.get(cid)
-        if entry is None:
-            return []  # aborted or expired meanwhile
-        pending, acked = entry
-        where = f"acknowledgement of checkpoint {cid} by {task[0]}[{task[1]}]"
-        handles = []
-        for part in message["parts"]:
-            uid, parallelism, max_parallelism, handle, _ = decode_part(bytes(part), where)
-            pending.acknowledge(uid, parallelism, max_parallelism, handle)
-            handles.append(handle)
-        channels = message.get("channels")
-        channel_file = None if channels is None else FileRef.from_json(channels, where)
-        if message.get("unaligned"):  # the records it had in flight, if any
-            pending.acknowledge_channel_state(
-                task[0], self.graph.vertex(task[0]).parallelism, task[1], channel_file)
-        self.history.acknowledged(
-            # (on the clock the checkpoint's duration is measured with: an
-            # acknowledgement never reads later than the completion that follows it)
-            cid, task[0], task[1],
-            acknowledged_ms=(time.perf_counter() - pending.started) * 1000,
-            alignment_ms=message.get("alignment_ms"), handles=handles,
-            channel_state_bytes=0 if channel_file is None else channel_file.size)
-        acked.add(task)
-        if acked != run.tasks:
-            return []
-        self.ownership.check(f"completing checkpoint {cid}")
-        try:
-            completed = self.coordinator.complete(pending, owner=self.ownership.owner_record(),
-                                                  exclusive=True)
-        except (OSError, CheckpointError) as exc:  # Flink's FINALIZE_CHECKPOINT_FAILURE
-            log.warning("weir: job %r: checkpoint %d could not be finalized: %s",
-                        self.graph.job, cid, exc)
-            return run.scheduler.failed(cid, CheckpointFailureReason.FINALIZE_CHECKPOINT_FAILURE)
-        del self._pending[cid]
-        self.result.completed.append(cid)
-        self.history.completed(cid, completed.metadata)
-        command = self._savepoints.pop(cid, None)
-        # a savepoint of a running job commits no side effects (Flink >= 1.15): its
-        # tasks hear of it from the next checkpoint; stop-with-savepoint commits
-        if command is None or command is self._stopping:
-            for t in run.tasks:
-                run.server.send(t, {"kind": "complete", "id": cid})
-        if command is not None:
-            if command is self._stopping:
-                self.result.savepoint = pending.storage.url
-            command.future.set_result(pending.storage.url)
-        return run.scheduler.completed(cid)
-
-@dataclass
-class _Attempt:
-    """What the driver loop of one attempt works with."""
-
-    server: ControlServer
-    scheduler: CheckpointScheduler
-    tasks: set[TaskId]
-    sources: set[TaskId]
-    ended: set[TaskId] = field(default_factory=set)
-    #: the final checkpoint's id once started (-1: completed, the sources told)
-    final_id: int | None = None
-
 
 class _Cancelled(Exception):
     """The client cancelled the job."""

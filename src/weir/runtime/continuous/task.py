@@ -28,7 +28,7 @@ committable up to it; a restore commits the recovered ones and drops what earlie
 attempts left open.
 
 Event time: records travel as ``(timestamp, record)`` when a source has a watermark
-strategy; a task's event time is its input's :class:`~.gates.WatermarkValve` (Flink's
+strategy; a task's event time is its input's :class:`~.valve.WatermarkValve` (Flink's
 ``StatusWatermarkValve``): the minimum watermark of its input channels that are neither
 idle nor behind it, and once every channel is idle the largest watermark of all; when it
 advances, the keyed operators' event-time timers fire in chain order and the watermark
@@ -74,13 +74,14 @@ from weir.runtime.continuous.barriers import (
 from weir.runtime.continuous.chain import OperatorChain, Push
 from weir.runtime.continuous.channels import OutputChannel
 from weir.runtime.continuous.control import ControlClient
-from weir.runtime.continuous.gates import ChannelServer, InputGate, WatermarkValve
+from weir.runtime.continuous.gates import ChannelServer, InputGate
 from weir.runtime.continuous.graph import JobGraph, OpKind, Partitioner
 from weir.runtime.continuous.inflight import replay_records, write_channel_state
 from weir.runtime.continuous.metrics import sample
 from weir.runtime.continuous.queries import answer
 from weir.runtime.continuous.routing import discard, route
 from weir.runtime.continuous.source_loop import read_source
+from weir.runtime.continuous.valve import WatermarkValve
 from weir.runtime.continuous.wire import Kind
 from weir.runtime.operator import KeyedOperator
 
