@@ -1,14 +1,29 @@
 """The continuous runtime keeps exactly-once through what users do, on the one
-checkpoint protocol (:mod:`weir.checkpoint.protocol`): each test is one situation that
-used to duplicate or lose committed output, and ends exactly-once (lost = duplicated =
-keys with a wrong count = 0 against the oracle, the injected failure counted) or in the
-specific clear error.
+checkpoint protocol (:mod:`weir.checkpoint.protocol`): each test is one situation of
+issue 38 that used to duplicate or lose committed output, and ends exactly-once
+(lost = duplicated = keys with a wrong count = 0 against the oracle, the injected
+failure counted) or in the specific clear error. Where each situation is tested:
 
-Situations: an upgrade from a stop savepoint on the same storage; a savepoint of a
-running job followed by a failure; a savepoint that fails inside a directory holding
-other things; a corrupt newest checkpoint; two drivers on one storage (refused while
-the first runs; a hung driver taken over and fenced off); a metadata write failing
-(ENOSPC) and a subsumed checkpoint that cannot be deleted.
+1  upgrade from a stop savepoint, same storage     here (both backends)
+2  a savepoint of a running job, then a failure    here (both backends)
+3  a failed savepoint in a directory with others   here (and exact targets)
+4  two sinks (or dead letters) on one directory    test_continuous_protocol_sinks.py
+5  a union reordered with records in flight        test_continuous_protocol_channels.py
+6  a corrupt newest checkpoint                     here
+7  two drivers on one storage                      here: refused; a hung driver taken over
+                                                   and fenced (both backends). On Spark:
+                                                   test_continuous_spark_cluster.py (driver
+                                                   killed, new application at once)
+8  a consumer moving committed files away          test_continuous_protocol_sinks.py
+9  ENOSPC on ``_metadata``; a failed discard       here
+10 a wall-clock step                               test_continuous_protocol_time.py
+11 invalid settings; no deadline by default        test_continuous_protocol_time.py
+12 event time switched with records in flight;     test_continuous_protocol_channels.py;
+   a sink path Spark executors do not share        test_continuous_spark.py
+13 a fresh start onto a used sink                  test_continuous_protocol_sinks.py; after
+                                                   a cancel that deleted the checkpoints: here
+14 every input idle: event time goes on            test_continuous_event_time.py (job),
+                                                   test_continuous_protocol_idle.py (valve)
 """
 
 from __future__ import annotations
@@ -155,11 +170,13 @@ def test_an_upgrade_from_a_stop_savepoint_on_the_same_storage_restores_the_savep
 # ---------------------------------------------------------------- 2. intermediate savepoint
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_savepoint_of_a_running_job_commits_nothing_and_is_no_recovery_point(
-        tmp_path: Path) -> None:
+        tmp_path: Path, backend: str) -> None:
     n = 20_000
     marker = tmp_path / "fail"
     client = counting_job(tmp_path, n, rate=2_000, interval_ms=3_600_000, marker=marker,
+                          backend=backend,
                           restart=RestartStrategy.fixed_delay(1, 0.0)).execute_async("sp")
     pending = tmp_path / "out" / ".pending"
     wait_for(client, "records written", lambda: pending.exists() and any(pending.iterdir()))
@@ -321,8 +338,8 @@ ZOMBIE = textwrap.dedent('''
     from weir.runtime.continuous.master import LocalJob
     from weir.stream import CheckpointConfig, RestartStrategy, StreamEnvironment
 
-    def graph(root: Path, n: int, rate: float | None) -> Any:
-        env = StreamEnvironment(parallelism=2, max_parallelism=32,
+    def graph(root: Path, n: int, rate: float | None, backend: str) -> Any:
+        env = StreamEnvironment(parallelism=2, max_parallelism=32, state_backend=backend,
                                 checkpoint_storage=root / "chk",
                                 checkpointing=CheckpointConfig(interval_ms=100),
                                 restart_strategy=RestartStrategy.no_restart())
@@ -333,19 +350,20 @@ ZOMBIE = textwrap.dedent('''
 
     if __name__ == "__main__":
         cloudpickle.register_pickle_by_value(continuous_helpers)
-        root, n = Path(sys.argv[1]), int(sys.argv[2])
-        job = LocalJob(graph(root, n, 1_000), CheckpointConfig(interval_ms=100),
+        root, n, backend = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+        job = LocalJob(graph(root, n, 1_000, backend), CheckpointConfig(interval_ms=100),
                        restart=RestartStrategy.no_restart(), lease_timeout_ms=1_500)
         job.run(timeout_s=300)
 ''')
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_hung_driver_is_taken_over_and_fenced_off_at_its_next_write(
-        tmp_path: Path) -> None:
+        tmp_path: Path, backend: str) -> None:
     n = 30_000
     script = tmp_path / "zombie.py"
     script.write_text(ZOMBIE.replace("TESTS", repr(str(Path(__file__).parent))))
-    zombie = subprocess.Popen([sys.executable, str(script), str(tmp_path), str(n)],
+    zombie = subprocess.Popen([sys.executable, str(script), str(tmp_path), str(n), backend],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         storage = CheckpointStorage(tmp_path / "chk")
@@ -368,7 +386,8 @@ def test_a_hung_driver_is_taken_over_and_fenced_off_at_its_next_write(
         finally:
             sys.path.remove(str(tmp_path))
         cloudpickle.register_pickle_by_value(module)
-        job = LocalJob(module.graph(tmp_path, n, None), CheckpointConfig(interval_ms=100),
+        job = LocalJob(module.graph(tmp_path, n, None, backend),
+                       CheckpointConfig(interval_ms=100),
                        restart=RestartStrategy.no_restart(), lease_timeout_ms=1_500)
         running = Running(job)
         running.until(lambda: job.ownership.start is not None)
