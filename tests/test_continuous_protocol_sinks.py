@@ -182,7 +182,7 @@ def test_a_fresh_start_onto_a_sink_another_lineage_wrote_is_refused(tmp_path: Pa
 
     # its checkpoints gone (here: a new storage), the same job starts afresh: refused at
     # once (no restart can help), naming the directory and what to do
-    with pytest.raises(weir.WeirError) as refused:
+    with pytest.raises(weir.SinkLineageError) as refused:
         environment(tmp_path, "chk-new", n).execute("again", timeout=120)
     message = str(refused.value)
     assert str(tmp_path / "out") in message and "lineage" in message

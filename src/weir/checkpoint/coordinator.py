@@ -27,7 +27,7 @@ import posixpath
 import re
 import time
 import warnings
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,6 +150,20 @@ class CheckpointCoordinator:
 
     # recovery -------------------------------------------------------------------------
 
+    def rescan(self) -> None:
+        """Read the storage again (another writer may have completed checkpoints since
+        this coordinator read it: the continuous runtime's driver, right after it
+        claimed the storage); ids go on after every id seen, never lower."""
+        before = self._next_id
+        self._completed, self._refs, self._corrupt = [], collections.Counter(), set()
+        self._scan()
+        self._next_id = max(self._next_id, before)
+
+    @property
+    def corrupt_ids(self) -> list[int]:
+        """Ids of checkpoints whose ``_metadata`` exists but cannot be read."""
+        return sorted(int(d[4:]) for d in self._corrupt)
+
     def _scan(self) -> None:
         ids = []
         for name in self.storage.list_dir():
@@ -175,15 +189,19 @@ class CheckpointCoordinator:
         log.warning(message)
         warnings.warn(message, stacklevel=3)
 
-    def clean_up_orphans(self) -> list[str]:
+    def clean_up_orphans(self, still_owner: Callable[[], bool] | None = None) -> list[str]:
         """Delete files no complete checkpoint references: temporary files,
         directories of checkpoints that never completed, unreferenced shared files.
-        Run only when no checkpoint is in flight. Returns the deleted paths."""
+        Run only when no checkpoint is in flight. Returns the deleted paths.
+        ``still_owner`` is asked before each directory (a driver taken over stops
+        deleting at once: what it does not know may be the new owner's)."""
         keep = self.referenced_files()
         deleted = []
         for name in self.storage.list_dir():
             if not (_CHK.match(name) or name == "shared") or name in self._corrupt:
                 continue
+            if still_owner is not None and not still_owner():
+                break
             for path in self.storage.walk_files(name):
                 if path not in keep or TMP_MARKER in path:
                     self.storage.delete(path)
@@ -202,9 +220,11 @@ class CheckpointCoordinator:
         return list(self._completed)
 
     def latest(self, *, verify: bool = True) -> CompletedCheckpoint | None:
-        """The newest complete checkpoint that is intact, for automatic recovery. A
-        corrupt one (missing, truncated, checksum mismatch) is reported with a warning
-        and skipped in favour of the one before it."""
+        """The newest complete checkpoint that is intact, for a recovery of your own
+        (the harness). A corrupt one (missing, truncated, checksum mismatch) is reported
+        with a warning and skipped in favour of the one before it — which re-commits
+        what sinks committed since; the runtimes never do that
+        (:mod:`weir.checkpoint.protocol`)."""
         for completed in reversed(self._completed):
             if not verify:
                 return completed
@@ -278,6 +298,7 @@ class CheckpointCoordinator:
     def complete(
         self, pending: PendingCheckpoint, source_positions: Mapping[str, Any] | None = None,
         *, owner: Mapping[str, Any] | None = None, exclusive: bool = False,
+        subsume: bool = True,
     ) -> CompletedCheckpoint:
         """Publish the metadata of ``pending`` (which makes it complete); for a
         checkpoint, then subsume checkpoints beyond the retained count (a failure to
@@ -286,7 +307,8 @@ class CheckpointCoordinator:
         succeeds, the other gets a :class:`CheckpointError` (a job's driver,
         :mod:`weir.checkpoint.protocol`; atomic on local disks and object stores);
         otherwise by an atomic rename. ``owner``: what the metadata records of its
-        writer."""
+        writer. ``subsume=False``: the caller applies retention itself, later
+        (:meth:`enforce_retention`: a driver first checks it still owns the storage)."""
         meta = CheckpointMetadata(
             checkpoint_id=pending.checkpoint_id,
             kind=pending.kind,
@@ -310,7 +332,8 @@ class CheckpointCoordinator:
         completed = CompletedCheckpoint(pending.storage, pending.directory, meta)
         if pending.kind is CheckpointKind.CHECKPOINT:
             self._add(completed)
-            self.enforce_retention()
+            if subsume:
+                self.enforce_retention()
         return completed
 
     def enforce_retention(self, pinned: Collection[int] = ()) -> None:
@@ -323,12 +346,15 @@ class CheckpointCoordinator:
             self._completed.remove(free[0])
             self._discard(free[0])
 
-    def discard_all(self) -> None:
+    def discard_all(self, still_owner: Callable[[], bool] | None = None) -> None:
         """Delete every retained checkpoint and what only they referenced (a job
-        cancelled without retention). Run only when no checkpoint is in flight."""
+        cancelled without retention). Run only when no checkpoint is in flight.
+        ``still_owner``: as for :meth:`clean_up_orphans`."""
         while self._completed:
+            if still_owner is not None and not still_owner():
+                return
             self._discard(self._completed.pop(0))
-        self.clean_up_orphans()
+        self.clean_up_orphans(still_owner)
 
     def abort(self, pending: PendingCheckpoint) -> None:
         """Give up ``pending``: delete what it wrote — its directory and the shared files
@@ -344,11 +370,18 @@ class CheckpointCoordinator:
         where = pending.storage.url if savepoint else (
             f"{pending.storage.url.rstrip('/')}/{pending.directory}")
         try:
+            if not savepoint and self.storage.exists(f"{pending.directory}/{METADATA_FILE}"):
+                # another writer completed this id (two drivers, one storage): its files
+                # are referenced by its metadata; ours are orphans a clean-up removes
+                log.warning("aborted checkpoint %d: %s holds another writer's completed "
+                            "checkpoint; nothing of it is deleted", pending.checkpoint_id,
+                            where)
+                return
             if savepoint:  # (a new or empty directory, or a fresh one of the job's)
                 for path in pending.storage.walk_files():
                     pending.storage.delete(path)
                 if pending.fresh_directory and not pending.storage.walk_files():
-                    pending.storage.delete("", recursive=True)  # (only empty directories)
+                    pending.storage.delete("", recursive=True)  # (its empty directories)
                 return
             pending.storage.delete(pending.directory, recursive=True)
             keep = self.referenced_files()

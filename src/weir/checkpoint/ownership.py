@@ -18,13 +18,16 @@ runtime the job's checkpoint storage root (:mod:`weir.checkpoint.protocol`)::
                               "source_note": <what the source is, for people>,
                               "claimed_ms": ..., "reason": ...,
                               "lineage": <continuous runtime: the job's lineage id> (optional),
-                              "host": ..., "pid": ... (optional: the owner's driver)}
+                              "host": ..., "pid": ..., "process": ... (optional: the
+                              owner's driver)}
     claims/<token>.alive     {"ms": ...}: the owner ran then (renewed at most every
                              lease_timeout / 4: by a Spark query's tasks, by a continuous
-                             job's driver)
+                             job's driver, which adds "last_completed": <id> | null)
     claims/<token>.released  {"ms": ...}: the owner stopped (weir.spark.finish, the
                              driver's listener when the query terminated, the end of a
-                             continuous job)
+                             continuous job, which adds "next_id", "last_completed",
+                             "savepoint": <its stop savepoint's URL> | absent, and
+                             "discarded": true when it deleted its checkpoints)
     claims/stopped-<query>.json  {"ms": ...}: that query stopped; every claim of it
                              counts as released, also one a task still running when
                              the query stopped writes afterwards (Spark lets a killed
@@ -94,9 +97,12 @@ class Claim:
     reason: str
     #: the job lineage the owner continues (continuous runtime; None on Spark)
     lineage: str | None = None
-    #: where the owner's driver runs (continuous runtime; None on Spark)
+    #: where the owner's driver runs (continuous runtime; None on Spark): host, pid and
+    #: ``process``: boot id, pid namespace and start time of that pid, so a takeover
+    #: judges the pid only where it means that process
     host: str | None = None
     pid: int | None = None
+    process: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """As stored."""
@@ -106,7 +112,7 @@ class Claim:
             "source_note": self.source_note, "claimed_ms": self.claimed_ms,
             "reason": self.reason,
         }
-        for name in ("lineage", "host", "pid"):
+        for name in ("lineage", "host", "pid", "process"):
             if getattr(self, name) is not None:
                 doc[name] = getattr(self, name)
         return doc
@@ -127,6 +133,7 @@ class Claim:
                 None if doc.get("lineage") is None else str(doc["lineage"]),
                 None if doc.get("host") is None else str(doc["host"]),
                 None if doc.get("pid") is None else int(doc["pid"]),
+                None if doc.get("process") is None else str(doc["process"]),
             )
         except (TypeError, KeyError, ValueError) as exc:
             raise CorruptCheckpointError(f"{where}: malformed claim ({exc!r})") from exc
@@ -218,11 +225,11 @@ class Lineage:
     def try_claim(
         self, token: int, kind: str, query: str | None, batch: int | None,
         source: str | None, source_note: str, reason: str, *, lineage: str | None = None,
-        host: str | None = None, pid: int | None = None,
+        host: str | None = None, pid: int | None = None, process: str | None = None,
     ) -> Claim | None:
         """Create claim ``token`` (compare-and-set); None if another writer created it."""
         claim = Claim(token, kind, query, batch, source, source_note, wall_ms(), reason,
-                      lineage, host, pid)
+                      lineage, host, pid, process)
         data = json.dumps(claim.to_json(), sort_keys=True).encode()
         if not self.stage.create_exclusive(f"{self._name(token)}.json", data):
             return None
@@ -237,28 +244,38 @@ class Lineage:
         released (see the module documentation)."""
         self.stage.write(_stopped_name(query), json.dumps({"ms": wall_ms()}).encode())
 
-    def renew(self, token: int) -> None:
-        """Record that the owner of ``token`` runs now."""
-        self.stage.write(f"{self._name(token)}.alive", json.dumps({"ms": wall_ms()}).encode())
+    def renew(self, token: int, facts: dict[str, Any] | None = None) -> None:
+        """Record that the owner of ``token`` runs now (``facts``: what else the owner
+        records of its progress, e.g. a continuous job's ``last_completed`` id)."""
+        doc = {**(facts or {}), "ms": wall_ms()}
+        self.stage.write(f"{self._name(token)}.alive", json.dumps(doc).encode())
 
-    def release(self, token: int, *, discarded: bool = False) -> None:
+    def release(self, token: int, *, discarded: bool = False,
+                facts: dict[str, Any] | None = None) -> None:
         """Record that the owner of ``token`` stopped (others may claim at once); once
         (the listener and ``finish()`` both release a stopped query's stages).
         ``discarded``: it deleted its state on the way (a continuous job cancelled
-        without retained checkpoints): the next owner starts from empty state."""
+        without retained checkpoints): the next owner starts from empty state.
+        ``facts``: what the owner records of its end (a continuous job: ``next_id``,
+        ``last_completed``, the ``savepoint`` it stopped with)."""
         path = f"{self._name(token)}.released"
         if not self.stage.exists(path):
-            doc: dict[str, Any] = {"ms": wall_ms()}
+            doc: dict[str, Any] = {**(facts or {}), "ms": wall_ms()}
             if discarded:
                 doc["discarded"] = True
             self.stage.write(path, json.dumps(doc).encode())
 
+    def record(self, claim: Claim, what: str) -> dict[str, Any]:
+        """The claim's ``.released`` or ``.alive`` record ({} if absent or unreadable)."""
+        path = f"{self._name(claim.token)}.{what}"
+        if not self.stage.exists(path):
+            return {}
+        try:
+            doc = json.loads(self.stage.read_bytes(path, path))
+        except (ValueError, CorruptCheckpointError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
     def discarded(self, claim: Claim) -> bool:
         """Whether the claim's owner deleted its state as it stopped."""
-        path = f"{self._name(claim.token)}.released"
-        if not self.stage.exists(path):
-            return False
-        try:
-            return bool(json.loads(self.stage.read_bytes(path, path)).get("discarded"))
-        except (ValueError, AttributeError, CorruptCheckpointError):
-            return False
+        return bool(self.record(claim, "released").get("discarded"))

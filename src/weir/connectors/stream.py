@@ -238,12 +238,13 @@ class FileSink(Sink[Any]):
     """JSON lines in ``path``, exactly-once (see the module doc)."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+        # (absolute where the job is built: every task, on any executor, writes there)
+        self.path = Path(path).resolve()
         self.pending = self.path / ".pending"
 
     def locations(self) -> list[str]:
         """Its directory (every task must reach it at the same path)."""
-        return [str(self.path.resolve())]
+        return [str(self.path)]
 
     def claim(self, context: SinkContext) -> None:
         """Record ``context.lineage`` in ``<path>/_lineage.json`` if no lineage is
@@ -374,7 +375,9 @@ class SqliteSink(Sink[Any]):
     def __init__(self, path: str | Path, *, table: str = "records") -> None:
         if not table.isidentifier():
             raise ValueError(f"table must be an identifier, got {table!r}")
-        self.path, self.table = str(path), table
+        # (absolute where the job is built: every task, on any executor, writes there)
+        self.path = str(path) if str(path) == ":memory:" else str(Path(path).resolve())
+        self.table = table
         self.staging, self.committed = f"{table}_staging", f"{table}_committed"
         self.lineage = f"{table}_lineage"
 

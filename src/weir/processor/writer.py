@@ -150,9 +150,12 @@ def write_savepoint(
                 handle = write_snapshot(snap, storage, prefix, kgr)
             pending.acknowledge(uid, parallelism, max_parallelism, handle)
         positions: dict[str, Any] = {}
+        owner: dict[str, Any] = {}  # (the base's job lineage: its sinks accept the result)
         if located is not None:
             for other, completed in sorted(located.checkpoints.items()):
                 positions.update(completed.metadata.source_positions)
+                if completed.metadata.owner.get("lineage"):
+                    owner = {"lineage": completed.metadata.owner["lineage"]}
                 if other == uid:
                     continue
                 op = completed.metadata.operators[other]
@@ -160,7 +163,7 @@ def write_savepoint(
                     copy_subtask(completed, other, op, handle, storage, pending)
         storage.write("_metadata", encode_metadata(CheckpointMetadata(
             checkpoint_id, CheckpointKind.SAVEPOINT, now, int(time.time() * 1000),
-            pending._operators(), positions)))
+            pending._operators(), positions, owner=owner)))
 
     return write_new_directory(str(target), write, storage_options=storage_options)
 

@@ -70,7 +70,7 @@ from weir.api.restart import RestartStrategy
 from weir.checkpoint.coordinator import CheckpointCoordinator, PendingCheckpoint
 from weir.checkpoint.format import CheckpointKind
 from weir.checkpoint.protocol import JobOwnership, RestorePoint
-from weir.errors import ConfigurationError, JobFailedError
+from weir.errors import ConfigurationError, JobFailedError, SinkLineageError
 from weir.runtime.continuous import zygote
 from weir.runtime.continuous.client import Command, JobResult
 from weir.runtime.continuous.control import ControlServer, TaskId
@@ -173,10 +173,10 @@ class LocalJob(CheckpointRounds):
         tracker = self.restart.tracker()
         finished = discarded = False
         self.claim()
-        self.query_server = QueryServer(self.queries, self.query_config,
-                                        metrics=self.metrics.snapshot,
-                                        checkpoints=self.history.snapshot)
         try:
+            self.query_server = QueryServer(self.queries, self.query_config,
+                                            metrics=self.metrics.snapshot,
+                                            checkpoints=self.history.snapshot)
             while not self._cancel.is_set():  # (a cancel during a restart's delay)
                 try:
                     self._run_attempt(deadline)
@@ -189,13 +189,14 @@ class LocalJob(CheckpointRounds):
             if not finished:  # cancelled
                 self.result.cancelled = True
                 if not self.checkpointing.retain_on_cancel and self.ownership.holds():
-                    self.coordinator.discard_all()
+                    self.coordinator.discard_all(still_owner=self.ownership.holds)
                     discarded = True
         finally:
             self.ownership.release(discarded=discarded)
             self._fail_commands(f"job {self.graph.job!r} ended")
             self.queries.set_running(False, f"job {self.graph.job!r} ended")
-            self.query_server.close()
+            if self.query_server is not None:
+                self.query_server.close()
         self.result.restarts = tracker.restarts
         self.result.duration_s = time.monotonic() - started
         return self.result
@@ -213,7 +214,7 @@ class LocalJob(CheckpointRounds):
                 start.checkpoint.check_operators(
                     self.graph.uids(), self.allow_non_restored_state)
                 check_edges(start.checkpoint, self.graph, self.allow_non_restored_state)
-            self.coordinator.clean_up_orphans()
+            self.coordinator.clean_up_orphans(still_owner=self.ownership.holds)
         except BaseException:
             self.ownership.release()
             raise
@@ -276,7 +277,7 @@ class LocalJob(CheckpointRounds):
             self._aborted.clear()
             try:
                 if owner:
-                    self.coordinator.clean_up_orphans()
+                    self.coordinator.clean_up_orphans(still_owner=self.ownership.holds)
             except OSError as exc:  # (never in place of the attempt's own outcome)
                 log.warning("weir: job %r: cleaning up the checkpoint storage after attempt "
                             "%d failed (%s); the next start deletes what is left",
@@ -338,7 +339,9 @@ class LocalJob(CheckpointRounds):
         if message["kind"] == "disconnected" and task in self._finished:
             return None  # it finished and closed its connection
         if message["kind"] == "failed" and message.get("fatal"):
-            raise ConfigurationError(f"job {self.graph.job!r}: {message['error']}")
+            error = (SinkLineageError if message.get("error_type") == "SinkLineageError"
+                     else ConfigurationError)
+            raise error(f"job {self.graph.job!r}: {message['error']}")
         if message["kind"] in ("failed", "disconnected"):
             raise root_cause(item, self._inbox, self._finished, self.graph.job)
         return item

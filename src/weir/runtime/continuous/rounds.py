@@ -18,7 +18,7 @@ from weir.checkpoint.coordinator import CheckpointCoordinator, PendingCheckpoint
 from weir.checkpoint.format import CheckpointKind, decode_part
 from weir.checkpoint.protocol import JobOwnership, new_savepoint_directory
 from weir.checkpoint.storage import FileRef
-from weir.errors import CheckpointError, JobFailedError, WeirError
+from weir.errors import CheckpointError, FencedError, JobFailedError, WeirError
 from weir.runtime.continuous.client import Command, JobResult
 from weir.runtime.continuous.control import ControlServer, TaskId
 from weir.runtime.continuous.graph import JobGraph
@@ -110,8 +110,17 @@ class CheckpointRounds:
     def _decide(self, decision: Decision, run: Attempt) -> int | None:
         if isinstance(decision, StartCheckpoint):
             cid = decision.checkpoint_id
+            try:
+                self.ownership.check(f"checkpoint {cid}")
+            except FencedError:
+                raise  # (a savepoint request stays in _requested: the job's end fails it)
+            except (OSError, CheckpointError) as exc:  # (the storage did not answer)
+                log.warning("weir: job %r: checkpoint %d not triggered: %s",
+                            self.graph.job, cid, exc)
+                for then in run.scheduler.failed(cid, CheckpointFailureReason.IO_EXCEPTION):
+                    self._decide(then, run)
+                return None
             command = self._requested.pop(decision.request_id, None)
-            self.ownership.check(f"checkpoint {cid}")
             try:
                 pending = (self.coordinator.trigger(decision.timestamp_ms) if command is None
                            else self.coordinator.trigger_savepoint(
@@ -143,7 +152,9 @@ class CheckpointRounds:
         if isinstance(decision, AbortedCheckpoint):
             entry = self._pending.pop(decision.checkpoint_id, None)
             if entry is not None:
-                self.coordinator.abort(entry[0])
+                savepoint = entry[0].kind is CheckpointKind.SAVEPOINT
+                if savepoint or self.ownership.holds():  # (fenced: delete nothing shared)
+                    self.coordinator.abort(entry[0])
                 if entry[0].kind is CheckpointKind.SAVEPOINT:
                     self._aborted.append(entry[0])
                 self.result.aborted.append((decision.checkpoint_id, decision.reason.name))
@@ -194,14 +205,21 @@ class CheckpointRounds:
         acked.add(task)
         if acked != run.tasks:
             return []
-        self.ownership.check(f"completing checkpoint {cid}")
         try:
+            self.ownership.check(f"completing checkpoint {cid}")
             completed = self.coordinator.complete(pending, owner=self.ownership.owner_record(),
-                                                  exclusive=True)
+                                                  exclusive=True, subsume=False)
         except (OSError, CheckpointError) as exc:  # Flink's FINALIZE_CHECKPOINT_FAILURE
             log.warning("weir: job %r: checkpoint %d could not be finalized: %s",
                         self.graph.job, cid, exc)
             return run.scheduler.failed(cid, CheckpointFailureReason.FINALIZE_CHECKPOINT_FAILURE)
+        # published; checked once more before anything is committed or deleted: a run
+        # that took over after our first check read the storage after its claim, so it
+        # restores this checkpoint, whose transactions it commits itself
+        self.ownership.check(f"committing checkpoint {cid}")
+        if pending.kind is CheckpointKind.CHECKPOINT:
+            self.ownership.last_completed = cid
+            self.coordinator.enforce_retention()
         del self._pending[cid]
         self.result.completed.append(cid)
         self.history.completed(cid, completed.metadata)
@@ -214,5 +232,6 @@ class CheckpointRounds:
         if command is not None:
             if command is self._stopping:
                 self.result.savepoint = pending.storage.url
+                self.ownership.stopped_with = pending.storage.url  # (the next run's start)
             command.future.set_result(pending.storage.url)
         return run.scheduler.completed(cid)

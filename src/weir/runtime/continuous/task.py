@@ -203,6 +203,7 @@ class Task:
                         sink.claim(context)
                     except SinkLineageError as exc:  # no restart can help: the job ends
                         self.control.send({"kind": "failed", "fatal": True,
+                                           "error_type": type(exc).__name__,
                                            "error": f"{type(exc).__name__}: {exc}"})
                         raise
                 recovered = [c for _, c in op.state.restored or []]
