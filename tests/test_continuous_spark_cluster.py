@@ -211,4 +211,5 @@ def test_kill_9_executor_python_worker_and_driver(tmp_path: Path, backend: str) 
     assert kills == Counter(executor=1, python_worker=1, driver=1)
     claims = Lineage(CheckpointStorage(tmp_path / "chk")).claims()
     assert [c.token for c in claims] == [1, 2]  # the new application took over once
-    assert claims[1].reason == f"after run {claims[0].query}" and claims[1].source
+    assert claims[1].reason == f"after run {claims[0].query}"
+    assert claims[1].source_note == "the storage's state"  # (no restore_from)
