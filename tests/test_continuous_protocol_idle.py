@@ -78,7 +78,9 @@ def test_a_source_with_nothing_to_read_is_idle_not_busy(tmp_path: Path, kind: st
     finally:
         job.cancel()
     for task, m in metrics.items():
-        assert m.idle > 0.9 and m.busy < 0.1, (task, m)
+        # (busy before the fix: 1.0; a loaded machine makes the checkpoints every 200 ms,
+        # which are busy time, take longer: 0.11 seen under load, so no tight bound)
+        assert m.idle > 0.5 > m.busy, (task, m)
         assert abs(m.busy + m.idle + m.backpressured - 1) < 0.01, (task, m)
         assert m.records_in_per_s == 0 and m.records_out_per_s == 0, (task, m)
 
