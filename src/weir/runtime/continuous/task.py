@@ -185,10 +185,9 @@ class Task:
                 op.core, self.storage, mode=mode, changelog=CHANGELOG_POLICY,
                 confirmed_only=True))
         p = self.vertex.parallelism
-        # the sinks' lineage: the driver's; without it a fresh start's is its run (new
-        # state, new lineage), while a restore's is unknown: then no sink checks it
-        lineage = start.get("lineage") or self.graph.run_id
-        check_lineage = bool(start.get("lineage")) or completed is None
+        # the job's lineage, decided by the driver (weir.checkpoint.protocol): every sink
+        # checks it before anything else, never skipped nor guessed here
+        lineage = str(start["lineage"])
         for op in self.chain.all:
             if op.kind is OpKind.SOURCE:
                 assert op.state is not None
@@ -198,14 +197,13 @@ class Task:
                 sink = op.spec.fn
                 context = SinkContext(self.graph.run_id, self.subtask, p, self.attempt,
                                       uid=op.spec.name, lineage=lineage)
-                if check_lineage:
-                    try:
-                        sink.claim(context)
-                    except SinkLineageError as exc:  # no restart can help: the job ends
-                        self.control.send({"kind": "failed", "fatal": True,
-                                           "error_type": type(exc).__name__,
-                                           "error": f"{type(exc).__name__}: {exc}"})
-                        raise
+                try:
+                    sink.claim(context)
+                except SinkLineageError as exc:  # no restart can help: the job ends
+                    self.control.send({"kind": "failed", "fatal": True,
+                                       "error_type": type(exc).__name__,
+                                       "error": f"{type(exc).__name__}: {exc}"})
+                    raise
                 recovered = [c for _, c in op.state.restored or []]
                 sink.commit_after_recovery(recovered)  # their checkpoint completed
                 sink.abort_attempts(context, recovered)
