@@ -22,7 +22,7 @@ from weir.api.serializers import MsgpackSerializer
 from weir.errors import ConfigurationError
 from weir.state.keycontext import KeyContext
 from weir.state.keygroups import KeyGroupRange
-from weir.state.rocksdb import RocksDBMemory, RocksDBStateBackend, scan_native
+from weir.state.rocksdb import RocksDBKeyedStateBackend, RocksDBMemory, scan_native
 from weir.state.snapshot import NativeRocksDBState
 
 KEYS = ("a", "b", "c", 7, ("t", 1))
@@ -30,9 +30,9 @@ SER = MsgpackSerializer()
 MAX_P = 16
 
 
-def new_backend(cache_entries: int) -> RocksDBStateBackend:
+def new_backend(cache_entries: int) -> RocksDBKeyedStateBackend:
     ctx = KeyContext(MAX_P, KeyGroupRange(0, MAX_P - 1))
-    return RocksDBStateBackend(ctx, memory=RocksDBMemory(cache_entries=cache_entries))
+    return RocksDBKeyedStateBackend(ctx, memory=RocksDBMemory(cache_entries=cache_entries))
 
 
 class CacheMachine(RuleBasedStateMachine):
@@ -41,7 +41,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.values: dict[Any, int] = {}
         self.lists: dict[Any, list[int]] = {}
         self.limit = 1
-        self.backend: RocksDBStateBackend | None = None
+        self.backend: RocksDBKeyedStateBackend | None = None
         self.frozen: list[tuple[dict[bytes, bytes], Any]] = []
         self.natives: list[Path] = []
         #: while changes are tracked: key -> what the value (list) state's change record
@@ -53,7 +53,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.limit = limit
         self.open(new_backend(limit))
 
-    def open(self, backend: RocksDBStateBackend) -> None:
+    def open(self, backend: RocksDBKeyedStateBackend) -> None:
         self.backend = backend
         self.value = backend.create_value_table("v", SER)
         self.list = backend.create_list_table("l", SER)
@@ -351,7 +351,7 @@ class _CountingFamily:
 
 
 def _restored_with(entries: dict[str, int], cache_entries: int, tmp: Path
-                   ) -> RocksDBStateBackend:
+                   ) -> RocksDBKeyedStateBackend:
     source = new_backend(100)
     table = source.create_value_table("v", SER)
     for key, value in entries.items():

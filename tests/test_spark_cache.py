@@ -145,15 +145,15 @@ def test_restored_and_reopened_rocksdb_column_families_keep_the_shared_budget(
     from weir.api.serializers import MsgpackSerializer
     from weir.state.keycontext import KeyContext
     from weir.state.keygroups import KeyGroupRange
-    from weir.state.rocksdb import RocksDBStateBackend
+    from weir.state.rocksdb import RocksDBKeyedStateBackend
     from weir.state.snapshot import NativeRocksDBState
 
     memory = RocksDBMemory(total_bytes=24 << 20)
 
-    def backend(path: Path) -> RocksDBStateBackend:
-        return RocksDBStateBackend(KeyContext(16, KeyGroupRange(0, 15)), path, memory)
+    def backend(path: Path) -> RocksDBKeyedStateBackend:
+        return RocksDBKeyedStateBackend(KeyContext(16, KeyGroupRange(0, 15)), path, memory)
 
-    def capacities(db: RocksDBStateBackend) -> set[int]:
+    def capacities(db: RocksDBKeyedStateBackend) -> set[int]:
         families = [db._db, *(db._family(name) for name in ("v", "l"))]
         return {cf.property_int_value("rocksdb.block-cache-capacity") for cf in families}
 

@@ -2,7 +2,7 @@
 
 * **Full** (both backends, and every savepoint): the synchronous part freezes keyed
   state — the hash-map backend copies its top-level dicts (copy-on-snapshot, see
-  ``HashMapStateBackend.frozen_sources``), RocksDB takes a RocksDB snapshot per column
+  ``HashMapKeyedStateBackend.frozen_sources``), RocksDB takes a RocksDB snapshot per column
   family — and captures timers, operator and broadcast state. A worker thread then
   encodes the canonical entries and uploads them while processing goes on.
 * **Changelog** (hash map or RocksDB, ``weir.checkpoint.changelog``): the first
@@ -67,8 +67,8 @@ from weir.errors import ConfigurationError
 from weir.runtime.changelog_snapshots import ChangelogSnapshots, run_now
 from weir.runtime.checkpoint_cpu import counted
 from weir.runtime.operator import KeyedOperator, NonKeyedOperator
-from weir.state.hashmap import HashMapStateBackend
-from weir.state.rocksdb import RocksDBStateBackend
+from weir.state.hashmap import HashMapKeyedStateBackend
+from weir.state.rocksdb import RocksDBKeyedStateBackend
 from weir.state.snapshot import OperatorSubtaskSnapshot
 
 __all__ = ["PendingSnapshot", "SnapshotMode", "SubtaskCheckpointer"]
@@ -120,7 +120,7 @@ class SubtaskCheckpointer(ChangelogSnapshots):
             ) from None
         if self.mode is SnapshotMode.CHANGELOG and not (
             isinstance(operator, KeyedOperator)
-            and isinstance(operator.backend, HashMapStateBackend | RocksDBStateBackend)
+            and isinstance(operator.backend, HashMapKeyedStateBackend | RocksDBKeyedStateBackend)
         ):
             raise ConfigurationError(
                 f"{operator.config.describe()}: changelog snapshots need a keyed operator "
@@ -170,7 +170,7 @@ class SubtaskCheckpointer(ChangelogSnapshots):
             not savepoint
             and self.mode is SnapshotMode.INCREMENTAL
             and isinstance(self.operator, KeyedOperator)
-            and isinstance(self.operator.backend, RocksDBStateBackend)
+            and isinstance(self.operator.backend, RocksDBKeyedStateBackend)
         )
 
     def snapshot(
@@ -191,7 +191,7 @@ class SubtaskCheckpointer(ChangelogSnapshots):
         if self._incremental(savepoint):
             assert isinstance(self.operator, KeyedOperator)
             # next to the working directory: the same filesystem, so hard links
-            assert isinstance(self.operator.backend, RocksDBStateBackend)
+            assert isinstance(self.operator.backend, RocksDBKeyedStateBackend)
             db = self.operator.backend.path
             native_dir = os.path.join(
                 tempfile.mkdtemp(prefix=f"{db.name}.native-", dir=db.parent), "db"
@@ -236,7 +236,7 @@ class SubtaskCheckpointer(ChangelogSnapshots):
             return False
         if self._incremental(False) and isinstance(keyed, KeyedIncrementalHandle):
             assert isinstance(self.operator, KeyedOperator)
-            assert isinstance(self.operator.backend, RocksDBStateBackend)
+            assert isinstance(self.operator.backend, RocksDBKeyedStateBackend)
             adopted = self.operator.backend.adopted_shared
             if adopted is None or adopted[0] != storage.location:
                 return False

@@ -45,10 +45,10 @@ from weir.runtime.operator_base import (
 )
 from weir.runtime.operator_changes import KeyedChanges, StateChange
 from weir.state.backend import KeyedStateBackend
-from weir.state.hashmap import HashMapStateBackend
+from weir.state.hashmap import HashMapKeyedStateBackend
 from weir.state.keycontext import NO_KEY, KeyContext
 from weir.state.keyed import KeyedStateStore
-from weir.state.rocksdb import RocksDBStateBackend
+from weir.state.rocksdb import RocksDBKeyedStateBackend
 from weir.state.snapshot import (
     KeyedStateSnapshot,
     OperatorSubtaskSnapshot,
@@ -107,9 +107,9 @@ class KeyedOperator(KeyedChanges, KeyedContext, TimerService):
 
     def _make_backend(self) -> KeyedStateBackend:
         if self.config.state_backend is StateBackendKind.ROCKSDB:
-            return RocksDBStateBackend(self.key_context, self.config.rocksdb_path,
+            return RocksDBKeyedStateBackend(self.key_context, self.config.rocksdb_path,
                                        self.config.rocksdb_memory)
-        return HashMapStateBackend(self.key_context)
+        return HashMapKeyedStateBackend(self.key_context)
 
     # life cycle ---------------------------------------------------------------------
     def restore(
@@ -127,7 +127,7 @@ class KeyedOperator(KeyedChanges, KeyedContext, TimerService):
         self.event_timers.restore_entries(timers[EVENT_TIMERS])
         self.processing_timers.restore_entries(timers[PROCESSING_TIMERS])
         self._timers_mirrored = False
-        if self.keyed_state.timers_mirrored and isinstance(self.backend, RocksDBStateBackend):
+        if self.keyed_state.timers_mirrored and isinstance(self.backend, RocksDBKeyedStateBackend):
             self.event_timers.track_changes()  # the restored mirror is exact: go on
             self.processing_timers.track_changes()
             self._timers_mirrored = True
@@ -269,7 +269,7 @@ class KeyedOperator(KeyedChanges, KeyedContext, TimerService):
         common = self._snapshot_common(checkpoint_id, ts)
         cfg = self.config
         if native_dir is not None:
-            if not isinstance(self.backend, RocksDBStateBackend):
+            if not isinstance(self.backend, RocksDBKeyedStateBackend):
                 raise ConfigurationError(
                     f"{cfg.describe()}: incremental (native) snapshots need the RocksDB backend"
                 )
@@ -294,7 +294,7 @@ class KeyedOperator(KeyedChanges, KeyedContext, TimerService):
 
         return finish
 
-    def _mirror_timers(self, backend: RocksDBStateBackend) -> None:
+    def _mirror_timers(self, backend: RocksDBKeyedStateBackend) -> None:
         """Bring the timer column families up to date before a native checkpoint:
         the changes since the last one, or every timer the first time (or after a
         restore the mirror does not hold exactly)."""

@@ -12,7 +12,7 @@ from typing import Any
 
 from weir.runtime.operator_base import OperatorBase
 from weir.state.backend import KeyedStateBackend
-from weir.state.hashmap import HashMapStateBackend
+from weir.state.hashmap import HashMapKeyedStateBackend
 from weir.state.keyed import KeyedStateStore
 from weir.state.snapshot import KeyedStateSnapshot, OperatorSubtaskSnapshot
 from weir.state.timers import EVENT_TIMERS, PROCESSING_TIMERS, TimerQueue
@@ -37,7 +37,7 @@ class KeyedChanges(OperatorBase):
         hash-map state records only a sample of its written keys, for
         :meth:`changed_share` (then :meth:`changes_known` says whether the changes
         can be taken); timers and RocksDB always record every change."""
-        if isinstance(self.backend, HashMapStateBackend):
+        if isinstance(self.backend, HashMapKeyedStateBackend):
             self.backend.track_changes(sampled)
         else:
             self.backend.track_changes()
@@ -46,12 +46,13 @@ class KeyedChanges(OperatorBase):
 
     def changes_sampled(self) -> bool:
         """Whether keyed-state writes are recorded as a sample (see :meth:`track_changes`)."""
-        return isinstance(self.backend, HashMapStateBackend) and self.backend.sampled
+        return isinstance(self.backend, HashMapKeyedStateBackend) and self.backend.sampled
 
     def changes_known(self) -> bool:
         """Whether :meth:`snapshot_changes` can be taken: every change since changes
         were last taken was recorded (see :meth:`track_changes`)."""
-        return not isinstance(self.backend, HashMapStateBackend) or self.backend.changes_known()
+        return (not isinstance(self.backend, HashMapKeyedStateBackend)
+                or self.backend.changes_known())
 
     def apply_changes(self, changes: Sequence[Mapping[str, StateChange]]) -> bool:
         """Bring the live hash-map state forward by changelog deltas (each: state name
@@ -62,7 +63,7 @@ class KeyedChanges(OperatorBase):
         decoded), the live state is part way: discard this operator."""
         backend = self.backend
         queues = {EVENT_TIMERS: self.event_timers, PROCESSING_TIMERS: self.processing_timers}
-        if not isinstance(backend, HashMapStateBackend) or not all(
+        if not isinstance(backend, HashMapKeyedStateBackend) or not all(
             name in queues or backend.has_table(name) for delta in changes for name in delta
         ):
             return False
@@ -80,7 +81,7 @@ class KeyedChanges(OperatorBase):
         """The share of the keyed state's keys written since changes were last taken
         (hash map with changes tracked, estimated when sampled; else 0): near 1, a
         changelog delta is about as large as the whole state."""
-        if not isinstance(self.backend, HashMapStateBackend):
+        if not isinstance(self.backend, HashMapKeyedStateBackend):
             return 0.0
         written, held = self.backend.change_counts()
         return written / held if held else 0.0

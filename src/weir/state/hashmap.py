@@ -25,10 +25,10 @@ from weir.state.hashmap_tables import (
 )
 from weir.state.keycontext import KeyContext
 
-__all__ = ["SAMPLE_MASK", "SAMPLE_MIN_KEYS", "HashMapStateBackend"]
+__all__ = ["SAMPLE_MASK", "SAMPLE_MIN_KEYS", "HashMapKeyedStateBackend"]
 
 
-class HashMapStateBackend(KeyedStateBackend):
+class HashMapKeyedStateBackend(KeyedStateBackend):
     """Keyed state in memory, as Python objects; serialized only in snapshots."""
 
     name = "hashmap"

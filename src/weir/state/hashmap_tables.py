@@ -37,7 +37,7 @@ def _no_check(value: Any) -> None:
     return None
 
 
-#: sampled change tracking (``HashMapStateBackend.track_changes``): a key is in the
+#: sampled change tracking (``HashMapKeyedStateBackend.track_changes``): a key is in the
 #: sample when its hash has none of these bits (1 in 16), in a state of at least
 #: ``SAMPLE_MIN_KEYS`` keys (a sample of about 1,000 keys or more: the share written
 #: is estimated within a few percent)

@@ -47,7 +47,7 @@ from weir.state.rocksdb_tables import (
 from weir.state.snapshot import NativeRocksDBState
 
 __all__ = [
-    "TIMER_CF_PREFIX", "RocksDBMemory", "RocksDBStateBackend", "list_column_families",
+    "TIMER_CF_PREFIX", "RocksDBMemory", "RocksDBKeyedStateBackend", "list_column_families",
     "lookup_native",
     "scan_native", "shared_memory_usage",
 ]
@@ -140,7 +140,7 @@ def _overlaid(stored: Iterable[tuple[bytes, bytes]], written: dict[bytes, bytes 
             yield key, value
 
 
-class RocksDBStateBackend(KeyedStateBackend):
+class RocksDBKeyedStateBackend(KeyedStateBackend):
     """Keyed state in an embedded RocksDB under ``path`` (a fresh temporary directory
     if not given; removed on close when weir created it)."""
 

@@ -28,7 +28,7 @@ from weir.checkpoint.subtask_files import write_snapshot
 from weir.errors import CheckpointError
 from weir.state.keycontext import KeyContext
 from weir.state.keyed import KeyedStateStore
-from weir.state.rocksdb import RocksDBStateBackend
+from weir.state.rocksdb import RocksDBKeyedStateBackend
 from weir.state.snapshot import KeyedStateSnapshot, OperatorSubtaskSnapshot
 
 __all__ = ["canonical_keyed", "copy_subtask", "spark_offsets", "write_savepoint"]
@@ -39,7 +39,7 @@ def canonical_keyed(keyed: KeyedStateSnapshot, owner: str) -> KeyedStateSnapshot
     if keyed.native is None:
         return keyed
     context = KeyContext(keyed.max_parallelism, keyed.key_group_range, owner)
-    backend = RocksDBStateBackend(context, None)
+    backend = RocksDBKeyedStateBackend(context, None)
     try:
         store = KeyedStateStore(backend, lambda: 0, owner)
         timers = store.restore([keyed], keyed.timer_states)
