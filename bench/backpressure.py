@@ -67,9 +67,13 @@ def run(mode: str, every: int, seconds: float, root: Path) -> dict[str, Any]:
     """One setting: the checkpoints triggered after the warm-up, and backpressure."""
     work = Path(tempfile.mkdtemp(dir=root))
     env = StreamEnvironment(
-        parallelism=2, checkpoint_storage=work / "chk",
-        checkpointing=CheckpointConfig(interval_ms=1000, **MODES[mode]),
-        restart_strategy=RestartStrategy.no_restart())
+        weir.JobConfig(
+            work / "chk",
+            parallelism=2,
+            checkpointing=CheckpointConfig(interval=1000, **MODES[mode]),
+            restart_strategy=RestartStrategy.no_restart(),
+        )
+    )
     (env.from_source(SequenceSource(10**10), uid="numbers")
         .key_by(lambda v: v % 1000).process(SlowCount(every), uid="count")
         .sink_to(FileSink(work / "out"), uid="sink"))

@@ -169,10 +169,9 @@ def weir_run(records: int, keys: int, backend: str, interval_ms: int | None,
     work = Path(tempfile.mkdtemp(dir=root))
     marks = work / "marks"
     marks.mkdir()
-    env = StreamEnvironment(
-        parallelism=2, state_backend=backend, checkpoint_storage=work / "chk",
-        checkpointing=CheckpointConfig(interval_ms=interval_ms),
-        restart_strategy=RestartStrategy.no_restart())
+    env = StreamEnvironment(weir.JobConfig(work / "chk", parallelism=2, state_backend=backend,
+                                           checkpointing=CheckpointConfig(interval=interval_ms),
+                                           restart_strategy=RestartStrategy.no_restart()))
     (env.from_source(SequenceSource(records), uid="numbers")
         .key_by(lambda n, k=keys: (n * 7919) % k)
         .process(Count(str(marks), max(1, records // 50)), uid="count")

@@ -171,10 +171,16 @@ def read_notes(directory: Path) -> list[tuple[float, float]]:
 def run(backend: str, rate: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     out = work / f"latency-{backend}-{rate}"
     out.mkdir()
-    env = StreamEnvironment(parallelism=2, max_parallelism=128, state_backend=backend,
-                            checkpoint_storage=work / f"chk-{backend}-{rate}",
-                            checkpointing=CheckpointConfig(interval_ms=args.interval_ms),
-                            restart_strategy=RestartStrategy.no_restart())
+    env = StreamEnvironment(
+        weir.JobConfig(
+            work / f"chk-{backend}-{rate}",
+            parallelism=2,
+            max_parallelism=128,
+            state_backend=backend,
+            checkpointing=CheckpointConfig(interval=args.interval_ms),
+            restart_strategy=RestartStrategy.no_restart(),
+        )
+    )
     total = args.warmup + args.seconds
     (env.from_source(Stamped(rate / 2, total, args.keys), uid="stamped")
         .key_by(lambda r, keys=args.keys: int(r[1]) % keys)

@@ -59,10 +59,9 @@ def _summary(ms: list[float]) -> dict[str, float]:
 
 def run(backend: str, rate: float, keys: int, lookups: int, root: Path) -> list[dict[str, Any]]:
     work = Path(tempfile.mkdtemp(dir=root))
-    env = StreamEnvironment(parallelism=2, state_backend=backend,
-                            checkpoint_storage=work / "chk",
-                            checkpointing=CheckpointConfig(interval_ms=1000),
-                            restart_strategy=RestartStrategy.no_restart())
+    env = StreamEnvironment(weir.JobConfig(work / "chk", parallelism=2, state_backend=backend,
+                                           checkpointing=CheckpointConfig(interval=1000),
+                                           restart_strategy=RestartStrategy.no_restart()))
     (env.from_source(SequenceSource(10**10, rate), uid="numbers")
         .key_by(lambda v, k=keys: v % k).process(Count(keys), uid="count")
         .sink_to(FileSink(work / "out"), uid="sink"))

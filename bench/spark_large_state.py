@@ -217,10 +217,17 @@ def _build(peer: str, events: Any, location: Path, parallelism: int,
     from bench.spark_keyed_count import CountFunction
 
     return weir.spark.process(
-        events, key_by="key", function=CountFunction(), output_schema=schema, uid="count",
-        checkpoint_location=location.as_uri(), parallelism=parallelism,
-        max_parallelism=128, state_backend=peer.removeprefix("weir-"),
-        heartbeat=heartbeat)
+        events,
+        key_by="key",
+        function=CountFunction(),
+        output_schema=schema,
+        uid="count",
+        config=weir.JobConfig(
+            location.as_uri(), max_parallelism=128, state_backend=peer.removeprefix("weir-")
+        ),
+        parallelism=parallelism,
+        heartbeat=heartbeat,
+    )
 
 
 def _run(spark: Any, peer: str, source: Path, location: Path, spark_dir: Path,

@@ -80,8 +80,8 @@ def keyed_graph(tmp_path: Path, *, source: Source[Any], function: Any,
                 job: str = "job", **fields: Any) -> JobGraph:
     """source -> key_by -> process -> sink (FileSink in tmp_path/out), checkpoints in
     tmp_path/chk; ``fields`` replace JobGraph settings (heartbeat_timeout_s, channel)."""
-    env = StreamEnvironment(parallelism=parallelism, max_parallelism=max_parallelism,
-                            state_backend=backend, checkpoint_storage=tmp_path / "chk")
+    env = StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=parallelism,
+                                           max_parallelism=max_parallelism, state_backend=backend))
     (env.from_source(source, uid=source_uid, watermarks=watermarks)
         .key_by(key_selector)
         .process(function, uid=function_uid)

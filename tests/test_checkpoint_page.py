@@ -102,11 +102,17 @@ def location(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("page")
 
     def build(events: Any) -> Any:
-        return weir.spark.process(events, key_by="key", function=Count(),
-                                  output_schema="key string, seq long, n long, subtask int",
-                                  uid="count", heartbeat=False, parallelism=2,
-                                  checkpoint_location=str(tmp / "weir"), state_backend="rocksdb",
-                                  retained=BATCHES)
+        return weir.spark.process(
+            events,
+            key_by="key",
+            function=Count(),
+            output_schema="key string, seq long, n long, subtask int",
+            uid="count",
+            heartbeat=False,
+            parallelism=2,
+            config=weir.JobConfig(str(tmp / "weir"), state_backend="rocksdb"),
+            retained=BATCHES,
+        )
 
     for b in range(BATCHES):
         write_file(tmp / "in", keyed_records(b * 400, 400, 300 + 100 * b), KEYED)

@@ -117,7 +117,7 @@ def test_five_failures_at_every_stage_lose_duplicate_or_reorder_nothing(
                        backend=backend, max_parallelism=16, job="acceptance")
     launcher = (None if runner == "local"
                 else SparkLauncher(request.getfixturevalue("spark")))
-    job = LocalJob(spec, CheckpointConfig(interval_ms=50),
+    job = LocalJob(spec, CheckpointConfig(interval=50),
                    restart=weir.RestartStrategy.fixed_delay(attempts=5, delay=0),
                    launcher=launcher)
     running = Running(job, timeout_s=240)

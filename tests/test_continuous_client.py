@@ -58,11 +58,15 @@ class Count(weir.KeyedProcessFunction[int, list[Any]]):
 def job(tmp_path: Path, n: int, *, parallelism: int = 2, rate: float | None = 5_000,
         event_time: bool = False, retain_on_cancel: bool = False,
         out: str = "out") -> StreamEnvironment:
-    env = StreamEnvironment(parallelism=parallelism, max_parallelism=32,
-                            checkpoint_storage=tmp_path / "chk",
-                            checkpointing=CheckpointConfig(interval_ms=100,
-                                                           retain_on_cancel=retain_on_cancel),
-                            restart_strategy=RestartStrategy.no_restart())
+    env = StreamEnvironment(
+        weir.JobConfig(
+            tmp_path / "chk",
+            parallelism=parallelism,
+            max_parallelism=32,
+            checkpointing=CheckpointConfig(interval=100, retain_on_cancel=retain_on_cancel),
+            restart_strategy=RestartStrategy.no_restart(),
+        )
+    )
     watermarks = (WatermarkStrategy.bounded_out_of_orderness(0, lambda v: v, interval=20)
                   if event_time else None)
     (env.from_source(SequenceSource(n, rate), uid="numbers", watermarks=watermarks)
@@ -190,10 +194,15 @@ class FailsAt1000(Count):
 
 
 def test_cancel_during_a_restart_delay_ends_the_job_at_once(tmp_path: Path) -> None:
-    env = StreamEnvironment(parallelism=2, max_parallelism=32,
-                            checkpoint_storage=tmp_path / "chk",
-                            checkpointing=CheckpointConfig(interval_ms=100),
-                            restart_strategy=RestartStrategy.fixed_delay(attempts=3, delay=60))
+    env = StreamEnvironment(
+        weir.JobConfig(
+            tmp_path / "chk",
+            parallelism=2,
+            max_parallelism=32,
+            checkpointing=CheckpointConfig(interval=100),
+            restart_strategy=RestartStrategy.fixed_delay(attempts=3, delay=60),
+        )
+    )
     (env.from_source(SequenceSource(10_000), uid="numbers").key_by(lambda v: v % 10)
         .process(FailsAt1000(), uid="count").sink_to(FileSink(tmp_path / "out"), uid="sink"))
     client = env.execute_async("failing")

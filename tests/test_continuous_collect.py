@@ -94,7 +94,7 @@ def test_the_newest_count_per_key_survives_a_kill(tmp_path: Path, backend: str) 
     sink = CollectSink(tmp_path / "counts.db", key=lambda r: r[0])
     graph = keyed_graph(tmp_path, source=SequenceSource(n, 50_000), function=Count(),
                         key_selector=lambda v: v % 40, backend=backend, sink=sink)
-    job = LocalJob(graph, CheckpointConfig(interval_ms=100),
+    job = LocalJob(graph, CheckpointConfig(interval=100),
                    restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0.0))
     running = Running(job)
     running.until(lambda: len(job.result.completed) >= 2 and len(sink.collected()) == 40)

@@ -64,10 +64,16 @@ def test_bad_records_go_to_the_dead_letters_once_and_the_job_goes_on(
     n = 40_000
     marker = tmp_path / "fail-once"
     marker.touch()
-    env = StreamEnvironment(parallelism=2, max_parallelism=32, state_backend=backend,
-                            checkpoint_storage=tmp_path / "chk",
-                            checkpointing=CheckpointConfig(interval_ms=50),
-                            restart_strategy=RestartStrategy.fixed_delay(attempts=1, delay=0))
+    env = StreamEnvironment(
+        weir.JobConfig(
+            tmp_path / "chk",
+            parallelism=2,
+            max_parallelism=32,
+            state_backend=backend,
+            checkpointing=CheckpointConfig(interval=50),
+            restart_strategy=RestartStrategy.fixed_delay(attempts=1, delay=0),
+        )
+    )
     rules = env.from_source(SequenceSource(5), uid="rules", parallelism=1)
     (env.from_source(SequenceSource(n, 20_000), uid="numbers")
         .key_by(lambda v: v % 10)
@@ -99,7 +105,7 @@ class Echo(weir.KeyedProcessFunction[int, int]):
 
 
 def test_dead_letters_need_both_settings(tmp_path: Path) -> None:
-    env = StreamEnvironment(checkpoint_storage=tmp_path)
+    env = StreamEnvironment(weir.JobConfig(tmp_path, parallelism=1))
     keyed = env.from_source(SequenceSource(10), uid="n").key_by(lambda v: v)
     with pytest.raises(weir.ConfigurationError, match="together"):
         keyed.process(Echo(), uid="a", bad_record_exceptions=[Invalid])
@@ -122,9 +128,8 @@ def test_a_record_without_event_time_reaches_the_function_and_can_be_rejected(
 ) -> None:
     from weir.stream import WatermarkStrategy
 
-    env = StreamEnvironment(parallelism=2, max_parallelism=32,
-                            checkpoint_storage=tmp_path / "chk",
-                            restart_strategy=RestartStrategy.no_restart())
+    env = StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=2, max_parallelism=32,
+                                           restart_strategy=RestartStrategy.no_restart()))
     strategy = WatermarkStrategy.bounded_out_of_orderness(
         0, lambda v: None if v % 50 == 0 else 10 * v, interval=10)
     (env.from_source(SequenceSource(2_000), uid="numbers", watermarks=strategy)
@@ -146,9 +151,8 @@ def key_of(record: dict[str, int]) -> int:
 def test_a_record_whose_key_cannot_be_computed_is_rejected_by_the_keyed_function(
     tmp_path: Path
 ) -> None:
-    env = StreamEnvironment(parallelism=2, max_parallelism=32,
-                            checkpoint_storage=tmp_path / "chk",
-                            restart_strategy=RestartStrategy.no_restart())
+    env = StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=2, max_parallelism=32,
+                                           restart_strategy=RestartStrategy.no_restart()))
     (env.from_source(SequenceSource(3_000), uid="numbers")
         .map(lambda v: {"n": v} if v % 100 == 0 else {"n": v, "card": v % 9})
         .key_by(key_of)

@@ -63,7 +63,7 @@ def graph(tmp_path: Path, backend: str, source: weir.api.connectors.Source[int],
 
 def job(tmp_path: Path, backend: str, n: int, rate: float | None) -> LocalJob:
     return LocalJob(graph(tmp_path, backend, SequenceSource(n, rate)),
-                    CheckpointConfig(interval_ms=50),
+                    CheckpointConfig(interval=50),
                     restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0))
 
 
@@ -128,7 +128,7 @@ def test_an_idle_source_subtask_does_not_hold_event_time_back(tmp_path: Path) ->
     strategy = WatermarkStrategy.bounded_out_of_orderness(
         50, lambda v: v * 10, interval=20).with_idleness(100)
     running = Running(LocalJob(graph(tmp_path, "hashmap", HalfSilent(n, str(stop)),
-                                     strategy), CheckpointConfig(interval_ms=50)))
+                                     strategy), CheckpointConfig(interval=50)))
     out = tmp_path / "out"
     # timers fire (and commit) while subtask 1 has sent nothing and not ended
     running.until(lambda: out.exists() and any(r[0] == "timer" for r in read_stream_sink(out)),
@@ -182,8 +182,8 @@ def test_event_time_reaches_the_largest_watermark_when_every_input_is_idle(
     put(watched, owned_by(1, "low"), low)
     strategy = WatermarkStrategy.bounded_out_of_orderness(
         0, lambda r: r["ts"], interval=20).with_idleness(1_500)
-    env = StreamEnvironment(parallelism=2, checkpoint_storage=tmp_path / "chk",
-                            checkpointing=CheckpointConfig(interval_ms=50))
+    env = StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=2,
+                                           checkpointing=CheckpointConfig(interval=50)))
     (env.from_source(FileSource(watched, monitor_interval=0.02), uid="files",
                      watermarks=strategy)
         .key_by(lambda r: r["k"]).process(OwnTime(), uid="timers")
@@ -228,8 +228,8 @@ def test_a_source_that_goes_idle_sends_the_watermark_of_what_it_read_first(
     watched.mkdir()
     strategy = WatermarkStrategy.bounded_out_of_orderness(
         0, lambda r: r["ts"], interval=500).with_idleness(1)
-    env = StreamEnvironment(parallelism=1, checkpoint_storage=tmp_path / "chk",
-                            checkpointing=CheckpointConfig(interval_ms=50))
+    env = StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=1,
+                                           checkpointing=CheckpointConfig(interval=50)))
     (env.from_source(FileSource(watched, monitor_interval=0.02), uid="files",
                      watermarks=strategy)
         .key_by(lambda r: r["k"]).process(OwnTime(), uid="timers")

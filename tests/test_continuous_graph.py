@@ -58,10 +58,10 @@ class Tagged(weir.ProcessFunction[int, list[int]], weir.CheckpointedFunction):
 
 def env_of(tmp_path: Path, backend: str = "hashmap") -> StreamEnvironment:
     """Checkpoints every 50 ms; a failure fails the test (no restarts)."""
-    return StreamEnvironment(parallelism=2, max_parallelism=32, state_backend=backend,
-                             checkpoint_storage=tmp_path / "chk",
-                             checkpointing=CheckpointConfig(interval_ms=50),
-                             restart_strategy=RestartStrategy.no_restart())
+    return StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=2, max_parallelism=32,
+                                            state_backend=backend,
+                                            checkpointing=CheckpointConfig(interval=50),
+                                            restart_strategy=RestartStrategy.no_restart()))
 
 
 def test_operators_chain_as_in_flink(tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ def spec(tmp_path: Path, backend: str, n: int, rate: float | None = None,
 
 def test_a_bounded_job_is_exactly_once_across_processes(tmp_path: Path, backend: str) -> None:
     n = 150_000
-    result = LocalJob(spec(tmp_path, backend, n), CheckpointConfig(interval_ms=20)).run(
+    result = LocalJob(spec(tmp_path, backend, n), CheckpointConfig(interval=20)).run(
         timeout_s=120)
     check_exactly_once(tmp_path, n)  # output, counts, state, every transaction committed
     assert len(result.completed) >= 3 and result.completed == sorted(result.completed)
@@ -61,7 +61,7 @@ def test_the_rocksdb_memory_of_the_environment_reaches_every_task(tmp_path: Path
     memory = weir.RocksDBMemory(total_bytes=16 << 20, cache_entries=2)
     graph = spec(tmp_path, "rocksdb", n, function=CountOnTinyCache(), rocksdb_memory=memory)
     assert graph.rocksdb_memory == memory
-    LocalJob(graph, CheckpointConfig(interval_ms=20),
+    LocalJob(graph, CheckpointConfig(interval=20),
              restart=weir.RestartStrategy.no_restart()).run(timeout_s=120)
     check_exactly_once(tmp_path, n)
     with pytest.raises(weir.ConfigurationError, match="RocksDBMemory"):
@@ -74,7 +74,7 @@ def test_a_killed_task_fails_the_job_at_once_and_leaves_no_process(tmp_path: Pat
 
     from weir.errors import JobFailedError
 
-    job = LocalJob(spec(tmp_path, "hashmap", 50_000_000), CheckpointConfig(interval_ms=100),
+    job = LocalJob(spec(tmp_path, "hashmap", 50_000_000), CheckpointConfig(interval=100),
                    restart=weir.RestartStrategy.no_restart())
     running = Running(job)
     running.until(lambda: len(job.result.completed) >= 2)  # with checkpoints behind it
@@ -99,7 +99,7 @@ def test_tasks_killed_with_sigkill_restart_from_the_latest_checkpoint_exactly_on
     duplicated = 0 in the committed output and in the state, failures = 2."""
     n = 240_000
     sleeps: list[float] = []
-    job = LocalJob(spec(tmp_path, backend, n, rate=40_000), CheckpointConfig(interval_ms=100),
+    job = LocalJob(spec(tmp_path, backend, n, rate=40_000), CheckpointConfig(interval=100),
                    restart=weir.RestartStrategy.fixed_delay(attempts=2, delay=0.5),
                    sleep=sleeps.append)
     running = Running(job)
@@ -137,7 +137,7 @@ def test_keyed_checkpoints_take_the_form_configured_and_restore_exactly_once(
     # completed checkpoint under a full suite's load, and the test failed.
     n = 150_000
     job = LocalJob(spec(tmp_path, backend, n, rate=30_000),
-                   CheckpointConfig(interval_ms=100, changelog=changelog),
+                   CheckpointConfig(interval=100, changelog=changelog),
                    restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0),
                    sleep=lambda s: None)
     running = Running(job)
@@ -185,7 +185,7 @@ def test_a_hung_task_is_found_by_its_heartbeat_and_the_job_restarts(tmp_path: Pa
     n = 60_000
     job_spec = spec(tmp_path, "hashmap", n, rate=20_000, function=Hangs(str(marker)),
                     heartbeat_timeout_s=2.0)
-    job = LocalJob(job_spec, CheckpointConfig(interval_ms=100),
+    job = LocalJob(job_spec, CheckpointConfig(interval=100),
                    restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0))
     result = job.run(timeout_s=120)
     assert result.restarts == 1 and "is hung" in result.failures[0]
@@ -200,7 +200,7 @@ def test_at_least_once_loses_nothing_across_a_kill(tmp_path: Path) -> None:
 
     n = 200_000
     job = LocalJob(spec(tmp_path, "hashmap", n, rate=40_000),
-                   CheckpointConfig(interval_ms=50, mode=CheckpointingMode.AT_LEAST_ONCE),
+                   CheckpointConfig(interval=50, mode=CheckpointingMode.AT_LEAST_ONCE),
                    restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0))
     running = Running(job)
     running.until(lambda: len(job.result.completed) >= 3)
@@ -217,7 +217,7 @@ def test_the_sqlite_sink_is_exactly_once_across_a_sigkill(tmp_path: Path) -> Non
     n = 150_000
     db = tmp_path / "out.db"
     job = LocalJob(spec(tmp_path, "hashmap", n, rate=30_000, sink=SqliteSink(db, table="counts")),
-                   CheckpointConfig(interval_ms=100),
+                   CheckpointConfig(interval=100),
                    restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0))
     running = Running(job)
     running.until(lambda: len(job.result.completed) >= 3)

@@ -98,16 +98,15 @@ class SlowCommits(FileSink):
 def build(tmp_path: Path, backend: str) -> LocalJob:
     """``backend``: hashmap, rocksdb (changelog checkpoints, the default) or
     rocksdb-incremental (native incremental checkpoints)."""
-    env = StreamEnvironment(parallelism=2, max_parallelism=32,
-                            state_backend=backend.removesuffix("-incremental"),
-                            checkpoint_storage=tmp_path / "chk")
+    env = StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=2, max_parallelism=32,
+                                           state_backend=backend.removesuffix("-incremental")))
     (env.from_source(SequenceSource(N, 15_000), uid="numbers")
         .map(lambda n: n)
         .rebalance().process(Tag(), uid="tag", parallelism=3)
         .key_by(lambda r: r[1] % KEYS).process(Count(), uid="count")
         .sink_to(SlowCommits(tmp_path / "out", tmp_path / "markers"), uid="sink"))
     changelog = False if backend.endswith("-incremental") else None
-    return LocalJob(env.job_graph("kills"), CheckpointConfig(interval_ms=50, changelog=changelog),
+    return LocalJob(env.job_graph("kills"), CheckpointConfig(interval=50, changelog=changelog),
                     restart=weir.RestartStrategy.fixed_delay(attempts=3, delay=0),
                     sleep=lambda s: None)
 

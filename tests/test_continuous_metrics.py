@@ -57,8 +57,13 @@ def after_two_heartbeats(job: JobClient, tasks: int, timeout_s: float = 30
 
 
 def test_a_slow_function_shows_as_busy_and_its_source_as_backpressured(tmp_path: Path) -> None:
-    env = StreamEnvironment(parallelism=2, checkpoint_storage=tmp_path / "chk",
-                            checkpointing=CheckpointConfig(interval_ms=200, unaligned=True))
+    env = StreamEnvironment(
+        weir.JobConfig(
+            tmp_path / "chk",
+            parallelism=2,
+            checkpointing=CheckpointConfig(interval=200, unaligned=True),
+        )
+    )
     (env.from_source(SequenceSource(1_000_000), uid="numbers")
         .key_by(lambda v: v % 7).process(Slow(), uid="slow")
         .sink_to(FileSink(tmp_path / "out"), uid="sink"))

@@ -111,13 +111,12 @@ def counting_job(tmp_path: Path, n: int, *, rate: float | None = 5_000,
                  snapshot_marker: Path | None = None) -> StreamEnvironment:
     """numbers -> (fail once) -> key_by(n % 50) -> Count -> FileSink(tmp_path/out),
     checkpoints in tmp_path/chk."""
-    env = StreamEnvironment(
-        parallelism=2, max_parallelism=32, state_backend=backend,
-        checkpoint_storage=tmp_path / "chk",
-        checkpointing=CheckpointConfig(interval_ms=interval_ms,
+    env = StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=2, max_parallelism=32,
+                                           state_backend=backend,
+                                           checkpointing=CheckpointConfig(interval=interval_ms,
                                        tolerable_failures=tolerable_failures,
                                        retain_on_cancel=retain_on_cancel),
-        restart_strategy=restart or RestartStrategy.no_restart())
+                                       restart_strategy=restart or RestartStrategy.no_restart()))
     stream = env.from_source(SequenceSource(n, rate), uid="numbers")
     if marker is not None:
         stream = stream.map(fail_once_if(marker))
@@ -442,7 +441,7 @@ def test_a_hung_driver_is_taken_over_and_fenced_off_at_its_next_write(
             sys.path.remove(str(tmp_path))
         cloudpickle.register_pickle_by_value(module)
         job = LocalJob(module.graph(tmp_path, n, None, backend),
-                       CheckpointConfig(interval_ms=100),
+                       CheckpointConfig(interval=100),
                        restart=RestartStrategy.no_restart(), lease_timeout_ms=1_500)
         running = Running(job)
         running.until(lambda: job.ownership.start is not None)

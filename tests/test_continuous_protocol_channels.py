@@ -78,8 +78,7 @@ def union_job(tmp_path: Path, chk: str, *, order: str = "first,second",
     keyed function ``slow`` and the sink ``sink`` (``tmp_path/out``); with
     ``second_to="side"``, ``second`` goes to a sink of its own (``tmp_path/side``)
     instead. Tiny channel buffers; checkpoints in ``tmp_path/chk``."""
-    env = StreamEnvironment(parallelism=2, max_parallelism=32,
-                            checkpoint_storage=tmp_path / chk)
+    env = StreamEnvironment(weir.JobConfig(tmp_path / chk, parallelism=2, max_parallelism=32))
     watermarks = (WatermarkStrategy.for_monotonous_timestamps(lambda v: v)
                   if event_time else None)
     streams = {
@@ -143,7 +142,7 @@ def checkpoint_in_flight(tmp_path: Path, graph: JobGraph) -> CompletedCheckpoint
     """Run ``graph`` until it completed unaligned checkpoints with records in flight,
     cancel it (its checkpoints retained) and return the newest one that holds records
     in flight on the edges from both sources."""
-    job = LocalJob(graph, CheckpointConfig(interval_ms=200, unaligned=True,
+    job = LocalJob(graph, CheckpointConfig(interval=200, unaligned=True,
                                            retain_on_cancel=True),
                    restart=weir.RestartStrategy.no_restart())
     running = Running(job)
@@ -160,7 +159,7 @@ def checkpoint_in_flight(tmp_path: Path, graph: JobGraph) -> CompletedCheckpoint
 def restore(graph: JobGraph, completed: CompletedCheckpoint,
             allow_non_restored_state: bool = False) -> LocalJob:
     """A job of ``graph`` that starts from ``completed``."""
-    return LocalJob(graph, CheckpointConfig(interval_ms=200, unaligned=True),
+    return LocalJob(graph, CheckpointConfig(interval=200, unaligned=True),
                     restart=weir.RestartStrategy.no_restart(), restore_from=completed.url,
                     allow_non_restored_state=allow_non_restored_state)
 
@@ -253,7 +252,7 @@ class Rules(weir.KeyedBroadcastProcessFunction[int, int, int]):
 def edges_into(consumer: str, build: Any, *, event_time: bool = False) -> tuple[JobGraph,
                                                                            list[str]]:
     """The graph ``build(env, watermarks)`` declares, and its edges into ``consumer``."""
-    env = StreamEnvironment(parallelism=2, checkpoint_storage="unused")
+    env = StreamEnvironment(weir.JobConfig("unused", parallelism=2))
     watermarks = (WatermarkStrategy.for_monotonous_timestamps(lambda v: v)
                   if event_time else None)
     build(env, watermarks)

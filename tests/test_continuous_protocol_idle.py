@@ -59,8 +59,8 @@ def test_a_source_with_nothing_to_read_is_idle_not_busy(tmp_path: Path, kind: st
     watched = tmp_path / "in"
     watched.mkdir()
     source = FileSource(watched, monitor_interval=0.05) if kind == "watching" else Nothing()
-    env = StreamEnvironment(parallelism=2, checkpoint_storage=tmp_path / "chk",
-                            checkpointing=CheckpointConfig(interval_ms=200))
+    env = StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=2,
+                                           checkpointing=CheckpointConfig(interval=200)))
     (env.from_source(source, uid="files")
         .key_by(lambda r: 0).process(Passing(), uid="pass")
         .sink_to(FileSink(tmp_path / "out"), uid="sink"))

@@ -48,9 +48,8 @@ def test_two_file_sinks_on_one_directory_each_commit_every_record_once(tmp_path:
     """A fan-out into two sinks (two vertices, same subtasks, same attempt) writing
     into the same directory, several checkpoints: the output is both streams, whole."""
     n = 20_000
-    env = StreamEnvironment(parallelism=2, max_parallelism=32,
-                            checkpoint_storage=tmp_path / "chk",
-                            checkpointing=CheckpointConfig(interval_ms=50))
+    env = StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=2, max_parallelism=32,
+                                           checkpointing=CheckpointConfig(interval=50)))
     numbers = env.from_source(SequenceSource(n, 10_000), uid="numbers")
     numbers.map(lambda v: ["first", v]).sink_to(FileSink(tmp_path / "out"), uid="first")
     numbers.map(lambda v: ["second", v]).sink_to(FileSink(tmp_path / "out"),
@@ -82,9 +81,8 @@ def test_dead_letters_and_the_main_sink_in_one_directory_keep_every_record(
     """The dead-letter sink runs beside the main sink in the same task (same subtask,
     same attempt): into one directory, neither overwrites the other."""
     n = 20_000
-    env = StreamEnvironment(parallelism=2, max_parallelism=32,
-                            checkpoint_storage=tmp_path / "chk",
-                            checkpointing=CheckpointConfig(interval_ms=50))
+    env = StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=2, max_parallelism=32,
+                                           checkpointing=CheckpointConfig(interval=50)))
     (env.from_source(SequenceSource(n, 10_000), uid="numbers")
         .key_by(lambda v: v % 10)
         .process(RejectSevens(), uid="checked", bad_record_exceptions=[Invalid],
@@ -137,10 +135,15 @@ def test_a_restore_after_the_consumer_took_committed_files_away_goes_on(
     out, taken = tmp_path / "out", tmp_path / "taken"
     taken.mkdir()
     (tmp_path / "arm").touch()
-    env = StreamEnvironment(parallelism=2, max_parallelism=32,
-                            checkpoint_storage=tmp_path / "chk",
-                            checkpointing=CheckpointConfig(interval_ms=100),
-                            restart_strategy=RestartStrategy.fixed_delay(attempts=1, delay=0))
+    env = StreamEnvironment(
+        weir.JobConfig(
+            tmp_path / "chk",
+            parallelism=2,
+            max_parallelism=32,
+            checkpointing=CheckpointConfig(interval=100),
+            restart_strategy=RestartStrategy.fixed_delay(attempts=1, delay=0),
+        )
+    )
     (env.from_source(SequenceSource(n, 4_000), uid="numbers")
         .map(lambda v: v)
         .sink_to(TakenAway(out, taken), uid="sink"))
@@ -165,10 +168,15 @@ def test_a_restore_after_the_consumer_took_committed_files_away_goes_on(
 
 
 def environment(tmp_path: Path, checkpoints: str, n: int) -> StreamEnvironment:
-    env = StreamEnvironment(parallelism=2, max_parallelism=32,
-                            checkpoint_storage=tmp_path / checkpoints,
-                            checkpointing=CheckpointConfig(interval_ms=50),
-                            restart_strategy=RestartStrategy.fixed_delay(attempts=3, delay=0))
+    env = StreamEnvironment(
+        weir.JobConfig(
+            tmp_path / checkpoints,
+            parallelism=2,
+            max_parallelism=32,
+            checkpointing=CheckpointConfig(interval=50),
+            restart_strategy=RestartStrategy.fixed_delay(attempts=3, delay=0),
+        )
+    )
     (env.from_source(SequenceSource(n, 10_000), uid="numbers")
         .map(lambda v: v)
         .sink_to(FileSink(tmp_path / "out"), uid="sink"))

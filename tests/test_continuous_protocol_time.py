@@ -169,7 +169,7 @@ def test_a_wall_clock_step_back_does_not_reorder_queued_requests() -> None:
 
 def test_by_default_timing_is_monotonic_and_trigger_timestamps_are_wall_clock(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    s = CheckpointScheduler(CheckpointConfig(interval_ms=60_000, timeout_ms=60_000))
+    s = CheckpointScheduler(CheckpointConfig(interval=60_000, timeout=60_000))
     s.start()
     real_time_ns = time.time_ns
     for step in (HOUR_MS, -HOUR_MS):  # the system's wall clock steps

@@ -44,9 +44,14 @@ def _by_value() -> None:
 
 def environment(tmp_path: Path, n: int, rate: float, parallelism: int = 2
                 ) -> StreamEnvironment:
-    env = StreamEnvironment(parallelism=parallelism, checkpoint_storage=tmp_path / "chk",
-                            checkpointing=CheckpointConfig(interval_ms=100),
-                            restart_strategy=RestartStrategy.fixed_delay(attempts=1, delay=0))
+    env = StreamEnvironment(
+        weir.JobConfig(
+            tmp_path / "chk",
+            parallelism=parallelism,
+            checkpointing=CheckpointConfig(interval=100),
+            restart_strategy=RestartStrategy.fixed_delay(attempts=1, delay=0),
+        )
+    )
     # one source subtask: each key's values arrive in order, k, k + K, k + 2K, ...
     (env.from_source(SequenceSource(n, rate), uid="numbers", parallelism=1)
         .key_by(lambda v: v % K).process(CountAndLast(), uid="count")

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from weir.api.checkpointing import CheckpointConfig, CheckpointingMode
+from weir.api.checkpointing import CheckpointConfig, CheckpointingMode, SnapshotStrategy
 from weir.errors import CheckpointError, ConfigurationError
 from weir.runtime.continuous.barriers import AbortReason, decline_message
 from weir.runtime.continuous.scheduling import (
@@ -73,32 +73,47 @@ def test_config_defaults_are_flinks() -> None:
     assert (c.interval_ms, c.mode, c.timeout_ms, c.min_pause_ms, c.max_concurrent,
             c.tolerable_failures, c.retain_on_cancel, c.unaligned, c.aligned_timeout_ms) == (
         None, CheckpointingMode.EXACTLY_ONCE, 600_000, 0, 1, 0, False, False, 0)
-    assert not c.periodic and CheckpointConfig(interval_ms=10).periodic
+    assert (c.snapshot, c.retained, c.lease_timeout_ms) == (None, 3, 60_000)
+    assert not c.periodic and CheckpointConfig(10).periodic
     with pytest.raises(dataclasses.FrozenInstanceError):
-        c.timeout_ms = 5  # type: ignore[misc]
+        c.timeout = timedelta(seconds=5)  # type: ignore[misc]
 
 
-def test_config_durations_accept_timedelta() -> None:
-    c = CheckpointConfig(interval_ms=timedelta(seconds=2), timeout_ms=timedelta(minutes=1),
-                         min_pause_ms=timedelta(milliseconds=500, microseconds=900),
-                         aligned_timeout_ms=timedelta(0))
+def test_config_durations_are_timedeltas_strings_or_int_milliseconds() -> None:
+    c = CheckpointConfig(timedelta(seconds=2), timeout="1 min",
+                         min_pause=timedelta(milliseconds=500, microseconds=900),
+                         aligned_timeout=0)
     assert (c.interval_ms, c.timeout_ms, c.min_pause_ms, c.aligned_timeout_ms) == (
         2000, 60_000, 500, 0)  # truncated to whole ms, as Duration.toMillis
     assert all(type(v) is int for v in (c.interval_ms, c.timeout_ms, c.min_pause_ms))
-    assert c == CheckpointConfig(interval_ms=2000, timeout_ms=60_000, min_pause_ms=500)
-    assert CheckpointConfig(unaligned=True, aligned_timeout_ms=30).aligned_timeout_ms == 30
+    assert c == CheckpointConfig(2000, timeout=60_000, min_pause="500 ms")
+    assert c.interval == timedelta(seconds=2)
+    assert CheckpointConfig(unaligned=True, aligned_timeout="30 ms").aligned_timeout_ms == 30
+
+
+def test_config_keywords_of_earlier_releases_warn_and_still_work() -> None:
+    with pytest.warns(DeprecationWarning, match="interval_ms=.*use interval="):
+        c = CheckpointConfig(interval=2000, timeout=60_000, min_pause=500)
+    assert c == CheckpointConfig("2 s", timeout="1 min", min_pause="500 ms")
+    with pytest.warns(DeprecationWarning, match="changelog=.*SnapshotStrategy"):
+        assert CheckpointConfig(changelog=True).snapshot is SnapshotStrategy.CHANGELOG
 
 
 @pytest.mark.parametrize(("settings_", "allowed"), [
-    ({"interval_ms": 0}, "interval_ms must be int milliseconds or a timedelta, >= 10 ms"),
-    ({"interval_ms": 9}, ">= 10 ms or None"),
-    ({"interval_ms": timedelta(milliseconds=-5)}, ">= 10 ms"),
-    ({"interval_ms": 1.5}, "int milliseconds"),
-    ({"interval_ms": True}, "int milliseconds"),
-    ({"timeout_ms": 0}, "timeout_ms must be int milliseconds or a timedelta, >= 10 ms"),
-    ({"timeout_ms": None}, "timeout_ms"),
-    ({"min_pause_ms": -1}, "min_pause_ms must be int milliseconds or a timedelta, >= 0 ms"),
-    ({"aligned_timeout_ms": -1}, "aligned_timeout_ms"),
+    ({"interval": 0}, "interval must be at least 10 ms"),
+    ({"interval": 9}, "at least 10 ms (or None"),
+    ({"interval": "5 ms"}, "at least 10 ms"),
+    ({"interval": timedelta(milliseconds=-5)}, "interval must be a duration"),
+    ({"interval": 1.5}, "interval must be a duration"),
+    ({"interval": True}, "interval must be a duration"),
+    ({"interval": "ten seconds"}, "a string with a unit like '10 s'"),
+    ({"timeout": 0}, "timeout must be at least 10 ms"),
+    ({"timeout": None}, "timeout must be a duration"),
+    ({"min_pause": -1}, "min_pause must be a duration"),
+    ({"aligned_timeout": -1}, "aligned_timeout"),
+    ({"retained": 0}, "retained must be an int >= 1"),
+    ({"lease_timeout": "10 ms"}, "lease_timeout must be at least 1 s"),
+    ({"snapshot": "sometimes"}, "snapshot must be a SnapshotStrategy"),
     ({"max_concurrent": 0}, "max_concurrent must be an int >= 1"),
     ({"tolerable_failures": -1}, "tolerable_failures must be an int >= 0"),
     ({"tolerable_failures": 1.0}, "tolerable_failures must be an int >= 0"),
@@ -114,7 +129,7 @@ def test_config_validation_says_what_is_allowed(settings_: dict[str, Any], allow
 
 
 def test_config_edge_values_are_allowed() -> None:
-    c = CheckpointConfig(interval_ms=10, timeout_ms=10, max_concurrent=5, tolerable_failures=7,
+    c = CheckpointConfig(10, timeout=10, max_concurrent=5, tolerable_failures=7,
                          mode=CheckpointingMode.AT_LEAST_ONCE, retain_on_cancel=True)
     assert (c.interval_ms, c.timeout_ms, c.max_concurrent) == (10, 10, 5)
 
@@ -190,7 +205,7 @@ def test_interval_is_at_least_the_min_pause() -> None:
 def test_random_initial_delay_is_between_min_pause_and_interval(
         seed: int, pause: int, interval: int) -> None:
     clock = Clock(1000)
-    config = CheckpointConfig(interval_ms=interval, min_pause_ms=pause)
+    config = CheckpointConfig(interval=interval, min_pause=pause)
     s = CheckpointScheduler(config, clock, rng=random.Random(seed))
     s.start()
     first = s.next_wakeup_ms()
@@ -385,7 +400,7 @@ def test_full_queue_of_user_requests_drops_the_new_one() -> None:
 
 def test_full_queue_drops_its_last_periodic_request() -> None:
     clock = Clock()
-    s = CheckpointScheduler(CheckpointConfig(interval_ms=100), clock, max_queued=3)
+    s = CheckpointScheduler(CheckpointConfig(interval=100), clock, max_queued=3)
     s.start()
     _start(s, K.MANUAL)
     old = s.request(K.PERIODIC)
@@ -669,7 +684,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def setup(self, interval: int | None, timeout: int, pause: int, max_concurrent: int,
               tolerable: int, unaligned: bool, seed: int | None, first_id: int) -> None:
         self.config = CheckpointConfig(
-            interval_ms=interval, timeout_ms=timeout, min_pause_ms=pause,
+            interval=interval, timeout=timeout, min_pause=pause,
             max_concurrent=1 if unaligned else max_concurrent, tolerable_failures=tolerable,
             unaligned=unaligned)
         self.clock = Clock(1000)

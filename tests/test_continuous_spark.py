@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import weir
 from continuous_helpers import Count, by_value, check_exactly_once
 from procs import descendants, parent
 from weir.connectors import FileSink, SequenceSource
@@ -35,9 +36,14 @@ def _by_value() -> None:
 def environment(tmp_path: Path, n: int, rate: float | None, parallelism: int = 1,
                 restarts: int = 0) -> StreamEnvironment:
     env = StreamEnvironment(
-        parallelism=parallelism, max_parallelism=32, checkpoint_storage=tmp_path / "chk",
-        checkpointing=CheckpointConfig(interval_ms=100),
-        restart_strategy=RestartStrategy.fixed_delay(attempts=restarts, delay=0))
+        weir.JobConfig(
+            tmp_path / "chk",
+            parallelism=parallelism,
+            max_parallelism=32,
+            checkpointing=CheckpointConfig(interval=100),
+            restart_strategy=RestartStrategy.fixed_delay(attempts=restarts, delay=0),
+        )
+    )
     (env.from_source(SequenceSource(n, rate), uid="numbers")
         .key_by(lambda v: v % KEYS)
         .process(Count(), uid="count")
@@ -150,9 +156,14 @@ class _SinkOnItsOwnHost(FileSink):
 def test_a_sink_path_the_executors_do_not_share_is_refused_without_restarts(
         spark: Any, tmp_path: Path) -> None:
     env = StreamEnvironment(
-        parallelism=1, max_parallelism=32, checkpoint_storage=tmp_path / "chk",
-        checkpointing=CheckpointConfig(interval_ms=100),
-        restart_strategy=RestartStrategy.fixed_delay(attempts=3, delay=0))
+        weir.JobConfig(
+            tmp_path / "chk",
+            parallelism=1,
+            max_parallelism=32,
+            checkpointing=CheckpointConfig(interval=100),
+            restart_strategy=RestartStrategy.fixed_delay(attempts=3, delay=0),
+        )
+    )
     (env.from_source(SequenceSource(10), uid="numbers")
         .key_by(lambda v: v % KEYS).process(Count(), uid="count")
         .sink_to(_SinkOnItsOwnHost(tmp_path / "out"), uid="sink"))

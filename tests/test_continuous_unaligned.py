@@ -66,8 +66,8 @@ def test_five_failures_under_backpressure_lose_duplicate_or_reorder_nothing(
     markers.mkdir()
     (markers / "close").touch()  # armed from the start: fires at the end of the job
     job = slow_failing_job(tmp_path, n, markers, parallelism=P, backend="rocksdb",
-                           config=CheckpointConfig(interval_ms=50, unaligned=True,
-                                                   aligned_timeout_ms=aligned_timeout_ms),
+                           config=CheckpointConfig(interval=50, unaligned=True,
+                                                   aligned_timeout=aligned_timeout_ms),
                            attempts=5)
     running = Running(job, timeout_s=240)
 
@@ -146,7 +146,7 @@ def test_the_final_checkpoint_waits_for_the_pending_unaligned_one(tmp_path: Path
     spec = keyed_graph(tmp_path, source=LateToTrigger(n), key_selector=lambda v: v % P,
                        function=acceptance.Failing(str(tmp_path)), function_uid="failing",
                        parallelism=2, max_parallelism=16, job="final", channel=TINY)
-    job = LocalJob(spec, CheckpointConfig(interval_ms=10, unaligned=True),
+    job = LocalJob(spec, CheckpointConfig(interval=10, unaligned=True),
                    restart=weir.RestartStrategy.fixed_delay(attempts=3, delay=0))
     job.run()
     assert (job.result.aborted, job.result.restarts) == ([], 0), job.result.failures
@@ -164,7 +164,7 @@ def test_on_spark_a_failure_restores_the_records_in_flight(tmp_path: Path, spark
     markers = tmp_path / "markers"
     markers.mkdir()
     job = slow_failing_job(tmp_path, n, markers, parallelism=1, backend="hashmap",
-                           config=CheckpointConfig(interval_ms=50, unaligned=True),
+                           config=CheckpointConfig(interval=50, unaligned=True),
                            attempts=1, launcher=SparkLauncher(spark))
     running = Running(job, timeout_s=240)
     running.until(lambda: len(job.result.completed) >= 3

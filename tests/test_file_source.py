@@ -236,9 +236,9 @@ def test_a_job_reads_a_directory_end_to_end(tmp_path: Path) -> None:
             for _ in range(200 + 37 * f):
                 out.write(json.dumps({"key": f"k{i % 7}", "i": i}) + "\n")
                 i += 1
-    env = StreamEnvironment(parallelism=2, state_backend="hashmap", max_parallelism=16,
-                            checkpoint_storage=tmp_path / "chk",
-                            checkpointing=CheckpointConfig(interval_ms=50))
+    env = StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=2, max_parallelism=16,
+                                           state_backend="hashmap",
+                                           checkpointing=CheckpointConfig(interval=50)))
     (env.from_source(FileSource(data), uid="files")
         .key_by(lambda r: r["key"])
         .process(CountPerKey(), uid="count")
@@ -357,9 +357,9 @@ def test_a_job_watches_a_directory_and_resumes_at_another_parallelism(tmp_path: 
             (data / f".{name}").rename(data / name)
 
     def run(parallelism: int, name: str, restore_from: Any = None) -> Any:
-        env = StreamEnvironment(parallelism=parallelism, max_parallelism=16,
-                                checkpoint_storage=tmp_path / f"chk-{name}",
-                                checkpointing=CheckpointConfig(interval_ms=50))
+        env = StreamEnvironment(weir.JobConfig(tmp_path / f"chk-{name}", parallelism=parallelism,
+                                               max_parallelism=16,
+                                               checkpointing=CheckpointConfig(interval=50)))
         (env.from_source(FileSource(data, monitor_interval=0.02), uid="files")
             .key_by(lambda r: r["key"])
             .process(CountPerKey(), uid="count")

@@ -207,7 +207,7 @@ def test_exponential_delay_stays_within_its_bounds(
     (lambda: RestartStrategy.fixed_delay(attempts=1.5), "attempts", "int"),
     (lambda: RestartStrategy.fixed_delay(attempts=True), "attempts", "int"),
     (lambda: RestartStrategy.fixed_delay(delay=-1), "delay", ">= 0"),
-    (lambda: RestartStrategy.fixed_delay(delay="1s"), "delay", "timedelta"),
+    (lambda: RestartStrategy.fixed_delay(delay="one second"), "delay", "timedelta"),
     (lambda: RestartStrategy.fixed_delay(delay=math.nan), "delay", "finite"),
     (lambda: RestartStrategy.fixed_delay(delay=timedelta(seconds=-1)), "delay", ">= 0"),
     (lambda: RestartStrategy.failure_rate(max_failures_per_interval=0),

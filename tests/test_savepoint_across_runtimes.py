@@ -54,23 +54,36 @@ def record(n: int) -> dict[str, Any]:
 def micro_batch(spark: Any, tmp_path: Path, name: str, records: list[dict[str, Any]],
                 parallelism: int, backend: str, restore_from: Path) -> list[tuple[Any, ...]]:
     write_file(tmp_path / f"{name}-in", records, KEYED)
-    sink = run(spark, tmp_path / f"{name}-in", "key string, seq long",
-               lambda events: weir.spark.process(
-                   events, key_by="key", function=Count(), output_schema=COUNT_OUT,
-                   uid="count", heartbeat=False, parallelism=parallelism,
-                   max_parallelism=MAX_PARALLELISM, state_backend=backend,
-                   checkpoint_location=str(tmp_path / f"{name}-weir"),
-                   restore_from=None if restore_from is None else str(restore_from)),
-               tmp_path / f"{name}-spark")
+    sink = run(
+        spark,
+        tmp_path / f"{name}-in",
+        "key string, seq long",
+        lambda events: weir.spark.process(
+            events,
+            key_by="key",
+            function=Count(),
+            output_schema=COUNT_OUT,
+            uid="count",
+            heartbeat=False,
+            parallelism=parallelism,
+            config=weir.JobConfig(
+                str(tmp_path / f"{name}-weir"),
+                max_parallelism=MAX_PARALLELISM,
+                state_backend=backend,
+                restore_from=None if restore_from is None else str(restore_from),
+            ),
+        ),
+        tmp_path / f"{name}-spark",
+    )
     return sink.rows()
 
 
 def continuous(tmp_path: Path, parallelism: int, backend: str) -> StreamEnvironment:
     """numbers → record → key_by(key) → Count → FileSink(tmp_path/out): unbounded at
     2,000 records/s, to be stopped with a savepoint."""
-    env = StreamEnvironment(parallelism=parallelism, max_parallelism=MAX_PARALLELISM,
-                            state_backend=backend, checkpoint_storage=tmp_path / "chk",
-                            checkpointing=CheckpointConfig(interval_ms=100))
+    env = StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=parallelism,
+                                           max_parallelism=MAX_PARALLELISM, state_backend=backend,
+                                           checkpointing=CheckpointConfig(interval=100)))
     (env.from_source(SequenceSource(10**6, 2_000), uid="numbers", parallelism=1)
         .map(record)
         .key_by(lambda r: r["key"])

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from weir import CheckpointStorage, KeyedProcessFunction, SubtaskCheckpointer, ValueStateDescriptor
+from weir.api.durations import byte_size
 from weir.errors import ConfigurationError
 from weir.runtime.spark import cache
 from weir.runtime.spark.cache import CacheLimits, LiveSubtask
-from weir.runtime.spark.durations import byte_size
 from weir.testing import KeyedOperatorHarness
 
 COUNT = ValueStateDescriptor("count")
@@ -123,7 +123,7 @@ def test_rocksdb_instances_share_one_bounded_block_cache_and_write_buffer_budget
         for round_ in range(2):
             for h in harnesses:
                 h.process_elements(f"{round_}-{i:07d}" * 4 for i in range(25_000))
-                cached, memtables = shared_memory_usage()
+                cached, memtables = shared_memory_usage(memory)
                 peak = (max(peak[0], cached), max(peak[1], memtables))
         assert 0 < peak[1] <= memory.write_buffer_bytes * 1.1, peak
         assert peak[0] <= memory.total_bytes * 1.1, peak

@@ -312,9 +312,15 @@ def _process(events: Any, kind: str, location: str) -> Any:
 
     key_by = STAGES[kind][0]
     return weir.spark.process(
-        events, key_by=F.struct("d", "arr", "ts") if key_by is None else key_by,
-        function=KindCount(kind), output_schema=OUT, uid=kind, checkpoint_location=location,
-        parallelism=P, max_parallelism=M, heartbeat=False)
+        events,
+        key_by=F.struct("d", "arr", "ts") if key_by is None else key_by,
+        function=KindCount(kind),
+        output_schema=OUT,
+        uid=kind,
+        config=weir.JobConfig(location, max_parallelism=M),
+        parallelism=P,
+        heartbeat=False,
+    )
 
 
 @contextlib.contextmanager
@@ -392,9 +398,8 @@ def test_process_refuses_a_map_key_column_before_the_query_starts(
 ) -> None:
     df = spark.createDataFrame([({"a": 1}, 1)], "m map<string,int>, seq long")
     with pytest.raises(ConfigurationError, match=r"operator 'maps'.*column 'm'"):
-        weir.spark.process(df, key_by="m", function=_Nothing(),
-                           output_schema="seq long", uid="maps",
-                           checkpoint_location=str(tmp_path / "weir"))
+        weir.spark.process(df, key_by="m", function=_Nothing(), output_schema="seq long",
+                           uid="maps", config=weir.JobConfig(str(tmp_path / "weir")))
     assert not (tmp_path / "weir").exists()  # refused before anything was written
 
 
@@ -659,18 +664,29 @@ def test_keys_the_jvm_cannot_hash_as_weir_take_the_python_route_pass(spark: Any)
         assert jvm_keyed_route(df, keys, M, P, now) is None, keys
     lcase = df.select(F.col("s").cast("string collate UTF8_LCASE").alias("s"))
     assert jvm_keyed_route(lcase, ["s"], M, P, now) is None
-    plan = weir.spark.process(df, key_by=["s", "l"], function=_Nothing(), output_schema="x int",
-                              uid="plan", checkpoint_location="/tmp/weir-unused-plan",
-                              parallelism=P, max_parallelism=M)
+    plan = weir.spark.process(
+        df,
+        key_by=["s", "l"],
+        function=_Nothing(),
+        output_schema="x int",
+        uid="plan",
+        config=weir.JobConfig("/tmp/weir-unused-plan", max_parallelism=M),
+        parallelism=P,
+    )
     text = plan._jdf.queryExecution().executedPlan().toString()
     # the only route pass is the heartbeat's (a static input's one clock row)
     assert re.findall(r"MapInArrow route\((\w+)#", text) == ["_weir_now"], text
     stream = spark.readStream.format("rate").load().select(
         F.col("value").cast("string").alias("s"), F.col("value").alias("l"))
-    plan = weir.spark.process(stream, key_by=["s", "l"], function=_Nothing(),
-                              output_schema="x int", uid="plan",
-                              checkpoint_location="/tmp/weir-unused-plan", parallelism=P,
-                              max_parallelism=M)
+    plan = weir.spark.process(
+        stream,
+        key_by=["s", "l"],
+        function=_Nothing(),
+        output_schema="x int",
+        uid="plan",
+        config=weir.JobConfig("/tmp/weir-unused-plan", max_parallelism=M),
+        parallelism=P,
+    )
     text = plan._jdf.queryExecution().analyzed().toString()
     # a stream's records do not reach Python before the shuffle: a Java UDF numbers them
     assert re.findall(r"MapInArrow route\((\w+)#", text) == ["_weir_now"], text

@@ -492,11 +492,16 @@ def test_6_a_restart_at_another_parallelism_after_a_crash_mid_batch_goes_on(
     write_file(tmp_path / "in", records[300:600], KEYED)
 
     def crashing(events: Any) -> Any:
-        return weir.spark.process(events, key_by="key",
-                                  function=CrashInSubtask(3, 300, str(location)),
-                                  output_schema=COUNT_OUT, uid="count",
-                                  checkpoint_location=str(location), parallelism=4,
-                                  state_backend=backend, heartbeat=False)
+        return weir.spark.process(
+            events,
+            key_by="key",
+            function=CrashInSubtask(3, 300, str(location)),
+            output_schema=COUNT_OUT,
+            uid="count",
+            config=weir.JobConfig(str(location), state_backend=backend),
+            parallelism=4,
+            heartbeat=False,
+        )
     with pytest.raises(Exception, match="injected crash"):
         run(spark, tmp_path / "in", SCHEMA, crashing, tmp_path / "spark", sink)
     (query,) = _query_dirs(location)
@@ -565,7 +570,7 @@ def test_7_a_subtask_without_rows_sees_the_batch_time_and_a_replay_sees_the_same
     def build(events: Any) -> Any:
         return weir.spark.process(events, key_by="key", function=Clocked(),
                                   output_schema="kind string, key string, t long, subtask int",
-                                  uid="clocked", checkpoint_location=str(tmp_path / "weir"),
+                                  uid="clocked", config=weir.JobConfig(str(tmp_path / "weir")),
                                   parallelism=2, heartbeat=False)
     for _ in range(2):  # the injected sink failure stops the first run in batch 1
         query = _start(spark, tmp_path / "in", build, tmp_path / "spark", sink, once=True)
@@ -761,7 +766,7 @@ def test_14_metrics_false_leaves_the_progress_and_the_output_schema_as_they_were
     events = spark.readStream.schema(SCHEMA).parquet(str(tmp_path / "in"))
     for metrics in (False, True):
         out = weir.spark.process(events, key_by="key", function=Count(), output_schema=schema,
-                                 uid="count", checkpoint_location=str(tmp_path / "w2"),
+                                 uid="count", config=weir.JobConfig(str(tmp_path / "w2")),
                                  metrics=metrics)
         assert out.schema["key"].nullable is metrics  # the metrics rows make it nullable
 
@@ -888,10 +893,22 @@ def test_12_stop_with_savepoint_drain_fires_every_event_time_timer_once_into_the
     write_file(tmp_path / "in", records[:200], KEYED)
     write_file(tmp_path / "in", records[200:], KEYED)
     sink = BatchSink()
-    query = _start(spark, tmp_path / "in", lambda events: weir.spark.process(
-        events, key_by="key", function=Sessions(), output_schema="key string, t long, seen long",
-        uid="sessions", checkpoint_location=str(location), parallelism=2,
-        state_backend=backend, event_time="seq"), tmp_path / "spark", sink)
+    query = _start(
+        spark,
+        tmp_path / "in",
+        lambda events: weir.spark.process(
+            events,
+            key_by="key",
+            function=Sessions(),
+            output_schema="key string, t long, seen long",
+            uid="sessions",
+            config=weir.JobConfig(str(location), state_backend=backend),
+            parallelism=2,
+            event_time="seq",
+        ),
+        tmp_path / "spark",
+        sink,
+    )
     try:
         _wait(lambda: len(sink.batches) >= 3, "the input and one more batch")
         assert sink.rows() == []  # the last timers (seq + 1000) are beyond the watermark
@@ -942,10 +959,23 @@ def test_13_rocksdb_ttl_compaction_filter_cleanup_runs_in_the_spark_runtime(
     write_file(tmp_path / "in", keyed_records(0, 200, 50), KEYED)
     write_file(tmp_path / "in", [{"key": "late", "seq": 999}], KEYED)
     sink = AttemptSink(fail_batch=-1, pause_s=0.05)  # batch 1 runs 50 ms later: all expired
-    query = _start(spark, tmp_path / "in", lambda events: weir.spark.process(
-        events, key_by="key", function=Remember(), output_schema=COUNT_OUT, uid="ttl",
-        checkpoint_location=str(location), parallelism=2, state_backend="rocksdb",
-        heartbeat=False), tmp_path / "spark", sink, once=True)
+    query = _start(
+        spark,
+        tmp_path / "in",
+        lambda events: weir.spark.process(
+            events,
+            key_by="key",
+            function=Remember(),
+            output_schema=COUNT_OUT,
+            uid="ttl",
+            config=weir.JobConfig(str(location), state_backend="rocksdb"),
+            parallelism=2,
+            heartbeat=False,
+        ),
+        tmp_path / "spark",
+        sink,
+        once=True,
+    )
     query.awaitTermination()
     weir.spark.finish(query)
     assert sorted(sink.attempts) == [0, 1]

@@ -44,10 +44,16 @@ def test_a_checkpoint_location_reads_each_stages_current_or_chosen_state(
     location = str(tmp_path / "weir")
 
     def build(events: Any) -> Any:
-        return weir.spark.process(events, key_by="key", function=Count(),
-                                  output_schema=COUNT_OUT, uid="count", heartbeat=False,
-                                  checkpoint_location=location, parallelism=2,
-                                  state_backend=backend)
+        return weir.spark.process(
+            events,
+            key_by="key",
+            function=Count(),
+            output_schema=COUNT_OUT,
+            uid="count",
+            heartbeat=False,
+            config=weir.JobConfig(location, state_backend=backend),
+            parallelism=2,
+        )
 
     first, second = keyed_records(0, 600, 40), keyed_records(600, 600, 40)
     write_file(tmp_path / "a", first[:300], KEYED)
@@ -99,10 +105,16 @@ def test_a_bootstrapped_savepoint_drives_a_spark_query_at_parallelism_3(
     location = str(tmp_path / "weir")
 
     def build(events: Any) -> Any:
-        return weir.spark.process(events, key_by="key", function=Count(),
-                                  output_schema=COUNT_OUT, uid="count", heartbeat=False,
-                                  checkpoint_location=location, parallelism=3,
-                                  state_backend=backend, restore_from=url)
+        return weir.spark.process(
+            events,
+            key_by="key",
+            function=Count(),
+            output_schema=COUNT_OUT,
+            uid="count",
+            heartbeat=False,
+            config=weir.JobConfig(location, state_backend=backend, restore_from=url),
+            parallelism=3,
+        )
 
     write_file(tmp_path / "in", records, KEYED)
     sink = run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark", BatchSink())
@@ -124,10 +136,16 @@ def test_the_weir_state_source_reads_state_spread_over_four_subtasks_in_parallel
     location = str(tmp_path / "weir")
 
     def build(events: Any) -> Any:
-        return weir.spark.process(events, key_by="key", function=Count(),
-                                  output_schema=COUNT_OUT, uid="count", heartbeat=False,
-                                  checkpoint_location=location, parallelism=4,
-                                  state_backend=backend)
+        return weir.spark.process(
+            events,
+            key_by="key",
+            function=Count(),
+            output_schema=COUNT_OUT,
+            uid="count",
+            heartbeat=False,
+            config=weir.JobConfig(location, state_backend=backend),
+            parallelism=4,
+        )
 
     records = keyed_records(0, 800, 60)
     write_file(tmp_path / "in", records[:400], KEYED)

@@ -98,11 +98,22 @@ def test_spark_partition_i_holds_exactly_subtask_is_key_groups(
     records = keyed_records(0, 600, 97)
     for start in range(0, 600, 200):
         write_file(tmp_path / "in", records[start:start + 200], KEYED)
-    sink = run(spark, tmp_path / "in", SCHEMA, lambda ev: weir.spark.process(
-        ev, key_by="key", function=Placement(),
-        output_schema="key string, subtask int, p int, partition int, pid int",
-        uid="placement", checkpoint_location=str(tmp_path / "weir"),
-        parallelism=parallelism, heartbeat=False), tmp_path / "spark")
+    sink = run(
+        spark,
+        tmp_path / "in",
+        SCHEMA,
+        lambda ev: weir.spark.process(
+            ev,
+            key_by="key",
+            function=Placement(),
+            output_schema="key string, subtask int, p int, partition int, pid int",
+            uid="placement",
+            config=weir.JobConfig(str(tmp_path / "weir")),
+            parallelism=parallelism,
+            heartbeat=False,
+        ),
+        tmp_path / "spark",
+    )
     rows = sink.rows()
     assert len(sink.batches) == 3 and len(rows) == 600
     for key, subtask, p, partition, _pid in rows:
@@ -213,9 +224,15 @@ def test_a_failed_batch_is_replayed_from_the_previous_batch(
 
     def build(events: Any) -> Any:
         return weir.spark.process(
-            events, key_by="key", function=FailOnce(1234, str(marker)), output_schema=COUNT_OUT,
-            uid="count", checkpoint_location=str(tmp_path / "weir"), parallelism=2,
-            state_backend=backend, heartbeat=False)
+            events,
+            key_by="key",
+            function=FailOnce(1234, str(marker)),
+            output_schema=COUNT_OUT,
+            uid="count",
+            config=weir.JobConfig(str(tmp_path / "weir"), state_backend=backend),
+            parallelism=2,
+            heartbeat=False,
+        )
 
     sink = BatchSink()
     with pytest.raises(Exception, match="injected failure"):
@@ -288,9 +305,15 @@ def test_changing_max_parallelism_is_refused(spark: Any, tmp_path: Path) -> None
         _counts(checkpoint_location=str(tmp_path / "weir"), parallelism=2), tmp_path / "spark")
     events = spark.readStream.schema(SCHEMA).parquet(str(tmp_path / "in"))
     with pytest.raises(RestoreError, match=r"max_parallelism=128.*cannot change"):
-        weir.spark.process(events, key_by="key", function=Count(), output_schema=COUNT_OUT,
-                           uid="count", checkpoint_location=str(tmp_path / "weir"),
-                           parallelism=2, max_parallelism=64)
+        weir.spark.process(
+            events,
+            key_by="key",
+            function=Count(),
+            output_schema=COUNT_OUT,
+            uid="count",
+            config=weir.JobConfig(str(tmp_path / "weir"), max_parallelism=64),
+            parallelism=2,
+        )
 
 
 # ------------------------------------------------------------------ savepoints
@@ -355,10 +378,11 @@ def test_event_time_timers_fire_when_the_watermark_from_earlier_batches_passes_t
     write_file(tmp_path / "in", [{"key": "b", "ts": 20, "proc": False}], TIMED)
     write_file(tmp_path / "in", [{"key": "c", "ts": 30, "proc": False}], TIMED)
     sink = run(spark, tmp_path / "in", "key string, ts long, proc boolean",
-               lambda ev: weir.spark.process(
-                   ev, key_by="key", function=Timers(), output_schema=TIMER_OUT, uid="timers",
-                   checkpoint_location=str(tmp_path / "weir"), parallelism=2,
-                   event_time="ts", heartbeat=False), tmp_path / "spark")
+               lambda ev: weir.spark.process(ev, key_by="key", function=Timers(),
+                                             output_schema=TIMER_OUT, uid="timers",
+                                             config=weir.JobConfig(str(tmp_path / "weir")),
+                                             parallelism=2, event_time="ts", heartbeat=False),
+                                             tmp_path / "spark")
     fired = {b: sorted(r[1] for r in rows) for b, rows in sink.batches.items()}
     assert fired[0] == []
     assert fired[1] == [5, 6, 7, 8, 9]          # watermark 9 (batch 0's max)
@@ -372,7 +396,7 @@ def test_processing_time_timers_fire_without_new_input(spark: Any, tmp_path: Pat
     events = spark.readStream.schema("key string, ts long, proc boolean").parquet(
         str(tmp_path / "in"))
     out = weir.spark.process(events, key_by="key", function=Timers(), output_schema=TIMER_OUT,
-                             uid="proc", checkpoint_location=str(tmp_path / "weir"),
+                             uid="proc", config=weir.JobConfig(str(tmp_path / "weir")),
                              parallelism=2)  # heartbeat on
     sink = BatchSink()
     query = (out.writeStream.foreachBatch(sink).trigger(processingTime="500 milliseconds")
@@ -413,10 +437,23 @@ def test_bad_records_go_to_the_dead_letter_output_and_the_query_goes_on(
     write_file(tmp_path / "in", records[:200], KEYED)
     write_file(tmp_path / "in", records[200:], KEYED)
     location = str(tmp_path / "weir")
-    sink = run(spark, tmp_path / "in", SCHEMA, lambda ev: weir.spark.process(
-        ev, key_by="key", function=Picky(), output_schema=COUNT_OUT, uid="picky",
-        checkpoint_location=location, parallelism=2, heartbeat=False,
-        bad_record_exceptions=(ValueError,)), tmp_path / "spark")
+    sink = run(
+        spark,
+        tmp_path / "in",
+        SCHEMA,
+        lambda ev: weir.spark.process(
+            ev,
+            key_by="key",
+            function=Picky(),
+            output_schema=COUNT_OUT,
+            uid="picky",
+            config=weir.JobConfig(location),
+            parallelism=2,
+            heartbeat=False,
+            bad_record_exceptions=(ValueError,),
+        ),
+        tmp_path / "spark",
+    )
     good = [r for r in records if r["key"] is not None and r["seq"] % 100 != 42]
     assert sorted(r[1] for r in sink.rows()) == sorted(r["seq"] for r in good)
     assert last_counts(sink.rows()) == _oracle(good)
@@ -488,10 +525,22 @@ class WrongShape(weir.KeyedProcessFunction[dict[str, Any], Any]):
 def test_a_wrong_output_shape_fails_the_query_with_the_field(spark: Any, tmp_path: Path) -> None:
     write_file(tmp_path / "in", keyed_records(0, 10, 3), KEYED)
     with pytest.raises(Exception, match="operator 'shape': output field 'n'"):
-        run(spark, tmp_path / "in", SCHEMA, lambda ev: weir.spark.process(
-            ev, key_by="key", function=WrongShape(), output_schema="key string, n long",
-            uid="shape", checkpoint_location=str(tmp_path / "weir"), parallelism=2,
-            heartbeat=False), tmp_path / "spark")
+        run(
+            spark,
+            tmp_path / "in",
+            SCHEMA,
+            lambda ev: weir.spark.process(
+                ev,
+                key_by="key",
+                function=WrongShape(),
+                output_schema="key string, n long",
+                uid="shape",
+                config=weir.JobConfig(str(tmp_path / "weir")),
+                parallelism=2,
+                heartbeat=False,
+            ),
+            tmp_path / "spark",
+        )
 
 
 # ------------------------------------------------------------------ workers
@@ -507,9 +556,15 @@ def test_hashmap_state_survives_tasks_moving_between_python_workers(
 
     def build(events: Any) -> Any:
         return weir.spark.process(
-            events, key_by="key", function=CountWithPid(),
-            output_schema="key string, seq long, n long, subtask int, pid int", uid="count",
-            checkpoint_location=str(tmp_path / "weir"), parallelism=2, heartbeat=False)
+            events,
+            key_by="key",
+            function=CountWithPid(),
+            output_schema="key string, seq long, n long, subtask int, pid int",
+            uid="count",
+            config=weir.JobConfig(str(tmp_path / "weir")),
+            parallelism=2,
+            heartbeat=False,
+        )
 
     sink = run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark")
     rows = sink.rows()
@@ -546,7 +601,7 @@ def test_a_static_dataframe_reads_the_latest_state_and_writes_none(
     before = sorted(p.name for p in (tmp_path / "weir").rglob("*"))
     static = spark.createDataFrame([("k1", 10_000)], SCHEMA)
     out = weir.spark.process(static, key_by="key", function=Count(), output_schema=COUNT_OUT,
-                             uid="count", checkpoint_location=location, parallelism=2)
+                             uid="count", config=weir.JobConfig(location), parallelism=2)
     first = out.collect()
     assert [tuple(r)[:3] for r in first] == [("k1", 10_000, _oracle(records)["k1"] + 1)]
     assert [tuple(r) for r in out.collect()] == [tuple(r) for r in first]
@@ -586,11 +641,24 @@ def test_broadcast_rules_reach_every_subtask_before_the_batchs_records(
     records = keyed_records(0, 200, 20)  # 10 records per key
     write_file(tmp_path / "in", records, KEYED)
     rules = spark.readStream.schema("prefix string, limit long").parquet(str(tmp_path / "rules"))
-    sink = run(spark, tmp_path / "in", SCHEMA, lambda ev: weir.spark.process(
-        ev, key_by="key", function=Limits(), output_schema="key string, n long, subtask int",
-        uid="limits", checkpoint_location=str(tmp_path / "weir"), parallelism=3,
-        state_backend=backend, broadcast=rules, broadcast_state_descriptors=[LIMITS],
-        heartbeat=False), tmp_path / "spark")
+    sink = run(
+        spark,
+        tmp_path / "in",
+        SCHEMA,
+        lambda ev: weir.spark.process(
+            ev,
+            key_by="key",
+            function=Limits(),
+            output_schema="key string, n long, subtask int",
+            uid="limits",
+            config=weir.JobConfig(str(tmp_path / "weir"), state_backend=backend),
+            parallelism=3,
+            broadcast=rules,
+            broadcast_state_descriptors=[LIMITS],
+            heartbeat=False,
+        ),
+        tmp_path / "spark",
+    )
     rows = sink.rows()
     assert sorted(r[0] for r in rows) == sorted({r["key"] for r in records})
     assert {r[1] for r in rows} == {3} and {r[2] for r in rows} == {0, 1, 2}
@@ -624,10 +692,10 @@ def test_a_non_keyed_checkpointed_function_keeps_operator_state(
         write_file(tmp_path / "in", records[start:start + 200], KEYED)
 
     def build(events: Any) -> Any:
-        return weir.spark.process(
-            events, key_by=None, function=Tally(),
-            output_schema="seq long, n long, subtask int, restored boolean", uid="tally",
-            checkpoint_location=str(tmp_path / "weir"), parallelism=2, heartbeat=False)
+        return weir.spark.process(events, key_by=None, function=Tally(),
+                                  output_schema="seq long, n long, subtask int, restored boolean",
+                                  uid="tally", config=weir.JobConfig(str(tmp_path / "weir")),
+                                  parallelism=2, heartbeat=False)
 
     sink = run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark")
     rows = sink.rows()
@@ -671,10 +739,16 @@ def test_sparks_own_file_sink_gets_each_output_once_across_a_restart(
     def start() -> None:
         events = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
                   .parquet(str(tmp_path / "in")))
-        out = weir.spark.process(events, key_by="key", function=Count(),
-                                 output_schema=COUNT_OUT, uid="count", heartbeat=False,
-                                 checkpoint_location=str(tmp_path / "weir"), parallelism=2,
-                                 state_backend="rocksdb")
+        out = weir.spark.process(
+            events,
+            key_by="key",
+            function=Count(),
+            output_schema=COUNT_OUT,
+            uid="count",
+            heartbeat=False,
+            config=weir.JobConfig(str(tmp_path / "weir"), state_backend="rocksdb"),
+            parallelism=2,
+        )
         query = (out.writeStream.format("parquet").option("path", str(tmp_path / "out"))
                  .option("checkpointLocation", str(tmp_path / "spark"))
                  .trigger(availableNow=True).start())
@@ -725,9 +799,8 @@ def test_hashmap_batches_write_their_changes_and_an_idle_subtask_writes_no_state
     location = tmp_path / "weir"
 
     def build(events: Any) -> Any:
-        return weir.spark.process(events, key_by="key", function=Count(),
-                                  output_schema=COUNT_OUT, uid="count",
-                                  checkpoint_location=str(location), parallelism=2,
+        return weir.spark.process(events, key_by="key", function=Count(), output_schema=COUNT_OUT,
+                                  uid="count", config=weir.JobConfig(str(location)), parallelism=2,
                                   heartbeat=False)
 
     run(spark, tmp_path / "in", SCHEMA, build, tmp_path / "spark")

@@ -183,8 +183,7 @@ def test_a_task_larger_than_its_buffer_spills_and_handles_every_record_once_in_i
         return weir.spark.process(events, key_by="key", function=Count(),
                                   output_schema="key string, seq long, n long, subtask int",
                                   uid="count", heartbeat=False, parallelism=2,
-                                  checkpoint_location=str(location),
-                                  task_buffer_memory="64k")
+                                  config=weir.JobConfig(str(location)), task_buffer_memory="64k")
 
     sink = BatchSink()
     for start in (0, 30_000):

@@ -248,10 +248,16 @@ def test_a_weir_stage_failing_in_its_tasks_restarts_exactly_once(
         write_file(tmp_path / "in", records[part * 300:(part + 1) * 300], KEYED)
     events = (spark.readStream.schema("key string, seq long").option("maxFilesPerTrigger", 1)
               .parquet(str(tmp_path / "in")))
-    out = weir.spark.process(events, key_by="key", function=_FailingCount(str(tokens)),
-                             output_schema="key string, seq long, n long, subtask int",
-                             uid="count", checkpoint_location=str(tmp_path / "weir"),
-                             parallelism=2, heartbeat=False, state_backend=backend)
+    out = weir.spark.process(
+        events,
+        key_by="key",
+        function=_FailingCount(str(tokens)),
+        output_schema="key string, seq long, n long, subtask int",
+        uid="count",
+        config=weir.JobConfig(str(tmp_path / "weir"), state_backend=backend),
+        parallelism=2,
+        heartbeat=False,
+    )
     sink, starts = BatchSink(), []
 
     def start() -> Any:

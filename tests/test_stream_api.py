@@ -37,9 +37,9 @@ def _by_value() -> None:
 
 
 def test_a_job_with_chained_steps_runs_exactly_once(tmp_path: Path, backend: str) -> None:
-    env = StreamEnvironment(parallelism=2, state_backend=backend, max_parallelism=16,
-                            checkpoint_storage=tmp_path / "chk",
-                            checkpointing=CheckpointConfig(interval_ms=50))
+    env = StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=2, max_parallelism=16,
+                                           state_backend=backend,
+                                           checkpointing=CheckpointConfig(interval=50)))
     (env.from_source(SequenceSource(30_000), uid="numbers")
         .filter(lambda n: n % 3 != 0)                       # chained into the source
         .flat_map(lambda n: [{"n": n, "v": 1}, {"n": -n - 1, "v": 2}])
@@ -62,16 +62,16 @@ def test_a_job_with_chained_steps_runs_exactly_once(tmp_path: Path, backend: str
 
 
 def test_defaults_follow_flink(tmp_path: Path) -> None:
-    off = StreamEnvironment(checkpoint_storage=tmp_path)
+    off = StreamEnvironment(weir.JobConfig(tmp_path, parallelism=1))
     assert off.checkpointing.interval_ms is None
     assert off.restart_strategy == RestartStrategy.no_restart()
-    on = StreamEnvironment(checkpoint_storage=tmp_path,
-                           checkpointing=CheckpointConfig(interval_ms=1000))
+    on = StreamEnvironment(weir.JobConfig(tmp_path, parallelism=1,
+                                          checkpointing=CheckpointConfig(interval=1000)))
     assert on.restart_strategy == RestartStrategy.exponential_delay()
 
 
 def test_jobs_that_cannot_run_are_refused_before_they_start(tmp_path: Path) -> None:
-    env = StreamEnvironment(checkpoint_storage=tmp_path)
+    env = StreamEnvironment(weir.JobConfig(tmp_path, parallelism=1))
     stream = env.from_source(SequenceSource(10), uid="a")
     with pytest.raises(weir.ConfigurationError, match="no sink"):
         env.execute()
@@ -85,7 +85,7 @@ def test_jobs_that_cannot_run_are_refused_before_they_start(tmp_path: Path) -> N
         stream.process(RunningTotal(), uid="y")  # type: ignore[arg-type]
     with pytest.raises(weir.ConfigurationError, match="uid"):
         stream.sink_to(FileSink(tmp_path / "o"), uid="")
-    twice = StreamEnvironment(checkpoint_storage=tmp_path)
+    twice = StreamEnvironment(weir.JobConfig(tmp_path, parallelism=1))
     twice.from_source(SequenceSource(10), uid="same").sink_to(FileSink(tmp_path / "o"),
                                                                uid="same")
     with pytest.raises(weir.ConfigurationError, match=r"\['same'\] are used twice"):
@@ -105,9 +105,9 @@ class Count(weir.KeyedProcessFunction[int, list[int]]):
 
 
 def counting_job(tmp_path: Path, backend: str) -> StreamEnvironment:
-    env = StreamEnvironment(parallelism=2, state_backend=backend, max_parallelism=32,
-                            checkpoint_storage=tmp_path / "chk",
-                            checkpointing=CheckpointConfig(interval_ms=100))
+    env = StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=2, max_parallelism=32,
+                                           state_backend=backend,
+                                           checkpointing=CheckpointConfig(interval=100)))
     (env.from_source(SequenceSource(5_000), uid="numbers")
         .key_by(lambda n: n % 10)
         .process(Count(), uid="count")

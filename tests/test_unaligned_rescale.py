@@ -70,8 +70,9 @@ def graph(tmp_path: Path, edge: str, parallelism: int, chk: str, restored: bool 
           ) -> Any:
     """The job of ``edge`` (``restored``: the job that restores the first one's
     checkpoint — for ``union-swapped``, with the union's inputs the other way round)."""
-    env = StreamEnvironment(parallelism=parallelism if edge == "forward" else 2,
-                            max_parallelism=32, checkpoint_storage=tmp_path / chk)
+    env = StreamEnvironment(weir.JobConfig(tmp_path / chk,
+                                           parallelism=parallelism if edge == "forward" else 2,
+                                           max_parallelism=32))
     if edge == "forward":  # fan-out at one parallelism: two forward edges (not chained)
         numbers = env.from_source(SequenceSource(N), uid="numbers")
         numbers.process(SlowPass(), uid="side").sink_to(FileSink(tmp_path / "side"),
@@ -110,7 +111,7 @@ def _by_value() -> None:
                          ids=lambda p: f"2-to-{p}")
 def test_records_in_flight_reach_the_rescaled_job_exactly_once(
         tmp_path: Path, edge: str, rescaled: int) -> None:
-    config = CheckpointConfig(interval_ms=200, unaligned=True, retain_on_cancel=True)
+    config = CheckpointConfig(interval=200, unaligned=True, retain_on_cancel=True)
     first = LocalJob(dataclasses.replace(graph(tmp_path, edge, 2, "chk"), channel=TINY),
                      config, restart=weir.RestartStrategy.no_restart())
     running = Running(first)
@@ -125,7 +126,7 @@ def test_records_in_flight_reach_the_rescaled_job_exactly_once(
     assert in_flight > 0, "the checkpoint restored from has no records in flight"
     second = LocalJob(dataclasses.replace(graph(tmp_path, edge, rescaled, "chk2",
                                                 restored=True), channel=TINY),
-                      CheckpointConfig(interval_ms=200, unaligned=True),
+                      CheckpointConfig(interval=200, unaligned=True),
                       restart=weir.RestartStrategy.no_restart(), restore_from=latest.url)
     second.run(timeout_s=120)
     numbers = Counter(read_stream_sink(tmp_path / "out"))

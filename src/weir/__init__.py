@@ -5,6 +5,13 @@ Everything a user needs is importable from here (and, for the Spark runtime, fro
 internal and may change.
 """
 
+from weir.api.checkpointing import CheckpointConfig, CheckpointingMode, SnapshotStrategy
+from weir.api.config import (
+    HashMapStateBackend,
+    JobConfig,
+    LateRecords,
+    RocksDBStateBackend,
+)
 from weir.api.context import (
     BroadcastContext,
     Context,
@@ -103,6 +110,13 @@ from weir.state.snapshot import OperatorSubtaskSnapshot, RedistributionMode
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckpointConfig",
+    "CheckpointingMode",
+    "HashMapStateBackend",
+    "JobConfig",
+    "LateRecords",
+    "RocksDBStateBackend",
+    "SnapshotStrategy",
     "read_state",
     "write_savepoint",
     "query_state",

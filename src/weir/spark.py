@@ -5,11 +5,12 @@ weir function with weir's state backends and checkpoints, exactly-once:
 
 .. code-block:: python
 
+    config = weir.JobConfig("file:///data/weir-state",
+                            state_backend=weir.RocksDBStateBackend(memory="512m"))
     out = weir.spark.process(
         events, key_by="card_id", function=FraudDetector(),
         output_schema="card_id string, alert string", uid="fraud-detector",
-        checkpoint_location="file:///data/weir-state", parallelism=4,
-        max_parallelism=128, state_backend="rocksdb",
+        config=config, parallelism=4,
     )
     out.writeStream.format("weir-files").option("path", "/data/alerts") \\
         .option("checkpointLocation", "/data/spark-ckpt").start()
@@ -26,17 +27,17 @@ it returns; a batch's checkpoint completes once Spark committed the batch.
   for the batch, the same on a replay), on every subtask, with rows or without. A
   heartbeat stream (Spark's ``rate`` source, one row per second) makes a batch run at
   least every second, so processing-time timers and TTL fire without input. Event time
-  comes from the ``event_time`` column;
-  the watermark of batch N is the largest event time seen in batches before N minus
-  ``watermark_delay`` (one global watermark, like Spark's default), and event-time
+  comes from a column (:class:`EventTime`); the watermark of batch N is the largest
+  event time seen in batches before N minus the watermark delay (one global
+  watermark, like Spark's default), and event-time
   timers fire when it passes them. (``process`` turns on Spark's
   ``spark.sql.streaming.triggerAvailableNowWrapper.enabled`` so that
   ``trigger(availableNow=True)`` still splits the input into batches with the
   heartbeat source in the query.)
 * **Restarts.** The same Spark checkpoint resumes from the last committed batch. A new
-  query (a new Spark checkpoint: batch ids from 0) on the same weir
-  ``checkpoint_location`` takes the stage over from weir's latest *completed*
-  checkpoint (or from ``restore_from``), never mixing versions of two queries. A
+  query (a new Spark checkpoint: batch ids from 0) on the same weir checkpoint
+  storage (``JobConfig.storage``) takes the stage over from weir's latest *completed*
+  checkpoint (or from ``JobConfig.restore_from``), never mixing versions of two queries. A
   different ``parallelism`` rescales from the previous batch; ``max_parallelism``
   defaults to Flink's default for the first run and is read from the state afterwards
   (a different one is refused).
@@ -60,12 +61,12 @@ it returns; a batch's checkpoint completes once Spark committed the batch.
   timer fires (Flink's ``--drain``).
 * **Bad records** — a key that cannot be computed (null, unhashable), a malformed input
   line (Spark's ``_corrupt_record`` column is set; its raw text is kept), a null or
-  invalid ``event_time``, or a record for which the function raises one of
+  invalid event time, or a record for which the function raises one of its class's
   ``bad_record_exceptions`` — are written with the reason to
-  ``<checkpoint_location>/dead-letter/`` (see :func:`read_dead_letters`); the query goes
+  ``<storage>/dead-letter/`` (see :func:`read_dead_letters`); the query goes
   on. **Late records** (event time not after the watermark) are processed, as in
-  Flink (``late_records="process"``), or dropped (``"drop"``) or dead-lettered
-  (``"dead_letter"``); each batch's checkpoint counts them
+  Flink (:attr:`~weir.LateRecords.PROCESS`), or dropped (``DROP``) or dead-lettered
+  (``DEAD_LETTER``; ``EventTime(late_records=)``); each batch's checkpoint counts them
   (``source_positions["spark"]["late_records"]``, with ``null_event_time``,
   ``malformed`` and ``dead_letters``). Validate before writing state: state changes
   the function made before raising are kept.
@@ -86,10 +87,11 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from weir.api.config import JobConfig, RocksDBStateBackend
 from weir.api.functions import (
     KeyedBroadcastProcessFunction,
     KeyedProcessFunction,
@@ -103,8 +105,6 @@ from weir.errors import (
     ConfigurationError,
     RestoreError,
 )
-from weir.runtime.operator import StateBackendKind
-from weir.runtime.spark.durations import byte_size, duration_ms
 from weir.runtime.spark.epochs import EpochStore
 from weir.runtime.spark.keys import check_key_types
 from weir.runtime.spark.lifecycle import (
@@ -115,6 +115,13 @@ from weir.runtime.spark.lifecycle import (
     stop_with_savepoint,
 )
 from weir.runtime.spark.listener import Stage, completion
+from weir.runtime.spark.options import (
+    Broadcast,
+    EventTime,
+    bad_record_exceptions,
+    legacy_arguments,
+    stage_resources,
+)
 from weir.runtime.spark.plan import lineage_state
 from weir.runtime.spark.routing import (
     BROADCAST_PREFIX,
@@ -139,8 +146,9 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = [
-    "RestartStrategy", "finish", "process", "read_dead_letters", "recover",
-    "register_state_source", "savepoint", "session", "stop_with_savepoint", "supervise",
+    "Broadcast", "EventTime", "RestartStrategy", "finish", "process", "read_dead_letters",
+    "recover", "register_state_source", "savepoint", "session", "stop_with_savepoint",
+    "supervise",
 ]
 
 log = logging.getLogger(__name__)
@@ -288,85 +296,43 @@ def process(
     function: Any,
     output_schema: str | StructType,
     uid: str,
-    checkpoint_location: str,
+    config: JobConfig | None = None,
     parallelism: int | None = None,
-    max_parallelism: int | None = None,
-    state_backend: str = "hashmap",
     *,
-    broadcast: DataFrame | None = None,
-    broadcast_state_descriptors: Iterable[Any] = (),
-    event_time: str | None = None,
-    watermark_delay: int | str | timedelta = 0,
-    late_records: str = "process",
+    event_time: str | EventTime | None = None,
+    broadcast: DataFrame | Broadcast | None = None,
     heartbeat: bool = True,
-    snapshot_mode: str = "incremental",
-    restore_from: str | None = None,
-    allow_non_restored_state: bool = False,
-    bad_record_exceptions: Sequence[type[BaseException]] = (),
     record_format: str = "dict",
-    retained: int = 3,
-    storage_options: dict[str, Any] | None = None,
-    lease_timeout: int | str | timedelta = "60 s",
-    materialization_interval: int | str | timedelta = "10 min",
-    worker_cache_subtasks: int = 32,
-    worker_cache_memory: int | str | None = None,
-    dead_letter_retention: int | str | timedelta = "7 days",
-    rocksdb_memory: int | str = "256m",
-    rocksdb_cache_entries: int = 1 << 17,
-    task_buffer_memory: int | str = "64m",
-    metrics: bool = True,
+    **deprecated: Any,
 ) -> DataFrame:
-    """Run ``function`` over ``df`` as a weir stage; returns the output DataFrame
-    (streaming if ``df`` is). See the module documentation for the semantics.
+    """Run ``function`` over ``df`` as a weir stage with the job settings ``config``
+    (:class:`~weir.JobConfig`: checkpoint storage, state backend, checkpointing,
+    restore); returns the output DataFrame (streaming if ``df`` is). See the module
+    documentation for the semantics.
 
     ``key_by`` is a column name, several names (the key is then a tuple) or a Column
     expression, or None for a non-keyed :class:`~weir.ProcessFunction` (operator state
-    through :class:`~weir.CheckpointedFunction`). ``broadcast`` is a second DataFrame
-    (streaming iff ``df`` is) whose rows reach ``process_broadcast_element`` of a
-    :class:`~weir.KeyedBroadcastProcessFunction` on every subtask, before the keyed
-    records of the same batch.
+    through :class:`~weir.CheckpointedFunction`). ``uid`` names the stage's state.
+    ``parallelism`` is the stage's number of subtasks (default: ``config``'s, else
+    Spark's default parallelism). ``event_time`` is a column name or an
+    :class:`EventTime` (watermark delay, late records). ``broadcast`` is a second
+    DataFrame (or a :class:`Broadcast` with its state descriptors) whose rows reach
+    ``process_broadcast_element`` of a :class:`~weir.KeyedBroadcastProcessFunction`
+    on every subtask, before the keyed records of the same batch. ``heartbeat`` (on by
+    default) adds Spark's ``rate`` source (one row a second), so that a batch runs at
+    least every second and processing-time timers and TTL fire without input.
+    Records reach the function as dicts, or tuples with ``record_format="tuple"``;
+    outputs are tuples or dicts matching ``output_schema``. Records for which the
+    function raises one of its class's ``bad_record_exceptions`` go to the dead letters.
 
-    ``snapshot_mode="incremental"`` (the default) makes each batch's checkpoint follow
-    the change, not the state: RocksDB uploads only new SST files; the hash map writes
-    a changelog (the keys and timers the batch changed; nothing for an idle batch) and
-    materializes its whole state in the background once the changes since the last
-    materialization are as large as it, 50 batches changed it, or
-    ``materialization_interval`` passed (restore reads the last materialization and
-    the changes since: at most about twice the state). ``"full"`` writes the whole
-    state every batch.
-
-    Each Python worker keeps the subtasks it ran live between batches (no restore
-    when the next batch's task lands there), at most ``worker_cache_subtasks`` of them
-    and while its resident memory stays below ``worker_cache_memory`` (bytes or
-    '2g'; default 80% of ``spark.executor.pyspark.memory``, else 4 GiB); the least
-    recently used are closed (the function's ``close()``) and restored when needed
-    again. Hash-map state lives in the worker's memory: size
-    ``spark.executor.pyspark.memory`` for it (see ``weir.runtime.spark.cache``).
-
-    RocksDB's block cache and write buffers are shared by every RocksDB subtask of a
-    Python worker and bounded together by ``rocksdb_memory`` (memtables up to half
-    of it; :class:`~weir.RocksDBMemory`). In front of RocksDB, each value and list
-    state of each subtask caches up to ``rocksdb_cache_entries`` entries read or
-    written recently, in the worker's Python memory (about 150 bytes each plus the
-    key and value bytes; 0: no cache); a batch's writes reach RocksDB once per key,
-    in one write batch before its checkpoint.
-
-    A task holds its rows and its outputs as Arrow (outputs leave only once the
-    batch's state is durable) and turns rows into Python records a slice of 8,192 at a
-    time; beyond ``task_buffer_memory`` of Arrow data each goes to an anonymous file in
-    the executor's local directory, read back memory-mapped, so a task's memory does
-    not grow with its partition (``weir.runtime.spark.spill``).
-
-    With ``metrics`` (the default) each batch's progress holds the stage's metrics,
-    ``query.lastProgress.observedMetrics["weir:<uid>"]`` (records, outputs, late
-    records, dead letters, timers fired, state entries and bytes, checkpoint bytes and
-    time; ``weir.runtime.spark.observed``). They cost one filter and projection of the
-    output (measured: about 9% of throughput for a stage that emits a row per record);
-    ``metrics=False`` leaves them out.
-
-    Dead letters are kept ``dead_letter_retention`` after they were written; the
-    directories of queries that owned the stage before the current one are deleted once
-    it has ``retained`` checkpoints of its own (``weir.runtime.spark.retention``)."""
+    The checkpoint strategy is ``config.checkpointing.snapshot``
+    (:class:`~weir.SnapshotStrategy`; default CHANGELOG: a batch's checkpoint writes
+    what it changed, nothing for an idle batch, and the whole state is materialized in
+    the background now and then). Process-wide resources (the worker's cache of live
+    subtasks, task buffers, metrics) come from the session's ``spark.weir.*`` settings
+    (``weir.runtime.spark.options``); RocksDB's memory from the backend object: stages
+    with different settings keep their own. The keyword arguments of earlier releases
+    still work, with a :class:`DeprecationWarning` naming the replacement."""
     from pyspark.sql import Column
     from pyspark.sql import functions as F
 
@@ -377,33 +343,22 @@ def process(
     spark = df.sparkSession
     streaming = df.isStreaming
     keyed = key_by is not None
-    _check_function(function, keyed, broadcast, uid)
-    if late_records not in ("process", "drop", "dead_letter"):
-        raise ConfigurationError(
-            f"late_records must be 'process' (Flink's default), 'drop' or 'dead_letter', got "
-            f"{late_records!r}"
-        )
+    legacy = legacy_arguments(config, event_time, broadcast, deprecated)
+    config, event, side = legacy.config, legacy.event_time, legacy.broadcast
+    _check_function(function, keyed, side, uid)
     if record_format not in ("dict", "tuple"):
         raise ConfigurationError(f"record_format must be 'dict' or 'tuple', got {record_format!r}")
-    backend = StateBackendKind(state_backend).value if state_backend in (
-        "hashmap", "rocksdb") else None
-    if backend is None:
-        raise ConfigurationError(
-            f"unknown state_backend {state_backend!r}; choose 'hashmap' or 'rocksdb'"
-        )
-    if snapshot_mode not in ("full", "incremental"):
-        raise ConfigurationError(f"snapshot_mode must be 'full' or 'incremental', got "
-                                 f"{snapshot_mode!r}")
-    p = parallelism if parallelism is not None else spark.sparkContext.defaultParallelism
-    if max_parallelism is not None:
-        check_parallelism(p, max_parallelism)
+    exceptions = bad_record_exceptions(function, legacy.bad_record_exceptions, uid)
+    backend = config.state_backend
+    checkpointing = config.checkpointing
+    p = parallelism or config.parallelism or spark.sparkContext.defaultParallelism
+    if config.max_parallelism is not None:
+        check_parallelism(p, config.max_parallelism)
     columns = tuple(df.columns)
-    if event_time is not None and event_time not in columns:
-        raise ConfigurationError(f"event_time column {event_time!r} is not in {list(columns)}")
-    for exc in bad_record_exceptions:
-        if not (isinstance(exc, type) and issubclass(exc, BaseException)):
-            raise ConfigurationError(f"bad_record_exceptions must be exception types, got {exc!r}")
-    if broadcast is not None and broadcast.isStreaming != streaming:
+    if event is not None and event.column not in columns:
+        raise ConfigurationError(f"event_time column {event.column!r} is not in "
+                                 f"{list(columns)}")
+    if side is not None and side.df.isStreaming != streaming:
         raise ConfigurationError(
             f"operator {uid!r}: the broadcast DataFrame must be streaming exactly when the "
             f"input is (Spark cannot union a streaming and a static DataFrame)"
@@ -426,46 +381,48 @@ def process(
         check_key_types(df.select(*extra).schema if extra else df.schema, key_columns, uid)
 
     out_struct, out_arrow = _output_schema(spark, output_schema)
-    storage = CheckpointStorage(checkpoint_location, storage_options=storage_options)
-    dead_letter_ms = duration_ms(dead_letter_retention, "dead_letter_retention")
-    rocksdb_bytes = RocksDBMemory(byte_size(rocksdb_memory, "rocksdb_memory"),
-                                  cache_entries=rocksdb_cache_entries).total_bytes
-    store = EpochStore(storage, uid, retained=retained, dead_letter_retention_ms=dead_letter_ms)
-    lease_ms = duration_ms(lease_timeout, "lease_timeout")
-    materialize_ms = duration_ms(materialization_interval, "materialization_interval")
-    if isinstance(worker_cache_subtasks, bool) or not isinstance(worker_cache_subtasks, int) or (
-        worker_cache_subtasks < 1
-    ):
-        raise ConfigurationError(
-            f"worker_cache_subtasks must be an int >= 1, got {worker_cache_subtasks!r}")
-    cache_bytes = (None if worker_cache_memory is None
-                   else byte_size(worker_cache_memory, "worker_cache_memory"))
+    location = config.storage
+    storage_options = (None if config.storage_options is None
+                       else dict(config.storage_options))
+    storage = CheckpointStorage(location, storage_options=storage_options)
+    dead_letter_ms = int(config.dead_letter_retention / timedelta(milliseconds=1))
+    store = EpochStore(storage, uid, retained=checkpointing.retained,
+                       dead_letter_retention_ms=dead_letter_ms)
+    lease_ms = checkpointing.lease_timeout_ms
+    res = stage_resources(spark, legacy.resources)
     lineage = Lineage(store.stage, lease_ms)
     max_parallelism = _resolve_max_parallelism(
-        store, lineage, max_parallelism, p, restore_from, allow_non_restored_state,
-        storage_options, uid,
+        store, lineage, config.max_parallelism, p, config.restore_from,
+        config.allow_non_restored_state, storage_options, uid,
     )
     check_parallelism(p, max_parallelism)
+    memory = (backend.memory_budget() if isinstance(backend, RocksDBStateBackend)
+              else RocksDBMemory())
+    snapshot = checkpointing.snapshot_for(backend.name)
     spec = StageSpec(
-        uid=uid, location=checkpoint_location, parallelism=p, max_parallelism=max_parallelism,
-        state_backend=backend, snapshot_mode=snapshot_mode, function=function, keyed=keyed,
-        columns=columns, key_columns=key_columns,
-        broadcast_columns=tuple(broadcast.columns) if broadcast is not None else (),
-        broadcast_state_descriptors=tuple(broadcast_state_descriptors),
-        output_schema=out_arrow, event_time=event_time,
-        watermark_delay_ms=duration_ms(watermark_delay, "watermark_delay"),
-        record_format=record_format, bad_record_exceptions=tuple(bad_record_exceptions),
-        late_records=late_records,
-        restore_from=restore_from, allow_non_restored_state=allow_non_restored_state,
-        retained=retained, storage_options=storage_options, lease_timeout_ms=lease_ms,
-        materialize_interval_ms=materialize_ms,
+        uid=uid, location=location, parallelism=p, max_parallelism=max_parallelism,
+        state_backend=backend.name, snapshot_mode=snapshot.value, function=function,
+        keyed=keyed, columns=columns, key_columns=key_columns,
+        broadcast_columns=tuple(side.df.columns) if side is not None else (),
+        broadcast_state_descriptors=side.state_descriptors if side is not None else (),
+        output_schema=out_arrow, event_time=event.column if event is not None else None,
+        watermark_delay_ms=event.watermark_delay_ms if event is not None else 0,
+        record_format=record_format, bad_record_exceptions=exceptions,
+        late_records=event.late_records.value if event is not None else "process",
+        restore_from=config.restore_from,
+        allow_non_restored_state=config.allow_non_restored_state,
+        retained=checkpointing.retained, storage_options=storage_options,
+        lease_timeout_ms=lease_ms,
+        materialize_interval_ms=checkpointing.materialization_interval_ms,
         instance=uuid.uuid4().hex,
-        cache_max_subtasks=worker_cache_subtasks, cache_max_bytes=cache_bytes,
-        dead_letter_retention_ms=dead_letter_ms, rocksdb_memory_bytes=rocksdb_bytes,
-        rocksdb_cache_entries=rocksdb_cache_entries,
-        task_buffer_bytes=byte_size(task_buffer_memory, "task_buffer_memory"),
-        metrics=bool(metrics),
+        cache_max_subtasks=res.cache_subtasks, cache_max_bytes=res.cache_memory,
+        dead_letter_retention_ms=dead_letter_ms, rocksdb_memory_bytes=memory.total_bytes,
+        rocksdb_write_buffer_ratio=memory.write_buffer_ratio,
+        rocksdb_cache_entries=memory.cache_entries,
+        task_buffer_bytes=res.task_buffer, metrics=res.metrics,
     )
+    metrics = res.metrics
+    broadcast_df = side.df if side is not None else None
 
     # the batch time, kept out of the generated code (compiled once, not every batch)
     batch_ms = opaque_millis(F.unix_millis(F.current_timestamp()))
@@ -481,9 +438,9 @@ def process(
         route = (keyed_route_pass(key_columns, max_parallelism, p) if keyed
                  else round_robin_pass(p))
         routed = events.mapInArrow(route, _with_internal(events.schema))
-    if broadcast is not None:
-        b = broadcast.select(
-            *[F.col(f"`{c}`").alias(BROADCAST_PREFIX + c) for c in broadcast.columns], now
+    if broadcast_df is not None:
+        b = broadcast_df.select(
+            *[F.col(f"`{c}`").alias(BROADCAST_PREFIX + c) for c in broadcast_df.columns], now
         )
         routed = routed.unionByName(
             b.mapInArrow(fan_out_pass(RowKind.BROADCAST, p), _with_internal(b.schema)),

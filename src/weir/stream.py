@@ -43,12 +43,14 @@ import datetime
 import os
 import shutil
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
 from weir.api.checkpointing import CheckpointConfig, CheckpointingMode
+from weir.api.config import JobConfig, RocksDBStateBackend, state_backend_of
 from weir.api.connectors import Sink, Source
 from weir.api.descriptors import MapStateDescriptor
 from weir.api.functions import KeyedBroadcastProcessFunction, KeyedProcessFunction, ProcessFunction
@@ -84,7 +86,7 @@ from weir.runtime.continuous.stats import (
     CheckpointStatus,
     SubtaskCheckpointStats,
 )
-from weir.state.keygroups import check_parallelism
+from weir.state.keygroups import check_parallelism, compute_default_max_parallelism
 from weir.state.rocksdb_options import RocksDBMemory
 
 __all__ = [
@@ -110,43 +112,49 @@ class Runner(StrEnum):
 
 class StreamEnvironment:
     """Where a continuous job is declared and run (Flink's
-    ``StreamExecutionEnvironment``). ``checkpointing`` defaults to Flink's (off: then
-    only the final checkpoint of a bounded job commits the sinks); the restart
-    strategy to Flink's default (exponential delay when checkpointing is on, no
-    restart otherwise). ``rocksdb_memory`` bounds RocksDB in each task process (its
-    shared block cache and write buffers, and the entry cache per state and subtask;
-    ``weir.RocksDBMemory``) when ``state_backend="rocksdb"``.
+    ``StreamExecutionEnvironment``), configured with a :class:`~weir.JobConfig` — the
+    same object the micro-batch runtime takes: checkpoint storage, state backend,
+    checkpointing (Flink's defaults: off, then only the final checkpoint of a bounded
+    job commits the sinks), restart strategy (Flink's default: exponential delay when
+    checkpointing is on, no restart otherwise), parallelism (default: the number of
+    CPUs), restore. ``channels`` tunes the network buffers between tasks,
+    ``query_server`` the live state query endpoint.
+
+    The keyword arguments of earlier releases (``checkpoint_storage=``,
+    ``parallelism=``, ``max_parallelism=``, ``state_backend=``, ``checkpointing=``,
+    ``restart_strategy=``, ``rocksdb_memory=``) still work, with a
+    :class:`DeprecationWarning`.
 
     Every setting is checked here, and every operator's as it is added: a bad one
     raises :class:`~weir.errors.ConfigurationError` naming it and what is allowed,
     never a task that fails and restarts."""
 
-    def __init__(self, *, checkpoint_storage: str | Path, parallelism: int = 1,
-                 max_parallelism: int = 128, state_backend: str = "hashmap",
-                 checkpointing: CheckpointConfig | None = None,
-                 restart_strategy: RestartStrategy | None = None,
+    def __init__(self, config: JobConfig | None = None, *,
                  channels: ChannelConfig | None = None,
                  query_server: QueryServerConfig | None = None,
-                 rocksdb_memory: RocksDBMemory | None = None) -> None:
-        self.checkpoint_storage = check_storage_url(checkpoint_storage)
+                 **deprecated: Any) -> None:
+        config = _legacy_config(config, deprecated)
+        if config.storage_options:
+            raise ConfigurationError(
+                "JobConfig(storage_options=) is not supported by the continuous runtime "
+                "yet: its tasks open the storage from the URL alone; configure the "
+                "filesystem through fsspec's environment (e.g. AWS_* variables)")
+        #: the job's settings
+        self.config = config
+        self.checkpoint_storage = check_storage_url(config.storage)
+        parallelism = config.parallelism or os.cpu_count() or 1
+        max_parallelism = (config.max_parallelism if config.max_parallelism is not None
+                           else max(128, compute_default_max_parallelism(parallelism)))
         check_parallelism(parallelism, max_parallelism)
         self.parallelism, self.max_parallelism = parallelism, max_parallelism
         #: "hashmap" or "rocksdb"
-        self.state_backend = check_state_backend(state_backend)
-        if rocksdb_memory is not None and not isinstance(rocksdb_memory, RocksDBMemory):
-            raise ConfigurationError(f"rocksdb_memory must be a weir.RocksDBMemory, got "
-                                     f"{type(rocksdb_memory).__name__}")
-        #: each task process's RocksDB budget and entry cache (None: the defaults)
-        self.rocksdb_memory = rocksdb_memory
-        self.checkpointing = instance_of(checkpointing, CheckpointConfig, "checkpointing",
-                                       "weir.stream.CheckpointConfig")
-        if restart_strategy is None:
-            restart_strategy = (RestartStrategy.exponential_delay()
-                                if self.checkpointing.interval_ms is not None
-                                else RestartStrategy.no_restart())
-        self.restart_strategy = instance_of(restart_strategy, RestartStrategy, "restart_strategy",
-                                          "weir.RestartStrategy (fixed_delay(), "
-                                          "exponential_delay(), failure_rate(), no_restart())")
+        self.state_backend = check_state_backend(config.state_backend.name)
+        backend = config.state_backend
+        #: each task process's RocksDB budget and entry cache (None: the hash map)
+        self.rocksdb_memory: RocksDBMemory | None = (
+            backend.memory_budget() if isinstance(backend, RocksDBStateBackend) else None)
+        self.checkpointing = config.checkpointing
+        self.restart_strategy = config.effective_restart_strategy()
         self.channels = check_channel_config(channels or ChannelConfig())
         #: where a running job answers live state queries (loopback, a random secret)
         self.query_server = check_query_server(query_server)
@@ -239,6 +247,10 @@ class StreamEnvironment:
 
     def _job(self, job_name: str, restore_from: str | Path | None,
              allow_non_restored_state: bool, runner: Runner | str, spark: Any) -> LocalJob:
+        if restore_from is None:  # (execute's own restore_from wins over the config's)
+            restore_from = self.config.restore_from
+            allow_non_restored_state = (allow_non_restored_state
+                                        or self.config.allow_non_restored_state)
         try:
             runner = Runner(runner)
         except ValueError:
@@ -289,6 +301,54 @@ class StreamEnvironment:
             checkpoint_storage=self.checkpoint_storage, max_parallelism=self.max_parallelism,
             state_backend=self.state_backend, channel=self.channels,
             rocksdb_memory=self.rocksdb_memory)
+
+
+_LEGACY = ("checkpoint_storage", "parallelism", "max_parallelism", "state_backend",
+           "checkpointing", "restart_strategy", "rocksdb_memory")
+
+
+def _legacy_config(config: JobConfig | None, old: dict[str, Any]) -> JobConfig:
+    """``config``, or one made from the keyword arguments of earlier releases (with a
+    :class:`DeprecationWarning`)."""
+    unknown = sorted(set(old) - set(_LEGACY))
+    if unknown:
+        raise TypeError(f"StreamEnvironment() got unexpected keyword argument(s) {unknown}")
+    if not old:
+        if config is None:
+            raise ConfigurationError("StreamEnvironment needs a weir.JobConfig(storage=...) "
+                                     "(the job's checkpoint storage)")
+        if not isinstance(config, JobConfig):
+            raise ConfigurationError(f"config must be a weir.JobConfig, got "
+                                     f"{type(config).__name__}")
+        return config
+    if config is not None:
+        raise ConfigurationError(f"give the settings once: in the JobConfig, not also as "
+                                 f"{sorted(old)}")
+    warnings.warn(f"StreamEnvironment({', '.join(f'{k}=' for k in sorted(old))}) is "
+                  f"deprecated: pass weir.JobConfig(storage=..., parallelism=..., "
+                  f"state_backend=weir.RocksDBStateBackend(...), checkpointing=..., "
+                  f"restart_strategy=...)", DeprecationWarning, stacklevel=3)
+    if "checkpoint_storage" not in old:
+        raise ConfigurationError("StreamEnvironment needs checkpoint storage: "
+                                 "weir.JobConfig(storage=...)")
+    backend = state_backend_of(old.get("state_backend", "hashmap"))
+    memory = old.get("rocksdb_memory")
+    if memory is not None:
+        if not isinstance(memory, RocksDBMemory):
+            raise ConfigurationError(f"rocksdb_memory must be a weir.RocksDBMemory, got "
+                                     f"{type(memory).__name__}")
+        if isinstance(backend, RocksDBStateBackend):
+            backend = RocksDBStateBackend(memory.total_bytes,
+                                          write_buffer_ratio=memory.write_buffer_ratio,
+                                          cache_entries=memory.cache_entries)
+    checkpointing = instance_of(old.get("checkpointing"), CheckpointConfig, "checkpointing",
+                                "weir.CheckpointConfig")
+    storage = old["checkpoint_storage"]
+    return JobConfig(check_storage_url(storage), state_backend=backend,
+                     checkpointing=checkpointing,
+                     restart_strategy=old.get("restart_strategy"),
+                     parallelism=old.get("parallelism", 1),
+                     max_parallelism=old.get("max_parallelism", 128))
 
 
 def _rejecting(op: OperatorSpec, bad_record_exceptions: Sequence[type[BaseException]],

@@ -70,9 +70,15 @@ def run(work: Path, master: str, backend: str, n: int, rate: float) -> int:
                  app_id=spark.sparkContext.applicationId,
                  startup_s=round(time.monotonic() - started, 1))
     env = StreamEnvironment(
-        parallelism=3, max_parallelism=32, state_backend=backend,
-        checkpoint_storage=work / "chk", checkpointing=CheckpointConfig(interval_ms=200),
-        restart_strategy=RestartStrategy.fixed_delay(attempts=5, delay=0))
+        weir.JobConfig(
+            work / "chk",
+            parallelism=3,
+            max_parallelism=32,
+            state_backend=backend,
+            checkpointing=CheckpointConfig(interval=200),
+            restart_strategy=RestartStrategy.fixed_delay(attempts=5, delay=0),
+        )
+    )
     (env.from_source(SequenceSource(n, rate), uid="numbers", parallelism=1)
         .key_by(lambda v: v % KEYS)
         .process(Count(), uid="count")

@@ -221,12 +221,16 @@ def start_query(
         .json(str(paths.input))
     )
     out = weir.spark.process(
-        events, key_by="key",
-        function=function if function is not None else Tracker(str(paths.markers), backend,
-                                                                pauses),
-        output_schema=OUTPUT_SCHEMA, uid=UID,
-        checkpoint_location=paths.weir_chk(backend).as_uri(), parallelism=PARALLELISM,
-        max_parallelism=MAX_PARALLELISM, state_backend=backend, heartbeat=False,
+        events,
+        key_by="key",
+        function=function if function is not None else Tracker(str(paths.markers), backend, pauses),
+        output_schema=OUTPUT_SCHEMA,
+        uid=UID,
+        config=weir.JobConfig(
+            paths.weir_chk(backend).as_uri(), max_parallelism=MAX_PARALLELISM, state_backend=backend
+        ),
+        parallelism=PARALLELISM,
+        heartbeat=False,
     )
     return (
         out.writeStream.format("weir-files")

@@ -2,13 +2,18 @@
 
 Processing methods return an iterable of outputs (a list, a tuple or a generator;
 ``None`` means no output).
+
+A function class names the exceptions that mark a record as bad in
+``bad_record_exceptions``: a record for which ``process_element`` raises one of them
+goes to the dead letters with the reason, and the job goes on (on both runtimes); any
+other exception fails the job (which restarts as its restart strategy allows).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from weir.api.context import (
     BroadcastContext,
@@ -33,6 +38,9 @@ BC = TypeVar("BC")
 class KeyedProcessFunction(ABC, Generic[IN, OUT]):
     """A function over a keyed stream with keyed state and timers."""
 
+    bad_record_exceptions: ClassVar[tuple[type[BaseException], ...]] = ()
+    """Exceptions of ``process_element`` that send the record to the dead letters."""
+
     def open(self, ctx: KeyedContext) -> None:
         """Called once before the first element; register state here."""
 
@@ -51,6 +59,9 @@ class KeyedProcessFunction(ABC, Generic[IN, OUT]):
 class KeyedBroadcastProcessFunction(ABC, Generic[IN, BC, OUT]):
     """A keyed function that also receives a broadcast stream: broadcast elements may
     change broadcast state, keyed elements read it."""
+
+    bad_record_exceptions: ClassVar[tuple[type[BaseException], ...]] = ()
+    """Exceptions of ``process_element`` that send the record to the dead letters."""
 
     def open(self, ctx: KeyedContext) -> None:
         """Called once before the first element."""
@@ -76,6 +87,9 @@ class KeyedBroadcastProcessFunction(ABC, Generic[IN, BC, OUT]):
 class ProcessFunction(ABC, Generic[IN, OUT]):
     """A function over a non-keyed stream (operator state through
     :class:`CheckpointedFunction`)."""
+
+    bad_record_exceptions: ClassVar[tuple[type[BaseException], ...]] = ()
+    """Exceptions of ``process_element`` that send the record to the dead letters."""
 
     def open(self, ctx: Context) -> None:
         """Called once before the first element."""

@@ -4,7 +4,10 @@ up. Flink's four, with the defaults of Flink 1.19+ and 2.x (FLIP-364).
 A :class:`RestartStrategy` is an immutable setting; its :meth:`~RestartStrategy.tracker`
 is the restart state of one job: :meth:`RestartTracker.on_failure` is told each failure
 (the time in seconds of a monotonic clock) and answers the seconds to wait before the
-restart, or None: give up. Durations are seconds or :class:`datetime.timedelta`.
+restart, or None: give up. The factories take durations as every weir setting does
+(:mod:`weir.api.durations`: ``"1 s"``, a :class:`datetime.timedelta`); a bare number
+is still read as seconds for one release, with a :class:`DeprecationWarning`. The
+strategies keep them as float seconds.
 
 * ``fixed_delay`` — Flink's ``restart-strategy.type: fixed-delay``
   (``restart-strategy.fixed-delay.attempts`` = 1, ``.delay`` = 1 s): restart after
@@ -38,13 +41,15 @@ from dataclasses import dataclass, fields
 from datetime import timedelta
 from typing import Any, ClassVar
 
+from weir.api.durations import duration, warn_bare_seconds
 from weir.errors import ConfigurationError
 
 __all__ = ["Duration", "ExponentialDelayRestart", "FailureRateRestart", "FixedDelayRestart",
            "NoRestart", "RestartStrategy", "RestartTracker"]
 
-Duration = float | timedelta
-"""A duration: seconds (int or float) or a :class:`datetime.timedelta`."""
+Duration = str | timedelta | float
+"""A duration: a string with a unit (``"1 s"``), a :class:`datetime.timedelta`, or
+(deprecated) a bare number of seconds."""
 
 
 def _seconds(value: object, name: str, *, zero: bool) -> float:
@@ -61,8 +66,12 @@ def _count(value: object, name: str, minimum: int) -> None:
         raise ConfigurationError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
-def _dur(value: Duration) -> float:  # the dataclass validates it
-    return value.total_seconds() if isinstance(value, timedelta) else value
+def _dur(value: Duration, name: str) -> float:
+    """Seconds of a factory's duration (a bare number: seconds, deprecated; the
+    strategy's dataclass checks its range)."""
+    if warn_bare_seconds(value, name):
+        return value  # type: ignore[return-value]
+    return duration(value, name).total_seconds()
 
 
 class RestartTracker(abc.ABC):
@@ -143,14 +152,14 @@ class RestartStrategy:
     _tracker: ClassVar[type[RestartTracker]] = _Never
 
     @staticmethod
-    def fixed_delay(attempts: int = 1, delay: Duration = 1.0) -> FixedDelayRestart:
+    def fixed_delay(attempts: int = 1, delay: Duration = "1 s") -> FixedDelayRestart:
         """Restart after ``delay`` (>= 0), at most ``attempts`` (>= 0) times."""
-        return FixedDelayRestart(attempts, _dur(delay))
+        return FixedDelayRestart(attempts, _dur(delay, "delay"))
 
     @staticmethod
     def exponential_delay(
-        initial_backoff: Duration = 1.0, max_backoff: Duration = 60.0,
-        backoff_multiplier: float = 1.5, reset_backoff_threshold: Duration = 3600.0,
+        initial_backoff: Duration = "1 s", max_backoff: Duration = "1 min",
+        backoff_multiplier: float = 1.5, reset_backoff_threshold: Duration = "1 h",
         jitter_factor: float = 0.1, attempts_before_reset_backoff: int | None = None,
     ) -> ExponentialDelayRestart:
         """Backoff from ``initial_backoff`` to ``max_backoff`` (0 < initial <= max), times
@@ -158,16 +167,19 @@ class RestartStrategy:
         reset after ``reset_backoff_threshold`` (> 0); give up after
         ``attempts_before_reset_backoff`` (>= 1, None: never) restarts without a reset."""
         return ExponentialDelayRestart(
-            _dur(initial_backoff), _dur(max_backoff), backoff_multiplier,
-            _dur(reset_backoff_threshold), jitter_factor, attempts_before_reset_backoff)
+            _dur(initial_backoff, "initial_backoff"), _dur(max_backoff, "max_backoff"),
+            backoff_multiplier, _dur(reset_backoff_threshold, "reset_backoff_threshold"),
+            jitter_factor, attempts_before_reset_backoff)
 
     @staticmethod
-    def failure_rate(max_failures_per_interval: int = 1, failure_rate_interval: Duration = 60.0,
-                     delay: Duration = 1.0) -> FailureRateRestart:
+    def failure_rate(max_failures_per_interval: int = 1,
+                     failure_rate_interval: Duration = "1 min",
+                     delay: Duration = "1 s") -> FailureRateRestart:
         """Restart after ``delay`` (>= 0) unless more than ``max_failures_per_interval``
         (>= 1) failures happened within ``failure_rate_interval`` (> 0)."""
-        return FailureRateRestart(max_failures_per_interval, _dur(failure_rate_interval),
-                                  _dur(delay))
+        return FailureRateRestart(max_failures_per_interval,
+                                  _dur(failure_rate_interval, "failure_rate_interval"),
+                                  _dur(delay, "delay"))
 
     @staticmethod
     def no_restart() -> NoRestart:

@@ -43,6 +43,7 @@ from typing import Any
 
 from rich.console import Console
 
+import weir
 from weir.examples.fraud import CATEGORY_LIMITS, CardFraudDetector, InvalidTransaction, Txn
 from weir.examples.fraud_job import WATERMARK_DELAY_MS
 from weir.examples.fraud_stream import MAX_DELAY_MS, Expected, Stream, generate, oracle
@@ -102,10 +103,15 @@ def build(work: Path, events: Path, rules: Path) -> Any:
     )
 
     env = StreamEnvironment(
-        parallelism=PARALLELISM, max_parallelism=128, state_backend="rocksdb",
-        checkpoint_storage=work / "checkpoints",
-        checkpointing=CheckpointConfig(interval_ms=200),
-        restart_strategy=RestartStrategy.fixed_delay(attempts=3, delay=0.5))
+        weir.JobConfig(
+            work / "checkpoints",
+            parallelism=PARALLELISM,
+            max_parallelism=128,
+            state_backend=weir.RocksDBStateBackend(),
+            checkpointing=CheckpointConfig(interval="200 ms"),
+            restart_strategy=RestartStrategy.fixed_delay(attempts=3, delay="500 ms"),
+        )
+    )
     limits = env.from_source(FileSource(rules), uid="rules", parallelism=1)
     (env.from_source(FileSource(events), uid="transactions",
                      watermarks=WatermarkStrategy.bounded_out_of_orderness(

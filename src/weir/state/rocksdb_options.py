@@ -1,5 +1,6 @@
 """The RocksDB backend's memory budget and open options: one LRU block cache and one
-write buffer manager per process, shared by every RocksDB instance (``RocksDBMemory``),
+write buffer manager per budget and process, shared by every RocksDB instance opened
+with that budget (``RocksDBMemory``),
 and the options each database and column family opens with (``open_db``).
 """
 
@@ -18,8 +19,9 @@ __all__ = ["RocksDBMemory", "db_options", "open_db", "shared_memory_usage"]
 
 @dataclass(frozen=True)
 class RocksDBMemory:
-    """The memory of every RocksDB instance of this process together (Flink's managed
-    memory for RocksDB): one LRU block cache of ``total_bytes`` shared by all of them,
+    """The memory of the RocksDB instances of this process opened with this budget
+    (Flink's managed memory for RocksDB): one LRU block cache of ``total_bytes`` shared
+    by all of them (instances with another budget have their own),
     with their memtables (write buffers) charged to it, at most ``write_buffer_ratio``
     of it; RocksDB flushes memtables early rather than exceed that.
 
@@ -56,31 +58,34 @@ class RocksDBMemory:
         return int(self.total_bytes * self.write_buffer_ratio)
 
 
-#: the process's shared block cache and write buffer manager, and their sizing
-_SHARED: dict[str, Any] = {}
+#: the block cache and write buffer manager of each budget in use in this process, by
+#: (total_bytes, write_buffer_ratio): stages with the same budget share one, a stage
+#: with another budget gets its own (never resizes another stage's)
+_SHARED: dict[tuple[int, float], tuple[Any, Any]] = {}
 
 
 def _shared_memory(memory: RocksDBMemory) -> tuple[Any, Any]:
-    """The process-wide block cache and write buffer manager, resized to ``memory``."""
-    cache = _SHARED.get("cache")
-    if cache is None:
+    """The block cache and write buffer manager shared by the databases of this
+    process with the budget ``memory``."""
+    key = (memory.total_bytes, memory.write_buffer_ratio)
+    shared = _SHARED.get(key)
+    if shared is None:
         cache = rocksdict.Cache(memory.total_bytes)
         manager = rocksdict.WriteBufferManager.new_write_buffer_manager_with_cache(
             memory.write_buffer_bytes, False, cache
         )
-        _SHARED.update(cache=cache, manager=manager)
-    elif _SHARED["memory"] != (memory.total_bytes, memory.write_buffer_ratio):
-        cache.set_capacity(memory.total_bytes)
-        _SHARED["manager"].set_buffer_size(memory.write_buffer_bytes)
-    _SHARED["memory"] = (memory.total_bytes, memory.write_buffer_ratio)
-    return cache, _SHARED["manager"]
+        shared = _SHARED[key] = (cache, manager)
+    return shared
 
 
-def shared_memory_usage() -> tuple[int, int]:
-    """(block cache bytes in use, memtable bytes in use) of this process's RocksDB."""
-    if "cache" not in _SHARED:
-        return 0, 0
-    return int(_SHARED["cache"].get_usage()), int(_SHARED["manager"].get_usage())
+def shared_memory_usage(memory: RocksDBMemory | None = None) -> tuple[int, int]:
+    """(block cache bytes in use, memtable bytes in use) of this process's RocksDB
+    instances with the budget ``memory`` (None: over every budget)."""
+    shared = (list(_SHARED.values()) if memory is None else
+              [_SHARED[key]] if (key := (memory.total_bytes, memory.write_buffer_ratio))
+              in _SHARED else [])
+    return (sum(int(cache.get_usage()) for cache, _ in shared),
+            sum(int(manager.get_usage()) for _, manager in shared))
 
 
 def db_options(memory: RocksDBMemory | None = None) -> rocksdict.Options:

@@ -244,8 +244,9 @@ class JobGraph:
     #: unaligned (0: unaligned from the start; set from the job's CheckpointConfig)
     unaligned: bool = False
     aligned_timeout_ms: int = 0
-    #: keyed state checkpointed as a changelog (set from the job's CheckpointConfig)
-    changelog: bool = False
+    #: how keyed state is checkpointed: a ``SnapshotStrategy`` value the state backend
+    #: supports (set from the job's CheckpointConfig)
+    snapshot: str = "full"
     #: a task whose main loop is silent this long is taken as hung (Flink's
     #: heartbeat.timeout: 50 s)
     heartbeat_timeout_s: float = 50.0

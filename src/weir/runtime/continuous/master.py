@@ -290,7 +290,7 @@ class LocalJob(CheckpointRounds):
         graph = dataclasses.replace(
             self.graph, at_least_once=config.mode is CheckpointingMode.AT_LEAST_ONCE,
             unaligned=config.unaligned, aligned_timeout_ms=config.aligned_timeout_ms,
-            changelog=config.changelog_for(self.graph.state_backend))
+            snapshot=config.snapshot_for(self.graph.state_backend).value)
         pickled: bytes = cloudpickle.dumps(graph)  # type: ignore[no-untyped-call]
         job_env = {"WEIR_JOB_SECRET": secret.hex(),
                    "WEIR_COORDINATOR": f"{server.address[0]}:{server.address[1]}"}

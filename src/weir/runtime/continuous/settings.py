@@ -5,13 +5,13 @@ starts — never inside the tasks, where a restart loop would hide it."""
 
 from __future__ import annotations
 
-import datetime
 import math
 import os
 from typing import TypeVar
 
 import fsspec
 
+from weir.api.durations import legacy_seconds
 from weir.errors import ConfigurationError
 from weir.runtime.continuous.queries import QueryServerConfig
 
@@ -22,15 +22,18 @@ _T = TypeVar("_T")
 
 
 def timeout_seconds(timeout: object) -> float | None:
-    """``execute``'s ``timeout`` in seconds: None (or infinity) for no deadline."""
-    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
-    if seconds is None or seconds == math.inf:
+    """``execute``'s ``timeout`` in seconds: None (or infinity) for no deadline; a
+    duration (``"10 min"``, a timedelta; a bare number is seconds, deprecated)."""
+    if timeout is None or timeout == math.inf:
         return None
-    if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
-            or math.isnan(seconds) or seconds <= 0):
-        raise ConfigurationError(f"timeout must be None (no deadline: the default), seconds "
-                                 f"> 0 or a datetime.timedelta > 0; got {timeout!r}")
-    return float(seconds)
+    if isinstance(timeout, float) and math.isnan(timeout):
+        raise ConfigurationError("timeout must be a duration > 0 or None, got nan")
+    seconds = legacy_seconds(timeout, "timeout").total_seconds()
+    if seconds <= 0:
+        raise ConfigurationError(f"timeout must be None (no deadline: the default) or a "
+                                 f"duration > 0 ('10 min', a datetime.timedelta); got "
+                                 f"{timeout!r}")
+    return seconds
 
 
 def check_job_name(name: object) -> str:

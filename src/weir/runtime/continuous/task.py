@@ -174,11 +174,7 @@ class Task:
                 op.core.restore(completed.load(op.spec.name, self.vertex.parallelism,
                                                self.subtask))
             op.core.open()
-            mode = "full"
-            if op.kind is OpKind.KEYED and self.graph.changelog:
-                mode = "changelog"
-            elif op.kind is OpKind.KEYED and self.graph.state_backend == "rocksdb":
-                mode = "incremental"
+            mode = self.graph.snapshot if op.kind is OpKind.KEYED else "full"
             # a checkpoint may be aborted while the job goes on: a changelog extends
             # only checkpoints known complete
             self.checkpointers.append(SubtaskCheckpointer(

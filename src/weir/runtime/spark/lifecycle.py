@@ -11,11 +11,11 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from weir.api.durations import duration_ms
 from weir.checkpoint.coordinator import CompletedCheckpoint
 from weir.checkpoint.ownership import QUERY, Lineage
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import ConfigurationError, NoCheckpointError
-from weir.runtime.spark.durations import duration_ms
 from weir.runtime.spark.epochs import EpochStore
 from weir.runtime.spark.listener import COMPLETIONS, last_committed
 from weir.runtime.spark.plan import lineage_state

@@ -93,7 +93,7 @@ def new_live(spec: StageSpec, subtask: int, storage: CheckpointStorage) -> LiveS
     config = OperatorConfig(
         uid=spec.uid, state_backend=spec.state_backend, max_parallelism=spec.max_parallelism,
         parallelism=spec.parallelism, subtask_index=subtask, rocksdb_path=rocksdb_dir,
-        rocksdb_memory=RocksDBMemory(spec.rocksdb_memory_bytes,
+        rocksdb_memory=RocksDBMemory(spec.rocksdb_memory_bytes, spec.rocksdb_write_buffer_ratio,
                                      cache_entries=spec.rocksdb_cache_entries),
     )
     operator: KeyedOperator | NonKeyedOperator
@@ -104,11 +104,8 @@ def new_live(spec: StageSpec, subtask: int, storage: CheckpointStorage) -> LiveS
         )
     else:
         operator = NonKeyedOperator(spec.function, config, clock=clock)
-    mode = SnapshotMode(spec.snapshot_mode)
-    if not spec.keyed:
-        mode = SnapshotMode.FULL
-    elif spec.state_backend != "rocksdb" and mode is SnapshotMode.INCREMENTAL:
-        mode = SnapshotMode.CHANGELOG
+    # (spec.snapshot_mode: a SnapshotStrategy value the backend supports; weir.spark)
+    mode = SnapshotMode(spec.snapshot_mode) if spec.keyed else SnapshotMode.FULL
     policy = ChangelogPolicy(interval_ms=spec.materialize_interval_ms,
                              max_lag=MATERIALIZATION_MAX_LAG, background=True)
     checkpointer = SubtaskCheckpointer(operator, storage, mode=mode, asynchronous=False,

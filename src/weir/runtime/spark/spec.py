@@ -53,6 +53,7 @@ class StageSpec:
     dead_letter_retention_ms: int = 7 * 24 * 3_600_000
     #: block cache + write buffers of the worker's RocksDB instances together
     rocksdb_memory_bytes: int = 256 << 20
+    rocksdb_write_buffer_ratio: float = 0.5
     #: entries each value and list state of a RocksDB subtask caches in Python memory
     rocksdb_cache_entries: int = 1 << 17
     #: Arrow bytes of input (and of output) a task holds in memory before it moves
