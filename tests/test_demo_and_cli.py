@@ -162,20 +162,41 @@ def test_cli_default_max_parallelism_follows_flink() -> None:
     assert result.output.strip() == "256"
 
 
-def test_readme_quick_start_runs_as_written(tmp_path: Path) -> None:
-    """The README's code blocks run top to bottom (paths moved under tmp_path) and
-    the restored harness holds the checkpointed count."""
+def test_readme_harness_quick_start_runs_as_written() -> None:
+    """The README's harness quick start runs, and the restored harness holds the
+    snapshotted count."""
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
-    assert len(blocks) >= 2
+    (block,) = re.findall(r"```python\n(.*?)```", readme, re.S)
     namespace: dict[str, Any] = {}
-    for block in blocks:
-        exec(block.replace("/tmp/", f"{tmp_path}/"), namespace)
+    exec(block, namespace)
     restored = namespace["h"]
     assert restored.state_of("ann", ValueStateDescriptor("count", ttl=StateTtlConfig(
         ttl_ms=3_600_000))) == 1
     restored.close()
-    assert (tmp_path / "savepoints" / "sp-1" / "_metadata").exists()
+
+
+def test_readme_continuous_quick_start_runs_as_pasted_twice_from_an_empty_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's continuous quick start prints its result; a second run continues
+    from the storage's last checkpoint and adds nothing."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    (block,) = re.findall(r"```python continuous\n(.*?)```", readme, re.S)
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        exec(block, {"__name__": "__main__"})
+        assert capsys.readouterr().out.splitlines()[-1] == "[(0, 1000), (1, 1000), (2, 1000)]"
+    from weir.connectors import read_stream_sink
+
+    assert len(read_stream_sink(tmp_path / "quickstart" / "continuous-out")) == 10_000
+
+
+def test_the_readme_stays_a_readme() -> None:
+    """What a user reads: at most about 300 lines, no run history, no status lines."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300
+    for stale in ("this session", "not yet on Spark", "Status:", "preview"):
+        assert stale not in readme, stale
 
 
 def test_limits_at_watermark_do_not_depend_on_when_the_rules_arrive() -> None:
