@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup java compiler chromium demo test soak lint bench-state-ops bench-checkpoint bench-query-state bench-spark bench-large-state bench-continuous peers clean
+.PHONY: setup java compiler chromium demo test docs soak lint bench-state-ops bench-checkpoint bench-query-state bench-spark bench-large-state bench-continuous peers clean
 
 setup: java compiler chromium $(STAMP)
 
@@ -46,6 +46,12 @@ demo: setup
 # JVM, a subprocess or a timer most of the time, so two share the 2 cores of CI.
 test: setup
 	$(PY) -m pytest -q -n 2 --durations=30
+
+# The user guide and the API reference (mkdocs.yml, docs/) into site/, in strict mode: a
+# broken link, anchor or cross-reference fails the build (make test builds it too:
+# tests/test_docs.py, which also runs every ```python block of docs/).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 # The long fault-injection runs: kill -9 of executors and drivers on local-cluster,
 # six seeds over 12 files (make test runs one over 6); speculative and zombie attempts

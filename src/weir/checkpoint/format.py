@@ -1,4 +1,4 @@
-"""The on-disk format of checkpoints and savepoints (format version 1).
+"""The on-disk format of checkpoints and savepoints (format version 2).
 
 This module defines, encodes and decodes every file weir writes into checkpoint
 storage; nothing else writes there. Layout under a checkpoint storage root::
