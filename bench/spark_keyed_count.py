@@ -83,6 +83,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 import weir
+import weir.api.config
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PEERS = ("tws-pandas", "tws-row", "weir-hashmap", "weir-rocksdb", "dict", "dict-routed",
@@ -269,10 +270,9 @@ def build(peer: str, events: Any, with_ts: bool, weir_dir: str) -> Any:
         function=CountFunction(with_ts),
         output_schema=schema,
         uid="count",
-        checkpoint_location=Path(weir_dir).as_uri(),
+        config=weir.JobConfig(Path(weir_dir).as_uri(), max_parallelism=128,
+                              state_backend=weir.api.config.state_backend_of(backend)),
         parallelism=2,
-        max_parallelism=128,
-        state_backend=backend,
         heartbeat=None,
     )
 

@@ -4,13 +4,15 @@ failure restarts every task from the latest completed checkpoint.
 
 .. code-block:: python
 
-    from weir.stream import StreamEnvironment, CheckpointConfig, RestartStrategy
+    import weir
+    from weir.stream import StreamEnvironment
     from weir.connectors import SequenceSource, FileSink
 
-    env = StreamEnvironment(parallelism=2, state_backend="rocksdb",
-                            checkpoint_storage="/data/ckpt",
-                            checkpointing=CheckpointConfig(interval_ms=1000),
-                            restart_strategy=RestartStrategy.exponential_delay())
+    config = weir.JobConfig("/data/ckpt", parallelism=2,
+                            state_backend=weir.RocksDBStateBackend(),
+                            checkpointing=weir.CheckpointConfig(interval="1 s"),
+                            restart_strategy=weir.RestartStrategy.exponential_delay())
+    env = StreamEnvironment(config)
     (env.from_source(SequenceSource(1_000_000), uid="numbers")
         .key_by(lambda n: n % 100)
         .process(RunningCount(), uid="count")
@@ -356,6 +358,8 @@ def _rejecting(op: OperatorSpec, bad_record_exceptions: Sequence[type[BaseExcept
     """``op`` sending the records its function raises one of ``bad_record_exceptions``
     for to the ``dead_letters`` sink (under the uid ``<uid>-dead-letters``)."""
     bad = tuple(bad_record_exceptions)
+    if not bad and dead_letters is not None:  # the function's class names them
+        bad = tuple(getattr(op.fn, "bad_record_exceptions", ()))
     for exc in bad:
         if not (isinstance(exc, type) and issubclass(exc, BaseException)):
             raise ConfigurationError(f"operator {op.name!r}: bad_record_exceptions must be "

@@ -218,6 +218,8 @@ class CardFraudDetector(KeyedBroadcastProcessFunction[Txn, Txn, Txn]):
     to it. The watermark is the minimum over both inputs, so once it passes a
     transaction every rule that precedes it has arrived."""
 
+    bad_record_exceptions = (InvalidTransaction,)
+
     def __init__(self, limits_at_watermark: bool = False) -> None:
         self.limits_at_watermark = limits_at_watermark
 

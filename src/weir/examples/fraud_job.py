@@ -30,7 +30,6 @@ from weir.examples.fraud import (
     ALERT_SCHEMA,
     CATEGORY_LIMITS,
     CardFraudDetector,
-    InvalidTransaction,
 )
 
 EVENT_SCHEMA = (
@@ -98,15 +97,11 @@ def build_query(spark: Any, paths: Paths, files_per_trigger: int) -> Any:
         function=CardFraudDetector(),
         output_schema=ALERT_SCHEMA,
         uid=UID,
-        checkpoint_location=paths.weir_state.as_uri(),
+        config=weir.JobConfig(paths.weir_state.as_uri(), max_parallelism=128,
+                              state_backend=weir.RocksDBStateBackend()),
         parallelism=PARALLELISM,
-        max_parallelism=128,
-        state_backend="rocksdb",
-        broadcast=rules,
-        broadcast_state_descriptors=[CATEGORY_LIMITS],
-        event_time="ts",
-        watermark_delay=WATERMARK_DELAY,
-        bad_record_exceptions=(InvalidTransaction,),
+        broadcast=weir.spark.Broadcast(rules, (CATEGORY_LIMITS,)),
+        event_time=weir.spark.EventTime("ts", watermark_delay=WATERMARK_DELAY),
     )
     return (
         alerts.writeStream.format("weir-sqlite")
