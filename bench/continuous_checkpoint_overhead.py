@@ -62,7 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", type=int, default=2_000_000)
     p.add_argument("--keys", type=kc._int_list, default=[10_000, 200_000])
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--backends", default="hashmap,rocksdb")
+    p.add_argument("--backends", default="hashmap,rocksdb",
+                   help="backends, each optionally with a snapshot strategy: "
+                        "hashmap:full,hashmap:changelog,rocksdb:incremental (default: "
+                        "CheckpointConfig's)")
     p.add_argument("--quick", action="store_true", help="500k records, 10k keys, 2 repeats")
     args = p.parse_args(argv)
     if args.quick:
@@ -78,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
                 for rep in range(args.repeat):
                     order = INTERVALS[rep % 3:] + INTERVALS[:rep % 3]
                     for interval in order:
-                        row = kc.weir_run(args.records, keys, backend, interval, root)
+                        name, _, snapshot = backend.partition(":")
+                        row = kc.weir_run(args.records, keys, name, interval, root,
+                                          snapshot=snapshot or None)
                         runs.append({**row, "repeat": rep})
                         print(f"{backend} {keys:,} keys, checkpoints {_label(interval)}: "
                               f"{row['steady_records_per_s']:,} records/s steady, "

@@ -163,14 +163,15 @@ def _load() -> float:
 
 
 def weir_run(records: int, keys: int, backend: str, interval_ms: int | None,
-             root: Path, spark: Any = None) -> dict[str, Any]:
+             root: Path, spark: Any = None, snapshot: str | None = None) -> dict[str, Any]:
     """One continuous job (on ``spark``'s executors if given); its throughput and
     checkpoints."""
     work = Path(tempfile.mkdtemp(dir=root))
     marks = work / "marks"
     marks.mkdir()
     env = StreamEnvironment(weir.JobConfig(work / "chk", parallelism=2, state_backend=backend,
-                                           checkpointing=CheckpointConfig(interval=interval_ms),
+                                           checkpointing=CheckpointConfig(interval=interval_ms,
+                                                                          snapshot=snapshot),
                                            restart_strategy=RestartStrategy.no_restart()))
     (env.from_source(SequenceSource(records), uid="numbers")
         .key_by(lambda n, k=keys: (n * 7919) % k)
@@ -182,7 +183,8 @@ def weir_run(records: int, keys: int, backend: str, interval_ms: int | None,
                                spark=spark)
     result = client.wait()
     seconds = time.perf_counter() - started
-    return {"peer": f"weir-{backend}" + ("" if spark is None else "-on-spark"),
+    return {"peer": f"weir-{backend}" + (f"-{snapshot}" if snapshot else "")
+            + ("" if spark is None else "-on-spark"),
             "sync_ms": sync_pauses(client.checkpoints(), "count"),
             "checkpoints": "1 s" if interval_ms else "final only",
             "interval_ms": interval_ms, "keys": keys, "records": records,

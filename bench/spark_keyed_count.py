@@ -86,6 +86,8 @@ import weir
 import weir.api.config
 
 RESULTS = Path(__file__).resolve().parent / "results"
+#: the weir peers' snapshot strategy (--snapshot; None: CheckpointConfig's default)
+SNAPSHOT: str | None = None
 PEERS = ("tws-pandas", "tws-row", "weir-hashmap", "weir-rocksdb", "dict", "dict-routed",
          "dict-route-pass")
 #: peers whose count sequences are not checked (no state across Python workers)
@@ -271,7 +273,8 @@ def build(peer: str, events: Any, with_ts: bool, weir_dir: str) -> Any:
         output_schema=schema,
         uid="count",
         config=weir.JobConfig(Path(weir_dir).as_uri(), max_parallelism=128,
-                              state_backend=weir.api.config.state_backend_of(backend)),
+                              state_backend=weir.api.config.state_backend_of(backend),
+                              checkpointing=weir.CheckpointConfig(snapshot=SNAPSHOT)),
         parallelism=2,
         heartbeat=None,
     )
@@ -867,7 +870,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-grace", type=float, default=60.0,
                    help="seconds to wait for the window's rows after it ends")
     p.add_argument("-v", "--verbose", action="store_true", help="print tracebacks")
+    p.add_argument("--snapshot", choices=("full", "incremental", "changelog"), default=None,
+                   help="the weir peers' SnapshotStrategy (default: CheckpointConfig's)")
     args = p.parse_args(argv)
+    global SNAPSHOT
+    SNAPSHOT = args.snapshot
     if args.quick:
         args.records = min(args.records, 100_000)
         args.latency_seconds, args.latency_warmup = 10.0, 5.0
