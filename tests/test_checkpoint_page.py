@@ -153,10 +153,10 @@ def test_the_page_in_chromium_shows_what_the_metadata_says(location: Path,
     for key, meta in on_disk.items():
         cells = history[key]
         changed = sum(s.stats.new_bytes for s in meta.operators["count"].subtasks)
-        assert cells["duration_ms"][0] == pytest.approx(meta.duration_ms)
-        assert cells["bytes"] == (meta.total_bytes, readable_size(meta.total_bytes))
-        assert cells["changed_bytes"] == (changed, readable_size(changed))
-        assert cells["completed_ms"][0] == meta.completion_timestamp_ms
+        assert cells["end_to_end_duration_ms"][0] == pytest.approx(meta.duration_ms)
+        assert cells["state_size"] == (meta.total_bytes, readable_size(meta.total_bytes))
+        assert cells["checkpointed_size"] == (changed, readable_size(changed))
+        assert cells["completed_timestamp_ms"][0] == meta.completion_timestamp_ms
     # the newest batch's details: one row per subtask, the numbers of its handle
     newest = max(on_disk.values(), key=lambda m: m.completion_timestamp_ms)
     shown = page.rows("subtask")
@@ -165,19 +165,19 @@ def test_the_page_in_chromium_shows_what_the_metadata_says(location: Path,
     for (_, cells), handle in zip(shown[:2], subs, strict=True):
         assert cells["sync_ms"][0] == pytest.approx(handle.stats.sync_ms)
         assert cells["async_ms"][0] == pytest.approx(handle.stats.async_ms)
-        assert cells["bytes"] == (handle.stats.bytes, readable_size(handle.stats.bytes))
-        assert cells["new_bytes"][0] == handle.stats.new_bytes
+        assert cells["state_size"] == (handle.stats.bytes, readable_size(handle.stats.bytes))
+        assert cells["checkpointed_size"][0] == handle.stats.new_bytes
     # the summary: min/avg/max end-to-end duration over every completed batch
     stats = {a["data-stat"]: float(a["data-value"]) for tag, a, _ in page.found
              if tag == "td" and "data-value" in a and "data-stat" in a}
     durations = [m.duration_ms for m in on_disk.values()]
-    assert stats["duration_ms-min"] == pytest.approx(min(durations))
-    assert stats["duration_ms-max"] == pytest.approx(max(durations))
-    assert stats["duration_ms-avg"] == pytest.approx(sum(durations) / len(durations))
+    assert stats["end_to_end_duration_ms-min"] == pytest.approx(min(durations))
+    assert stats["end_to_end_duration_ms-max"] == pytest.approx(max(durations))
+    assert stats["end_to_end_duration_ms-avg"] == pytest.approx(sum(durations) / len(durations))
     # the plot: one point per completed batch and series
     points = [a for tag, a, _ in page.found if tag == "circle"]
     assert sorted(float(p["data-value"]) for p in points
-                  if p["data-series"] == "duration_ms") == sorted(durations)
+                  if p["data-series"] == "end_to_end_duration_ms") == sorted(durations)
 
 
 @pytest.mark.spark
@@ -191,7 +191,7 @@ def test_output_writes_the_page_and_json_gives_its_data(location: Path,
     page = Elements()
     page.feed((tmp_path / "p.html").read_text())
     assert sorted(int(a["data-id"]) for a, _ in page.rows("checkpoint")) == sorted(
-        c["id"] for c in data["checkpoints"])
+        c["checkpoint_id"] for c in data["checkpoints"])
     assert "<script" not in (tmp_path / "p.html").read_text()  # self-contained, no script
 
 

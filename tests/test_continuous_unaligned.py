@@ -108,7 +108,7 @@ def test_five_failures_under_backpressure_lose_duplicate_or_reorder_nothing(
     history = checkpoint_history(str(tmp_path / "chk"))  # what the checkpoint page shows
     assert history.summary["alignment_ms"] is not None
     assert all(s.alignment_ms is not None for e in history.completed() for s in e.subtasks
-               if s.uid == "failing")
+               if s.operator == "failing")
 
 
 class _LateToTrigger(SourceReader[int]):

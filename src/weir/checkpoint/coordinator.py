@@ -355,6 +355,9 @@ class CheckpointCoordinator:
                 return
             self._discard(self._completed.pop(0))
         self.clean_up_orphans(still_owner)
+        if (still_owner is None or still_owner()) and self.storage.exists("shared") and not (
+                self.storage.walk_files("shared")):
+            self.storage.delete("shared", recursive=True)  # (its empty directories)
 
     def abort(self, pending: PendingCheckpoint) -> None:
         """Give up ``pending``: delete what it wrote — its directory and the shared files

@@ -13,8 +13,9 @@ from __future__ import annotations
 import html
 from collections.abc import Callable, Sequence
 
+from weir.checkpoint.stats import CheckpointStats
 from weir.cli.common import readable_size, readable_time
-from weir.processor.history import CheckpointEntry, History, Stat
+from weir.processor.history import History, Stat, operator_summary
 
 __all__ = ["render_page"]
 
@@ -60,9 +61,9 @@ def _td(text: str, value: float | int | None = None, cls: str = "", **data: obje
 
 
 def _summary(history: History) -> str:
-    rows = [("End-to-end duration", "duration_ms", _ms),
-            ("Checkpointed data size (changed)", "changed_bytes", _size),
-            ("Full checkpoint data size", "bytes", _size),
+    rows = [("End-to-end duration", "end_to_end_duration_ms", _ms),
+            ("Checkpointed data size (changed)", "checkpointed_size", _size),
+            ("Full checkpoint data size", "state_size", _size),
             ("Sync duration (per subtask)", "sync_ms", _ms),
             ("Async duration (per subtask)", "async_ms", _ms),
             ("Alignment (per task, continuous runtime)", "alignment_ms", _ms),
@@ -80,7 +81,7 @@ def _summary(history: History) -> str:
     return "".join(out)
 
 
-def _plot(entries: Sequence[CheckpointEntry], series: Sequence[tuple[str, str, str]],
+def _plot(entries: Sequence[CheckpointStats], series: Sequence[tuple[str, str, str]],
           title: str, fmt: Callable[[float | None], str], plot_id: str) -> str:
     """An SVG line plot over the completed checkpoints: one polyline per (attribute,
     label, colour) in ``series``, a point with a tooltip per checkpoint."""
@@ -106,15 +107,16 @@ def _plot(entries: Sequence[CheckpointEntry], series: Sequence[tuple[str, str, s
     if n:
         for i in sorted({0, n - 1}):
             parts.append(f'<text x="{x(i)}" y="{height - 10}" font-size="11" '
-                         f'text-anchor="middle">#{entries[i].id}</text>')
+                         f'text-anchor="middle">#{entries[i].checkpoint_id}</text>')
     for (attr, label, colour), vs in zip(series, values, strict=True):
         points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(vs))
         parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" '
                      f'points="{points}"/>')
         for i, v in enumerate(vs):
             parts.append(f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="2.5" fill="{colour}" '
-                         f'data-series="{attr}" data-id="{entries[i].id}" data-value="{v!r}">'
-                         f'<title>#{entries[i].id} {_esc(label)}: {_esc(fmt(v))}</title>'
+                         f'data-series="{attr}" data-id="{entries[i].checkpoint_id}" '
+                         f'data-value="{v!r}">'
+                         f'<title>#{entries[i].checkpoint_id} {_esc(label)}: {_esc(fmt(v))}</title>'
                          f'</circle>')
     for k, (_, label, colour) in enumerate(series):
         lx = left + 180 + 120 * k
@@ -124,7 +126,7 @@ def _plot(entries: Sequence[CheckpointEntry], series: Sequence[tuple[str, str, s
     return "".join(parts)
 
 
-def _history_table(entries: Sequence[CheckpointEntry]) -> str:
+def _history_table(entries: Sequence[CheckpointStats]) -> str:
     out = ['<table id="history"><tr><th class="l">query</th><th class="l">operators</th>'
            '<th>id</th><th class="l">status</th><th class="l">kind</th>'
            '<th class="l">completed (UTC)</th><th>end-to-end duration</th>'
@@ -132,17 +134,21 @@ def _history_table(entries: Sequence[CheckpointEntry]) -> str:
            '</tr>']
     for e in reversed(entries):
         anchor = _anchor(e)
-        ident = (f'<a href="#{anchor}">{e.id}</a>' if e.subtasks else str(e.id))
+        ident = (f'<a href="#{anchor}">{e.checkpoint_id}</a>' if e.subtasks
+                 else str(e.checkpoint_id))
+        status = e.status.value
         out.append(
-            f'<tr class="checkpoint" data-query="{_esc(e.query or "")}" data-id="{e.id}" '
-            f'data-status="{_esc(e.status)}">'
-            + _query_cell(e.query) + _td(", ".join(e.uids) or "-", cls="l")
+            f'<tr class="checkpoint" data-query="{_esc(e.query or "")}" '
+            f'data-id="{e.checkpoint_id}" data-status="{_esc(status)}">'
+            + _query_cell(e.query) + _td(", ".join(e.operators) or "-", cls="l")
             + f"<td>{ident}</td>"
-            + _td(e.status, cls=f"l {e.status}") + _td(e.kind or "-", cls="l")
-            + _td(readable_time(e.completed_ms), e.completed_ms, cls="l", field="completed_ms")
-            + _td(_ms(e.duration_ms), e.duration_ms, field="duration_ms")
-            + _td(_size(e.changed_bytes), e.changed_bytes, field="changed_bytes")
-            + _td(_size(e.bytes), e.bytes, field="bytes")
+            + _td(status, cls=f"l {status}") + _td(e.kind or "-", cls="l")
+            + _td(readable_time(e.completed_timestamp_ms), e.completed_timestamp_ms, cls="l",
+                  field="completed_timestamp_ms")
+            + _td(_ms(e.end_to_end_duration_ms), e.end_to_end_duration_ms,
+                  field="end_to_end_duration_ms")
+            + _td(_size(e.checkpointed_size), e.checkpointed_size, field="checkpointed_size")
+            + _td(_size(e.state_size), e.state_size, field="state_size")
             + _td(_size(e.channel_state_bytes) if e.channel_state_bytes else "-",
                   e.channel_state_bytes, field="channel_state_bytes")
             + _td("-" if e.files is None else str(e.files), e.files, field="files")
@@ -158,23 +164,25 @@ def _query_cell(query: str | None) -> str:
     return f'<td class="l" title="{_esc(query)}">{_esc(short)}</td>'
 
 
-def _anchor(entry: CheckpointEntry) -> str:
-    return f"chk-{entry.query or 'root'}-{entry.id}"
+def _anchor(entry: CheckpointStats) -> str:
+    return f"chk-{entry.query or 'root'}-{entry.checkpoint_id}"
 
 
 def _stat_cells(stat: Stat | None, fmt: Callable[[float | None], str], part: str) -> str:
     return _td("-") if stat is None else _td(fmt(getattr(stat, part)), getattr(stat, part))
 
 
-def _details(entry: CheckpointEntry, is_open: bool) -> str:
+def _details(entry: CheckpointStats, is_open: bool) -> str:
     out = [f'<details id="{_esc(_anchor(entry))}" class="details" data-query="'
-           f'{_esc(entry.query or "")}" data-id="{entry.id}"{" open" if is_open else ""}>'
-           f"<summary>checkpoint {entry.id}"
+           f'{_esc(entry.query or "")}" data-id="{entry.checkpoint_id}"'
+           f'{" open" if is_open else ""}>'
+           f"<summary>checkpoint {entry.checkpoint_id}"
            f"{f' of query {_esc(entry.query[:8])}' if entry.query else ''} — "
-           f"{_esc(readable_time(entry.completed_ms))}, {_esc(_ms(entry.duration_ms))}, "
-           f"{_esc(_size(entry.changed_bytes))} checkpointed</summary>"]
-    for uid in entry.uids:
-        subs = [s for s in entry.subtasks if s.uid == uid]
+           f"{_esc(readable_time(entry.completed_timestamp_ms))}, "
+           f"{_esc(_ms(entry.end_to_end_duration_ms))}, "
+           f"{_esc(_size(entry.checkpointed_size))} checkpointed</summary>"]
+    for uid in entry.operators:
+        subs = [s for s in entry.subtasks if s.operator == uid]
         if not subs:
             continue
         out.append(f'<h3>operator <code>{_esc(uid)}</code> ({len(subs)} subtasks)</h3>'
@@ -186,16 +194,17 @@ def _details(entry: CheckpointEntry, is_open: bool) -> str:
                        + _td(str(s.subtask), s.subtask)
                        + _td(_ms(s.sync_ms), s.sync_ms, field="sync_ms")
                        + _td(_ms(s.async_ms), s.async_ms, field="async_ms")
-                       + _td(_size(s.new_bytes), s.new_bytes, field="new_bytes")
-                       + _td(_size(s.bytes), s.bytes, field="bytes")
-                       + _td(f"{s.entries:,}", s.entries, field="entries") + "</tr>")
-        stats = entry.operator_summary(uid)
+                       + _td(_size(s.checkpointed_size), s.checkpointed_size,
+                             field="checkpointed_size")
+                       + _td(_size(s.state_size), s.state_size, field="state_size")
+                       + _td(f"{s.entries or 0:,}", s.entries, field="entries") + "</tr>")
+        stats = operator_summary(entry, uid)
         for part in ("min", "avg", "max"):
             out.append(f'<tr class="operator-{part}"><th>{part}</th>'
                        + _stat_cells(stats["sync_ms"], _ms, part)
                        + _stat_cells(stats["async_ms"], _ms, part)
-                       + _stat_cells(stats["new_bytes"], _size, part)
-                       + _stat_cells(stats["bytes"], _size, part) + "<td></td></tr>")
+                       + _stat_cells(stats["checkpointed_size"], _size, part)
+                       + _stat_cells(stats["state_size"], _size, part) + "<td></td></tr>")
         out.append("</table>")
     out.append("</details>")
     return "".join(out)
@@ -210,8 +219,9 @@ def render_page(history: History, *, generated_ms: int, refresh_s: int = 0) -> s
         f'<div class="card" data-count="{_esc(status)}">{_esc(status)}<b>{n}</b></div>'
         for status, n in sorted(history.counts.items()))
     if latest is not None:
-        cards += (f'<div class="card" id="latest" data-id="{latest.id}">latest completed'
-                  f"<b>#{latest.id}</b>{_esc(readable_time(latest.completed_ms))}</div>")
+        cards += (f'<div class="card" id="latest" data-id="{latest.checkpoint_id}">latest '
+                  f"completed<b>#{latest.checkpoint_id}</b>"
+                  f"{_esc(readable_time(latest.completed_timestamp_ms))}</div>")
     refresh = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s > 0 else ""
     details = "".join(_details(e, i == 0) for i, e in enumerate(reversed(done[-_DETAILS:])))
     return (
@@ -223,11 +233,11 @@ def render_page(history: History, *, generated_ms: int, refresh_s: int = 0) -> s
         f'<div class="cards" id="counts">{cards}</div>'
         f"<h2>Summary (completed checkpoints shown)</h2>{_summary(history)}"
         "<h2>Over time</h2>"
-        + _plot(done, [("duration_ms", "end-to-end duration", "#2563eb")],
+        + _plot(done, [("end_to_end_duration_ms", "end-to-end duration", "#2563eb")],
                 "End-to-end duration", _ms, "plot-duration")
         + " "
-        + _plot(done, [("changed_bytes", "checkpointed", "#16a34a"),
-                       ("bytes", "full size", "#9333ea")],
+        + _plot(done, [("checkpointed_size", "checkpointed", "#16a34a"),
+                       ("state_size", "full size", "#9333ea")],
                 "Checkpoint size", _size, "plot-size")
         + f"<h2>History</h2>{_history_table(history.entries)}"
         f"<h2>Details (the {min(len(done), _DETAILS)} newest completed)</h2>{details}"

@@ -1,16 +1,8 @@
 """A location's checkpoint history with per-operator and per-subtask costs, and the
-min/avg/max summary of Flink's checkpoint tab (``weir ui``), from metadata only.
-
-Flink's names, and where each number comes from (:class:`~weir.checkpoint.format.SubtaskStats`
-in each subtask's handle):
-
-* *end-to-end duration*: trigger to completion of the checkpoint (on Spark: the batch's
-  start to Spark's commit, so it includes the batch's processing);
-* *checkpointed data size*: bytes this checkpoint uploaded (``new_bytes``: changed SST
-  files, changelog deltas, new full snapshots);
-* *full checkpoint data size*: bytes of every file the checkpoint references;
-* *sync* / *async duration*: per subtask, the snapshot's synchronous part (the task
-  waits) and its upload.
+min/avg/max summary of Flink's checkpoint tab (``weir ui``), from metadata only, in the
+one statistics model of every runtime (:mod:`weir.checkpoint.stats`: Flink's names —
+end-to-end duration, state size, checkpointed size, sync and async duration, alignment,
+persisted in-flight data).
 """
 
 from __future__ import annotations
@@ -18,24 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from weir.checkpoint.stats import CheckpointStats, CheckpointStatus, SubtaskCheckpointStats
 from weir.processor.catalog import list_checkpoints
 
-__all__ = ["CheckpointEntry", "History", "Stat", "SubtaskEntry", "checkpoint_history"]
-
-
-@dataclass(frozen=True, slots=True)
-class SubtaskEntry:
-    """What one subtask's snapshot cost in one checkpoint."""
-
-    uid: str
-    subtask: int
-    bytes: int
-    new_bytes: int
-    sync_ms: float
-    async_ms: float
-    entries: int
-    #: its task's barrier alignment (continuous runtime), if known
-    alignment_ms: float | None = None
+__all__ = ["History", "Stat", "checkpoint_history", "operator_summary"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,35 +33,16 @@ class Stat:
         return Stat(min(values), sum(values) / len(values), max(values), len(values))
 
 
-@dataclass(frozen=True, slots=True)
-class CheckpointEntry:
-    """One row of the history: a checkpoint (or Spark batch) with its subtasks."""
-
-    query: str | None
-    uids: tuple[str, ...]
-    id: int
-    status: str
-    kind: str | None
-    triggered_ms: int | None
-    completed_ms: int | None
-    duration_ms: float | None
-    bytes: int | None
-    changed_bytes: int | None
-    files: int | None
-    url: str | None
-    subtasks: tuple[SubtaskEntry, ...] = ()
-    #: records in flight stored by an unaligned checkpoint (continuous runtime)
-    channel_state_bytes: int | None = None
-
-    def operator_summary(self, uid: str) -> dict[str, Stat | None]:
-        """Min/avg/max over ``uid``'s subtasks of sync ms, async ms, bytes, changed bytes."""
-        subs = [s for s in self.subtasks if s.uid == uid]
-        return {
-            "sync_ms": Stat.of([s.sync_ms for s in subs]),
-            "async_ms": Stat.of([s.async_ms for s in subs]),
-            "bytes": Stat.of([float(s.bytes) for s in subs]),
-            "new_bytes": Stat.of([float(s.new_bytes) for s in subs]),
-        }
+def operator_summary(stats: CheckpointStats, uid: str) -> dict[str, Stat | None]:
+    """Min/avg/max over ``uid``'s subtasks of sync ms, async ms, state size and
+    checkpointed size."""
+    subs = [s for s in stats.subtasks if s.operator == uid]
+    return {
+        "sync_ms": Stat.of([s.sync_ms for s in subs]),
+        "async_ms": Stat.of([s.async_ms for s in subs]),
+        "state_size": Stat.of([float(s.state_size) for s in subs]),
+        "checkpointed_size": Stat.of([float(s.checkpointed_size or 0) for s in subs]),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,13 +51,13 @@ class History:
     over the completed ones."""
 
     location: str
-    entries: tuple[CheckpointEntry, ...]
+    entries: tuple[CheckpointStats, ...]
     counts: dict[str, int] = field(default_factory=dict)
     summary: dict[str, Stat | None] = field(default_factory=dict)
 
-    def completed(self) -> list[CheckpointEntry]:
+    def completed(self) -> list[CheckpointStats]:
         """The completed entries, oldest first."""
-        return [e for e in self.entries if e.status == "completed"]
+        return [e for e in self.entries if e.status is CheckpointStatus.COMPLETED]
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready dict (``weir ui --json`` and ``/api/checkpoints``)."""
@@ -109,14 +68,24 @@ class History:
             "location": self.location,
             "counts": self.counts,
             "summary": {k: stat(v) for k, v in self.summary.items()},
-            "checkpoints": [
-                {**{k: getattr(e, k) for k in CheckpointEntry.__slots__ if k != "subtasks"},
-                 "uids": list(e.uids),
-                 "subtasks": [{k: getattr(s, k) for k in SubtaskEntry.__slots__}
-                              for s in e.subtasks]}
-                for e in self.entries
-            ],
+            "checkpoints": [e.as_json() for e in self.entries],
         }
+
+
+def _stats(row: dict[str, Any]) -> CheckpointStats:
+    subtasks = tuple(
+        SubtaskCheckpointStats(
+            sub["uid"], sub["subtask"], alignment_ms=sub["alignment_ms"],
+            sync_ms=sub["sync_ms"], async_ms=sub["async_ms"], state_size=sub["bytes"],
+            checkpointed_size=sub["new_bytes"], entries=sub["entries"])
+        for sub in row["subtasks"])
+    return CheckpointStats(
+        row["id"], row["kind"], CheckpointStatus(row["status"]), row["triggered_ms"],
+        completed_timestamp_ms=row["completed_ms"], end_to_end_duration_ms=row["duration_ms"],
+        state_size=row["bytes"], checkpointed_size=row["changed_bytes"],
+        channel_state_bytes=row["channel_state_bytes"], files=row["files"],
+        location=row["url"], query=row["query"], operators=tuple(row["uids"]),
+        subtasks=subtasks)
 
 
 def checkpoint_history(location: str, *, limit: int | None = 100,
@@ -134,22 +103,15 @@ def checkpoint_history(location: str, *, limit: int | None = 100,
     if limit is not None:
         done = [r for r in rows if r["completed_ms"] is not None]
         rows = done[-limit:] + [r for r in rows if r["completed_ms"] is None][-limit:]
-    entries = []
-    for row in rows:
-        subs = tuple(SubtaskEntry(**sub) for sub in row["subtasks"])
-        entries.append(CheckpointEntry(
-            query=row["query"], uids=tuple(row["uids"]), id=row["id"], status=row["status"],
-            kind=row["kind"], triggered_ms=row["triggered_ms"],
-            completed_ms=row["completed_ms"], duration_ms=row["duration_ms"],
-            bytes=row["bytes"], changed_bytes=row["changed_bytes"],
-            files=row["files"], url=row["url"], subtasks=subs,
-            channel_state_bytes=row["channel_state_bytes"]))
-    done_entries = [e for e in entries if e.status == "completed"]
+    entries = [_stats(row) for row in rows]
+    done_entries = [e for e in entries if e.status is CheckpointStatus.COMPLETED]
     summary = {
-        "duration_ms": Stat.of([e.duration_ms for e in done_entries if e.duration_ms is not None]),
-        "bytes": Stat.of([float(e.bytes) for e in done_entries if e.bytes is not None]),
-        "changed_bytes": Stat.of([float(e.changed_bytes) for e in done_entries
-                                  if e.changed_bytes is not None]),
+        "end_to_end_duration_ms": Stat.of([e.end_to_end_duration_ms for e in done_entries
+                                           if e.end_to_end_duration_ms is not None]),
+        "state_size": Stat.of([float(e.state_size) for e in done_entries
+                               if e.state_size is not None]),
+        "checkpointed_size": Stat.of([float(e.checkpointed_size) for e in done_entries
+                                      if e.checkpointed_size is not None]),
         "sync_ms": Stat.of([s.sync_ms for e in done_entries for s in e.subtasks]),
         "async_ms": Stat.of([s.async_ms for e in done_entries for s in e.subtasks]),
         "channel_state_bytes": Stat.of([float(e.channel_state_bytes) for e in done_entries
