@@ -74,6 +74,14 @@ where ``REF`` is ``{"path", "size", "sha256"}`` relative to the storage root. Ev
 file a checkpoint needs is in its metadata with size and checksum; a reader verifies
 both and raises ``CorruptCheckpointError`` otherwise, and ``CheckpointFormatError``
 for a wrong magic or an unknown format version.
+
+``entries`` is the number of keyed-state entries the subtask's state holds at the
+checkpoint, whatever ``keyed`` is: one per key of each value, reducing, aggregating and
+list state, one per (key, user key) of each map state, timers not counted — what
+``weir.read_state`` returns (``weir.runtime.checkpointer``, "Entries"). Checkpoints
+written before this definition recorded the entries written into the checkpoint's own
+files instead (a changelog delta's changed keys, 0 for a native RocksDB checkpoint,
+timers included); they read the same, with that number.
 """
 
 from __future__ import annotations
@@ -159,6 +167,8 @@ class SubtaskStats:
     new_bytes: int = 0
     sync_ms: float = 0.0
     async_ms: float = 0.0
+    #: keyed-state entries the subtask holds at the checkpoint, timers not counted (see
+    #: the module doc)
     entries: int = 0
     #: its task's barrier alignment, first barrier to last (continuous runtime; None:
     #: not known, or a task without inputs)

@@ -1,5 +1,5 @@
 """Shared parts of the ``weir`` commands: keys from the command line, sizes and times
-a person reads, JSON output."""
+a person reads, JSON output, and a console that cuts nothing (:func:`wide_console`)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from weir.checkpoint.storage import observe_io
 
 __all__ = ["KEYS_HELP", "json_default", "print_json", "parse_key", "readable_size",
-           "readable_time", "transfer_progress"]
+           "readable_time", "transfer_progress", "wide_console"]
 
 KEYS_HELP = (
     "Keys; JSON values (42, '[\"a\", 1]') are parsed (a JSON list is a composite key, a "
@@ -36,6 +36,23 @@ def parse_key(raw: str) -> Any:
     except json.JSONDecodeError:
         return raw
     return tuple(key) if isinstance(key, list) else key
+
+
+#: the width of a console that is not a terminal (:func:`wide_console`): wider than
+#: any line a command prints
+UNBOUNDED_WIDTH = 1 << 15
+
+
+def wide_console(*, stderr: bool = False) -> Console:
+    """A console that cuts nothing. On a terminal, the terminal's width (a table too
+    wide for it wraps its cells; give its columns ``overflow="fold"`` so that a long
+    word is folded, not cut with an ellipsis). Anywhere else (a pipe, a file, a test
+    runner) rich would assume 80 columns (or ``COLUMNS``) and shrink tables to them,
+    cutting values: there, lines are as long as their content."""
+    console = Console(stderr=stderr)
+    if console.is_terminal:
+        return console
+    return Console(stderr=stderr, width=UNBOUNDED_WIDTH)
 
 
 def readable_size(n: int) -> str:

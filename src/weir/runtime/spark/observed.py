@@ -16,7 +16,13 @@ observes the sums (checkpoint time: the slowest subtask) under the name
                     dead-lettered by ``late_records``)
 ``dead_letters``    records written to the dead-letter output
 ``timers_fired``    event- and processing-time timers that fired
-``state_entries``   stored entries of keyed state after the batch
+``state_entries``   keyed-state entries after the batch, as ``weir.read_state``
+                    returns them: one per key of each value, reducing, aggregating
+                    and list state, one per (key, user key) of each map state;
+                    timers not counted (the checkpoint's ``stats.entries``,
+                    ``weir.runtime.checkpointer``). Every subtask runs in a batch
+                    with input (each gets a clock row), so the sum is the stage's
+                    total
 ``state_bytes``     bytes of the checkpoint's state files after the batch
 ``checkpoint_bytes`` bytes this batch's checkpoint wrote
 ``checkpoint_ms``   the slowest subtask's checkpoint (synchronous part and upload)
