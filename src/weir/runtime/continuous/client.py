@@ -31,7 +31,8 @@ __all__ = [
 
 def run_job(job: LocalJob, timeout_s: float | None) -> JobResult:
     """Run ``job`` to its end in this thread; ``timeout_s``: its deadline in seconds,
-    None for none (Flink's ``execute`` has none)."""
+    restarts included, None for none (Flink's ``execute`` has none): past it, its
+    tasks are stopped and :class:`~weir.errors.JobTimeoutError` is raised."""
     return job.run(timeout_s=timeout_s)
 
 
@@ -111,8 +112,11 @@ class JobClient:
 
     def wait(self, timeout: float | timedelta | None = None) -> JobResult:
         """Wait for the job's end; what it did (``cancelled`` if it was). Raises
-        :class:`~weir.errors.JobFailedError` if it failed, TimeoutError if it is still
-        running after ``timeout``."""
+        :class:`~weir.errors.JobFailedError` if it failed (chained from the exception
+        its failed task raised, rebuilt here: a ``KeyError`` of the user's function is
+        a ``KeyError``), :class:`~weir.errors.JobTimeoutError` if it ran past the job's
+        own timeout (its tasks stopped), TimeoutError if it is still running after
+        ``timeout`` (this wait's; the job goes on)."""
         return self._result.result(_seconds(timeout))
 
     def checkpoints(self) -> list[CheckpointStats]:

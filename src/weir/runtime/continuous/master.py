@@ -46,7 +46,14 @@ pending checkpoints are aborted, and — as the restart strategy allows (Flink's
 default with checkpointing: exponential delay) — every task starts again from the
 latest completed checkpoint (a global restart: sources rewound to its positions, sinks
 committing what it holds and dropping what the failed attempt left open). When the
-strategy gives up, :class:`~weir.errors.JobFailedError` names the root cause.
+strategy gives up, :class:`~weir.errors.JobFailedError` names the root cause first and
+is chained from it: the exception the failed task reported, rebuilt in the driver
+(:mod:`.processes`; a ``KeyError`` of the user's function is a ``KeyError``).
+
+A ``timeout`` (``execute(timeout=...)``) is a deadline for the whole run, restarts and
+the waits before them included: when it passes, every task is stopped at once and
+:class:`~weir.errors.JobTimeoutError` says so — naming, and chained from, the failure
+the job was restarting after, if any.
 """
 
 from __future__ import annotations
@@ -70,7 +77,7 @@ from weir.api.restart import RestartStrategy
 from weir.checkpoint.coordinator import CheckpointCoordinator, PendingCheckpoint
 from weir.checkpoint.format import CheckpointKind
 from weir.checkpoint.protocol import JobOwnership, RestorePoint
-from weir.errors import ConfigurationError, JobFailedError, SinkLineageError
+from weir.errors import ConfigurationError, JobFailedError, JobTimeoutError, SinkLineageError
 from weir.runtime.continuous import zygote
 from weir.runtime.continuous.client import Command, JobResult
 from weir.runtime.continuous.control import ControlServer, TaskId
@@ -146,6 +153,9 @@ class LocalJob(CheckpointRounds):
         self._savepoints: dict[int, Command] = {}  # started ones by checkpoint id
         self._stopping: Command | None = None
         self.history = CheckpointHistory()
+        #: the run's timeout (seconds; None: none) and the failure it last restarted after
+        self._timeout_s: float | None = None
+        self._last_failure: JobFailedError | None = None
 
     # -- what the client asks (from its thread)
 
@@ -167,9 +177,12 @@ class LocalJob(CheckpointRounds):
     def run(self, timeout_s: float | None = None) -> JobResult:
         """Run the job to its end (bounded sources), restarting every task from the
         latest completed checkpoint after a failure as the restart strategy allows;
-        raises :class:`~weir.errors.JobFailedError` once it gives up."""
+        raises :class:`~weir.errors.JobFailedError` once it gives up, and
+        :class:`~weir.errors.JobTimeoutError` once ``timeout_s`` seconds passed (its
+        tasks stopped)."""
         started = time.monotonic()
         deadline = math.inf if timeout_s is None else started + timeout_s
+        self._timeout_s, self._last_failure = timeout_s, None
         tracker = self.restart.tracker()
         finished = discarded = False
         self.claim()
@@ -184,6 +197,9 @@ class LocalJob(CheckpointRounds):
                     break
                 except _Cancelled:
                     break
+                except _DeadlinePassed:
+                    raise self._timed_out(tracker.restarts, running=True) from (
+                        _cause(self._last_failure))
                 except JobFailedError as exc:
                     self._on_failure(exc, tracker, deadline)
             if not finished:  # cancelled
@@ -220,20 +236,48 @@ class LocalJob(CheckpointRounds):
             raise
 
     def _on_failure(self, exc: JobFailedError, tracker: Any, deadline: float) -> None:
-        self.result.failures.append(str(exc).splitlines()[0])
+        """An attempt failed with ``exc``: wait and restart (return) as the restart
+        strategy allows, else raise the job's error, chained from the root cause."""
+        first = str(exc).splitlines()[0]
+        self.result.failures.append(first)
+        self._last_failure = exc
+        done = tracker.restarts  # (on_failure counts the one it grants)
         delay = tracker.on_failure(time.monotonic())
-        if time.monotonic() >= deadline:
-            raise JobFailedError(f"{exc} — and the job's deadline passed") from exc
         if delay is None:
-            raise JobFailedError(
-                f"{exc} — and its restart strategy {self.restart} allows no more "
-                f"restarts after {tracker.restarts}; the latest completed "
-                f"checkpoint is in {self.graph.checkpoint_storage}") from exc
+            raise JobFailedError(_amended(
+                exc, f"its restart strategy {self.restart} allows no more restarts after "
+                     f"{tracker.restarts}; the latest completed checkpoint is in "
+                     f"{self.graph.checkpoint_storage}")) from _cause(exc)
+        left = deadline - time.monotonic()
+        if delay >= left:  # the timeout comes first: wait for it, not past it
+            log.warning("weir: %s; restart %d would be in %.3g s, after the job's timeout "
+                        "(in %.3g s)", first, tracker.restarts, delay, left)
+            self.sleep(max(left, 0.0))
+            if not self._cancel.is_set():
+                raise self._timed_out(done, running=False) from _cause(exc)
+            return
         log.warning("weir: %s; restart %d in %.3g s from the latest completed checkpoint",
-                    str(exc).splitlines()[0], tracker.restarts, delay)
+                    first, tracker.restarts, delay)
         self.sleep(delay)
         if not self._cancel.is_set():  # (cancelled while waiting: no next attempt)
             self.attempt += 1
+
+    def _timed_out(self, restarts: int, *, running: bool) -> JobTimeoutError:
+        """The error of a run whose timeout passed: while an attempt ran
+        (``running``), or while the job waited to restart after a failure."""
+        timeout = f"timeout of {self._timeout_s:g} s"
+        last = self._last_failure
+        if last is None:
+            return JobTimeoutError(f"job {self.graph.job!r} did not finish within its {timeout} "
+                                   f"(execute(timeout=...)); its tasks were stopped")
+        if not running:
+            return JobTimeoutError(_amended(
+                last, f"the job's {timeout} passed before it could restart (after "
+                      f"{restarts} restart(s)); its tasks were stopped"))
+        return JobTimeoutError(
+            f"job {self.graph.job!r} did not finish within its {timeout}; its tasks were "
+            f"stopped. It had restarted {restarts} time(s), the last after: "
+            f"{str(last).splitlines()[0]}")
 
     def _run_attempt(self, deadline: float) -> None:
         """One attempt: launch every task, run to the end; JobFailedError on failure
@@ -319,7 +363,7 @@ class LocalJob(CheckpointRounds):
               ) -> tuple[TaskId, dict[str, Any]] | None:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise JobFailedError(f"job {self.graph.job!r} did not finish in time")
+            raise _DeadlinePassed
         check_heartbeats(self._heard, self._finished, self.graph)
         try:
             wait = left if wait_s is None else min(left, wait_s)
@@ -422,6 +466,24 @@ class LocalJob(CheckpointRounds):
 
 class _Cancelled(Exception):
     """The client cancelled the job."""
+
+
+class _DeadlinePassed(Exception):
+    """The run's timeout passed while an attempt ran."""
+
+
+def _cause(error: BaseException | None) -> BaseException | None:
+    """What a job's error is chained from: the root cause of ``error`` (the exception
+    a task reported, rebuilt), else ``error`` itself."""
+    if error is None:
+        return None
+    return error.__cause__ if error.__cause__ is not None else error
+
+
+def _amended(error: BaseException, more: str) -> str:
+    """``error``'s message with `` — more`` at the end of its first line."""
+    first, _, rest = str(error).partition("\n")
+    return f"{first} — {more}" + (f"\n{rest}" if rest else "")
 
 
 #: the sender of the client's wake-ups in the driver's inbox

@@ -1,22 +1,31 @@
 """The task processes of a job: stopping them, naming the root cause when one fails or
-hangs, and what a task process sets on itself (its name, dying with its parent)."""
+hangs, and what a task process sets on itself (its name, dying with its parent).
+
+A task that fails reports its exception as text (``Type: message`` and the traceback);
+the driver's :class:`~weir.errors.JobFailedError` is chained from it, rebuilt
+(:func:`~weir.errors.rebuild_exception`: a ``KeyError`` of the user's function is a
+``KeyError`` again) with the task's traceback as a note, less the frames of weir that
+called the user's code."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
+import re
 import signal
 import subprocess
 import time
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from weir.errors import JobFailedError
+import weir.errors
+from weir.errors import JobFailedError, rebuild_exception
 from weir.runtime.continuous.control import TaskId
 from weir.runtime.continuous.graph import JobGraph
 
-__all__ = ["check_heartbeats", "die_with_parent", "name_process", "root_cause",
-           "stop_processes"]
+__all__ = ["check_heartbeats", "die_with_parent", "name_process", "reported_exception",
+           "root_cause", "stop_processes"]
 
 
 Report = tuple[TaskId, dict[str, Any]]
@@ -50,12 +59,73 @@ def root_cause(first: Report, inbox: queue.Queue[Report], finished: set[TaskId],
 
     task, message = min(reports, key=rank)
     others = sorted({f"{t[0]}[{t[1]}]" for t, _ in reports} - {f"{task[0]}[{task[1]}]"})
-    return JobFailedError(
+    cause = (reported_exception(message, f"{task[0]}[{task[1]}]")
+             if message["kind"] == "failed" else None)
+    error = JobFailedError(
         f"job {job!r}: task {task[0]}[{task[1]}] "
         f"{'failed' if message['kind'] == 'failed' else 'disappeared'}: "
         f"{message.get('error')}"
         + (f" (then {', '.join(others)} failed too)" if others else "")
-        + (f"\n{message['trace']}" if message.get("trace") else ""))
+        # (the traceback goes with the rebuilt cause, as a note, when there is one)
+        + (f"\n{message['trace']}" if message.get("trace") and cause is None else ""))
+    error.__cause__ = cause
+    return error
+
+
+_REPORTED = re.compile(r"([A-Za-z_][\w.]*): ?(.*)\Z", re.DOTALL)
+
+
+def reported_exception(message: dict[str, Any], task: str) -> BaseException | None:
+    """The exception a task reported failing with (``error``: ``Type: message``;
+    ``trace``: its traceback), rebuilt here; None if the report names none."""
+    found = _REPORTED.match(str(message.get("error") or ""))
+    if found is None:
+        return None
+    name, text = found.groups()
+    trace = str(message.get("trace") or "")
+    # the traceback's last line names the type with its module (the report: its name)
+    for line in reversed(trace.splitlines()):
+        if re.match(rf"(?:\w+\.)*{re.escape(name)}: ", line) or line == name:
+            name = line.split(":", 1)[0]
+            break
+    notes = [f"(raised in task {task}:)\n{user_traceback(trace).rstrip()}"] if trace else []
+    return rebuild_exception(name, text, notes)
+
+
+# the weir package's directory (weir/errors.py lives in it)
+_WEIR_DIR = os.path.dirname(os.path.abspath(weir.errors.__file__)) + os.sep
+_FRAME = re.compile(r'  File "(?P<file>[^"]+)", line \d+')
+
+
+def user_traceback(trace: str) -> str:
+    """A formatted traceback less the frames of weir above the first frame outside it
+    (the task's loop that called the user's function), in each of its sections; a
+    section whose frames are all weir's is kept whole."""
+    lines = trace.splitlines()
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        out.append(lines[i])
+        if lines[i] != "Traceback (most recent call last):":
+            i += 1
+            continue
+        i += 1
+        frames: list[list[str]] = []  # each: the File line and its indented lines
+        while i < len(lines) and lines[i].startswith("  "):
+            if lines[i].startswith('  File "') or not frames:
+                frames.append([])
+            frames[-1].append(lines[i])
+            i += 1
+        first = next((k for k, frame in enumerate(frames)
+                      if not _weir_frame(frame[0])), 0)
+        for frame in frames[first:]:
+            out += frame
+    return "\n".join(out)
+
+
+def _weir_frame(line: str) -> bool:
+    found = _FRAME.match(line)
+    return found is not None and os.path.abspath(found["file"]).startswith(_WEIR_DIR)
 
 
 class Process(Protocol):

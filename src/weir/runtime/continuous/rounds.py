@@ -175,7 +175,8 @@ class CheckpointRounds:
                     f"savepoint into {command.target} was not started: "
                     f"{decision.reason.message}"))
         elif isinstance(decision, JobFailure):
-            raise JobFailedError(f"job {self.graph.job!r}: {decision.error()}")
+            error = decision.error()
+            raise JobFailedError(f"job {self.graph.job!r}: {error}") from error
         return None
 
     def _ack(self, task: TaskId, message: dict[str, Any], run: Attempt) -> list[Decision]:

@@ -2,7 +2,13 @@
 each batch's checkpoint once Spark committed it, records where the query's Spark
 checkpoint is, and gives a stage up when its query stops (one per SparkSession).
 Completion and release of one stage are serialized in the driver; across processes
-:meth:`EpochStore.complete` has exactly one winner."""
+:meth:`EpochStore.complete` has exactly one winner.
+
+Late data is said, not only counted: when a completed batch of a stage had more than
+:data:`LATE_SHARE` of its records late (event time not after the watermark) and at
+least :data:`LATE_MIN` of them, one WARNING on the ``weir.spark`` logger says how many,
+the watermark and the likely causes (:func:`late_warning`) — once per batch and stage,
+from the driver, however many tasks had late records."""
 
 from __future__ import annotations
 
@@ -10,20 +16,31 @@ import atexit
 import contextlib
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from weir.checkpoint.coordinator import CompletedCheckpoint
 from weir.checkpoint.ownership import QUERY, Claim, Lineage
 from weir.errors import IncompleteBatchError
+from weir.runtime.operator_base import MIN_WATERMARK
 from weir.runtime.spark.epochs import EpochStore
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["COMPLETIONS", "Completion", "Stage", "completion", "spark_checkpoint"]
+__all__ = ["COMPLETIONS", "LATE_MIN", "LATE_SHARE", "Completion", "Stage", "completion",
+           "late_warning", "spark_checkpoint"]
 
 log = logging.getLogger("weir.spark")
+
+#: a batch's late records are said (a WARNING) past this share of its records...
+LATE_SHARE = 0.01
+#: ...and from this many on
+LATE_MIN = 10
+_LATE_SEEN = 4096
 
 
 @dataclass
@@ -65,6 +82,9 @@ class Completion:
         self.finished: set[str] = set()
         #: serializes the listener's events for a run with its settlement
         self._events: dict[str, threading.Lock] = {}
+        #: the (query, location, uid, batch) whose late records were looked at, newest
+        #: last (a batch is completed by the listener and again by finish())
+        self._late_seen: OrderedDict[tuple[str, str, str, int], None] = OrderedDict()
 
     def _events_of(self, run: str) -> threading.Lock:
         with self.lock:
@@ -117,7 +137,7 @@ class Completion:
                 continue  # no row for the stage in this batch: nothing to complete
             with stage.lock:
                 try:
-                    stage.store.complete(query, batch, stage.parallelism)
+                    done = stage.store.complete(query, batch, stage.parallelism)
                     stage.lineage.renew(head.token)
                 except IncompleteBatchError as exc:
                     log.error("weir: %s", exc)
@@ -129,6 +149,27 @@ class Completion:
                     log.exception("weir: completing batch %s of query %s failed", batch, query)
                     if raise_errors:
                         raise
+                else:
+                    try:
+                        self._late(stage, query, batch, done)
+                    except Exception:  # (never in the way of the completion)
+                        log.exception("weir: reading the late records of batch %s of "
+                                      "query %s failed", batch, query)
+
+    def _late(self, stage: Stage, query: str, batch: int, done: CompletedCheckpoint) -> None:
+        """Say the late records of completed ``batch`` (once, however often it is
+        completed: by the listener, by finish())."""
+        key = (query, stage.store.location.location, stage.store.uid, batch)
+        with self.lock:
+            if key in self._late_seen:
+                return
+            self._late_seen[key] = None
+            while len(self._late_seen) > _LATE_SEEN:
+                self._late_seen.popitem(last=False)
+        message = late_warning(stage.store.uid, query, batch,
+                               done.metadata.source_positions)
+        if message is not None:
+            log.warning("%s", message)
 
     def settle(self, query: Any, *, raise_errors: bool = False) -> int | None:
         """Complete the last batch the query ``query`` (a ``StreamingQuery``) committed
@@ -191,6 +232,37 @@ class Completion:
 
 
 COMPLETIONS: dict[int, Completion] = {}
+
+
+def late_warning(uid: str, query: str, batch: int, positions: Mapping[str, Any]
+                 ) -> str | None:
+    """The warning about the late records of a completed batch of stage ``uid`` (its
+    checkpoint's ``source_positions``), or None: no more than :data:`LATE_SHARE` of its
+    records, or fewer than :data:`LATE_MIN`, were late (or it does not say)."""
+    spark = positions.get("spark") or {}
+    late = int(spark.get("late_records") or 0)
+    records = ((positions.get("spark_io") or {}).get("total") or {}).get("records")
+    watermark = spark.get("watermark")
+    if late < LATE_MIN or records is None or watermark is None:
+        return None
+    records, watermark = int(records), int(watermark)
+    if records <= 0 or late <= LATE_SHARE * records or watermark <= MIN_WATERMARK:
+        return None
+    try:
+        when = datetime.fromtimestamp(watermark / 1000, tz=UTC).isoformat(
+            timespec="milliseconds").replace("+00:00", "Z")
+    except (OverflowError, OSError, ValueError):
+        when = "out of range"
+    return (
+        f"weir: operator {uid!r}, batch {batch} of query {query}: {late} of {records} "
+        f"records ({late / records:.1%}) were late — their event time was not after the "
+        f"watermark {watermark} ({when}), the largest event time of the batches before "
+        f"minus the watermark delay — and were handled as EventTime(late_records=...) "
+        f"says (processed, dropped or dead-lettered). Likely causes: input read out of "
+        f"event-time order (a file source takes files by modification time, not by the "
+        f"event times in them; files written late, copied or backfilled come out of "
+        f"order), or a watermark_delay (EventTime(column, watermark_delay=...)) smaller "
+        f"than how far out of order the input is")
 
 
 def spark_checkpoint(query: Any) -> str | None:

@@ -6,6 +6,17 @@ waits for it, and when it fails asks the :class:`~weir.api.restart.RestartStrate
 whether and when to start it again. A restarted query with the same Spark
 ``checkpointLocation`` resumes from its last committed batch (and weir's stages from
 that batch's checkpoint), so a restart replays at most the failed batch.
+
+A query that failed because a weir function raised (Spark's error holds a
+:class:`~weir.errors.UserFunctionError`, the task's report of it) is restarted like any
+other — Flink restarts on user exceptions as its restart strategy allows — but it is
+named by the user's exception, not by Spark's wall of text: in the WARNING of each
+restart, and in the final :class:`~weir.errors.RestartsExhaustedError`, whose message
+starts with it and which is chained from the ``UserFunctionError`` (rebuilt on the
+driver, itself chained from the user's exception rebuilt: ``KeyError`` and the like).
+
+:func:`report_failures_once` (:func:`weir.spark.session` calls it) keeps Spark's log
+from repeating a task's failure in every report of it.
 """
 
 from __future__ import annotations
@@ -18,11 +29,11 @@ from collections.abc import Callable
 from typing import Any
 
 from weir.api.restart import RestartStrategy
-from weir.errors import ConfigurationError, RestartsExhaustedError
+from weir.errors import ConfigurationError, RestartsExhaustedError, UserFunctionError
 from weir.runtime.spark.lifecycle import finish
 from weir.runtime.spark.listener import COMPLETIONS
 
-__all__ = ["supervise"]
+__all__ = ["report_failures_once", "supervise"]
 
 log = logging.getLogger("weir")
 
@@ -50,7 +61,9 @@ def supervise(
     delay from 1 s to 1 min, unlimited attempts) at ``clock()``: it answers a delay, and
     the query is started again after ``sleep(delay)`` with one WARNING line on the
     ``weir`` logger (query, restart number, delay, the error's first line); or it gives
-    up, and :class:`~weir.errors.RestartsExhaustedError` is raised from the last error.
+    up, and :class:`~weir.errors.RestartsExhaustedError` is raised from the last error
+    (a weir function's: its :class:`~weir.errors.UserFunctionError`, rebuilt, named
+    first in the message).
     ``rng`` draws the jitter of exponential delay; ``poll_s`` is how often (seconds) the
     wait looks up from ``awaitTermination`` (None: one blocking call).
 
@@ -81,18 +94,27 @@ def supervise(
                 return tracker.restarts
             if query is not None:
                 _settle(query, label)
+            user = UserFunctionError.from_error(error)
             delay = tracker.on_failure(clock())
             if delay is None:
+                fix = ("Fix the cause (the error this one is chained from) and start the "
+                       "query again: with the same checkpointLocation it resumes from its "
+                       "last committed batch; or supervise it with a more lenient restart "
+                       "strategy (RestartStrategy.fixed_delay, failure_rate or "
+                       "exponential_delay)")
+                if user is not None:  # the user's exception first, chained from it
+                    raise RestartsExhaustedError(
+                        f"{str(user).splitlines()[0]}: streaming query {label} failed after "
+                        f"{tracker.restarts} restart(s) and its restart strategy {restart} "
+                        f"allows no more. {fix}") from user
                 raise RestartsExhaustedError(
                     f"streaming query {label} failed after {tracker.restarts} restart(s) and "
                     f"its restart strategy {restart} allows no more: {_first_line(error)}. "
-                    f"Fix the cause (the error this one is chained from) and start the query "
-                    f"again: with the same checkpointLocation it resumes from its last "
-                    f"committed batch; or supervise it with a more lenient restart strategy "
-                    f"(RestartStrategy.fixed_delay, failure_rate or exponential_delay)"
+                    f"{fix}"
                 ) from error
             log.warning("weir: streaming query %s failed; restart %d (%s) in %.3g s: %s",
-                        label, tracker.restarts, restart, delay, _first_line(error))
+                        label, tracker.restarts, restart, delay,
+                        _first_line(user if user is not None else error))
             sleep(delay)
         except KeyboardInterrupt:
             if query is not None:
@@ -150,3 +172,61 @@ def _first_line(error: BaseException) -> str:
 
 
 _TRACEBACK = "Traceback (most recent call last):"
+
+
+#: Spark's log lines that repeat a task's failure which the driver reports anyway
+#: (regular expressions over the whole message; see report_failures_once)
+_REPEATS = (
+    # the executor's own reports of a failed task (Utils: its writer's; Executor: the
+    # task's): TaskSetManager reports the failure on the driver, the first time with
+    # its stack (in local mode both are in the one log, with the same stack)
+    r"(?s)(\[[^\]]*\] )*Aborting task",
+    r"(?s)(\[[^\]]*\] )*Exception in task \S+ in stage \S+ \(TID \d+\)",
+    r"(?s)(\[[^\]]*\] )*Abort(ing|ed) commit for partition .*",
+    # each task attempt failed (or killed) by a weir function's exception: the query's
+    # end reports it once (MicroBatchExecution's error, and the error raised to the
+    # program); "Task ... failed N times; aborting job" still says how often it failed
+    r"(?s)(\[[^\]]*\] )*Lost task .*weir\.errors\.UserFunctionError: .*",
+)
+_FILTERED = "weir.failureReportsFiltered"
+
+
+def report_failures_once(spark: Any) -> bool:
+    """Keep the log of ``spark``'s JVM (log4j 2) from repeating a task's failure: its
+    executor's own reports of it, and each task attempt's report of a weir function's
+    error (the query's failure reports it, once, with the user's exception first). A
+    filter on each appender of the root logger; once per JVM. On the Python side,
+    py4j's ERROR for a ``foreachBatch`` function that failed because a weir function did
+    is dropped too (the query's failure reports it). False (the JVM's log left as it
+    is) for a session without a JVM here (Spark Connect) or another logging backend."""
+    py4j = logging.getLogger("py4j.clientserver")
+    if not any(isinstance(f, _ReportedByTheQuery) for f in py4j.filters):
+        py4j.addFilter(_ReportedByTheQuery())
+    try:
+        jvm = spark._jvm
+        system = jvm.java.lang.System
+        if system.getProperty(_FILTERED) is not None:
+            return True
+        log4j = jvm.org.apache.logging.log4j
+        config = log4j.LogManager.getContext(False).getConfiguration()
+        result = log4j.core.Filter.Result
+        targets = list(config.getRootLogger().getAppenders().values())  # (py4j: a dict)
+        for regex in _REPEATS:
+            drop = log4j.core.filter.RegexFilter.createFilter(
+                regex, None, False, result.DENY, result.NEUTRAL)
+            for appender in targets:
+                appender.addFilter(drop)
+        system.setProperty(_FILTERED, "true")
+        return True
+    except Exception as exc:  # no py4j JVM (Spark Connect), no log4j 2 core
+        log.debug("weir: Spark's log is left as it is: %s", exc)
+        return False
+
+
+class _ReportedByTheQuery(logging.Filter):
+    """Drops a log record whose exception holds a weir function's error (py4j's report
+    of a ``foreachBatch`` function that failed because of it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return error is None or "weir.errors.UserFunctionError: " not in str(error)

@@ -21,6 +21,13 @@ For batch ``N`` of query ``Q`` the task of partition ``i``:
    then emits the outputs, held as Arrow until then (so nothing leaves a task whose
    state is not durable).
 
+An exception of the user's function (``open``, ``process_element``,
+``process_broadcast_element``, ``on_timer``) that is not weir's own fails the task as a
+:class:`~weir.errors.UserFunctionError` raised from it: the user's exception first,
+then the operator uid, the key, the record and the frames of the user's code, with
+no weir frame above it (Spark reports the task's error as text; the driver rebuilds it
+with ``UserFunctionError.from_error``).
+
 Without a batch id (a static DataFrame) the task reads the latest state and writes
 nothing: every action recomputes the same result.
 """
@@ -28,11 +35,13 @@ nothing: every action recomputes the same result.
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import time
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from types import CodeType
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -42,7 +51,13 @@ from weir.checkpoint.coordinator import CompletedCheckpoint
 from weir.checkpoint.format import SubtaskStateHandle, uid_dir
 from weir.checkpoint.ownership import Lineage, wall_ms
 from weir.checkpoint.storage import storage_counts
-from weir.errors import CorruptCheckpointError, FencedError, TaskPlacementError
+from weir.errors import (
+    CorruptCheckpointError,
+    FencedError,
+    TaskPlacementError,
+    UserFunctionError,
+    WeirError,
+)
 from weir.runtime.collection import fewer_collections
 from weir.runtime.operator import (
     MAX_WATERMARK,
@@ -186,7 +201,7 @@ class _Task:
                 positions = stage_positions(dict(completed.metadata.source_positions),
                                             spec.uid)
                 live.clock.now = max(live.clock.now, int(positions.get("batch_time") or 0))
-            live.operator.open()
+            self._call(live.operator.open, "open")
             if completed is not None:
                 self._adopt(live, completed)
                 log.info("weir: operator %r subtask %d (query %s, batch %s) restored from %s "
@@ -251,6 +266,8 @@ class _Task:
                     del table
                     self.buffers = {  # recorded with the storage operations in the part
                         "rows_in": inputs.rows, "arrow_in_bytes": inputs.nbytes,
+                        # input records (the listener's share of late ones)
+                        "records": self.counts["records"],
                         "arrow_out_bytes": outputs.nbytes,
                         "spilled_bytes": (inputs.nbytes if inputs.spilled else 0)
                         + (outputs.nbytes if outputs.spilled else 0),
@@ -318,8 +335,10 @@ class _Task:
         self.watermark, self.max_event = watermark, max_event
         live.clock.now = self.batch_time = now
         if isinstance(op, KeyedOperator):
-            self._emit(op.advance_watermark(watermark), outputs)
-            self._emit(op.advance_processing_time(now), outputs)
+            self._emit(self._timers(op, op.advance_watermark, watermark, "event-time"),
+                       outputs)
+            self._emit(self._timers(op, op.advance_processing_time, now, "processing-time"),
+                       outputs)
         kinds = (int(RowKind.BROADCAST), int(RowKind.RECORD), int(RowKind.BAD_KEY))
         for kind, part in sorted_slices(table, _ROW_ORDER, KIND, kinds, _SLICE_ROWS, in_memory):
             if kind == RowKind.BROADCAST:
@@ -350,7 +369,13 @@ class _Task:
                        for r in records]
         out: list[Any] = []
         for record in records:
-            out += op.process_broadcast_element(record)
+            try:
+                out += op.process_broadcast_element(record)
+            except Exception as exc:
+                if not self._raised_by_user(exc):
+                    raise
+                raise self._user_error(exc, "process_broadcast_element", record=record,
+                                       has_record=True) from exc
         return out
 
     def _records(self, live: LiveSubtask, part: pa.Table) -> list[Any]:
@@ -376,7 +401,17 @@ class _Task:
         out: list[Any] = []
         screen = self._screen(part, times)
         if screen is None and not bad and isinstance(op, KeyedOperator):
-            op.process_keyed(records, keys, times, out)  # an exception fails the batch
+            # an exception fails the batch; the iterator's length left says which record
+            # raised (process_keyed only iterates its values, once, in step)
+            pending = iter(records)
+            try:
+                op.process_keyed(cast("Sequence[Any]", pending), keys, times, out)
+            except Exception as exc:
+                if not self._raised_by_user(exc):
+                    raise
+                j = len(records) - operator.length_hint(pending) - 1
+                raise self._user_error(exc, "process_element", key=keys[j], keyed=True,
+                                       record=records[j], has_record=True) from exc
             return out
         for j, (record, key, ts) in enumerate(zip(records, keys, times, strict=True)):
             if screen is not None and screen[j] is not None:
@@ -384,14 +419,64 @@ class _Task:
                     self._dead_letter(record, screen[j])  # type: ignore[arg-type]
                 continue
             current.key = key
-            if bad:
-                try:
-                    out += process(record, ts)
-                except bad as exc:
-                    self._dead_letter(record, f"{type(exc).__name__}: {exc}")
-            else:
+            try:
                 out += process(record, ts)
+            except bad as exc:  # (none: catches nothing)
+                self._dead_letter(record, f"{type(exc).__name__}: {exc}")
+            except Exception as exc:
+                if not self._raised_by_user(exc):
+                    raise
+                raise self._user_error(exc, "process_element", key=key, keyed=spec.keyed,
+                                       record=record, has_record=True) from exc
         return out
+
+    # the user's function failing ----------------------------------------------------------
+    def _raised_by_user(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the user's function's to report as a
+        :class:`UserFunctionError`: not weir's own (a :class:`WeirError` says what it
+        is), and raised in or under a method of the function's class (not by weir's code
+        around the call: restoring state, firing timers)."""
+        if isinstance(exc, WeirError):
+            return False
+        codes = _user_codes(type(self.spec.function))
+        tb = exc.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code in codes:
+                return True
+            tb = tb.tb_next
+        return False
+
+    def _user_error(self, exc: BaseException, method: str, *, key: Any = None,
+                    keyed: bool = False, record: Any = None, has_record: bool = False,
+                    note: str = "") -> UserFunctionError:
+        """The error of ``exc``, raised by the user's ``method`` in this task."""
+        spec = self.spec
+        where = (f"query {self.query}, batch {self.batch}" if self.batch is not None
+                 else "a static DataFrame")
+        return UserFunctionError.of(
+            exc, uid=spec.uid, method=method, key=key, keyed=keyed, record=record,
+            has_record=has_record,
+            task=f"subtask {self.subtask} of {spec.parallelism}, {where}{note}")
+
+    def _call(self, method: Callable[[], Any], name: str) -> None:
+        """``method()``, the user's ``name`` run by the operator (``open``)."""
+        try:
+            method()
+        except Exception as exc:
+            if not self._raised_by_user(exc):
+                raise
+            raise self._user_error(exc, name) from exc
+
+    def _timers(self, op: KeyedOperator, fire: Callable[[int], list[Any]], until: int,
+                domain: str) -> list[Any]:
+        """``fire(until)``: the ``domain`` timers due fire (the user's ``on_timer``)."""
+        try:
+            return fire(until)
+        except Exception as exc:
+            if not self._raised_by_user(exc):
+                raise
+            raise self._user_error(exc, "on_timer", key=op.current_key, keyed=True,
+                                   note=f", {domain} timer {op.record_timestamp}") from exc
 
     def _screen(self, part: pa.Table, times: list[int | None]) -> list[str | None] | None:
         """Per record: None to process it, a reason to dead-letter it, "" to drop it —
@@ -475,6 +560,28 @@ class _Task:
             live.renewed_ms = now
 
 
+_USER_CODES: dict[type, frozenset[CodeType]] = {}
+
+
+def _user_codes(cls: type) -> frozenset[CodeType]:
+    """The code of every method the user's function class defines or inherits from a
+    class that is not weir's API (``weir.api``: the base classes)."""
+    found = _USER_CODES.get(cls)
+    if found is not None:
+        return found
+    codes = set()
+    for klass in cls.__mro__:
+        if klass is object or klass.__module__.startswith("weir.api"):
+            continue
+        for value in vars(klass).values():
+            function = getattr(value, "__func__", value)  # (static and class methods)
+            code = getattr(function, "__code__", None)
+            if isinstance(code, CodeType):
+                codes.add(code)
+    found = _USER_CODES[cls] = frozenset(codes)
+    return found
+
+
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 1)
 
@@ -483,6 +590,11 @@ def process_pass(spec: StageSpec) -> Any:
     """The ``mapInArrow`` function of a weir stage."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from _Task(spec).run(batches)
+        try:
+            yield from _Task(spec).run(batches)
+        except UserFunctionError as exc:
+            # raised again without weir's frames: Spark reports the traceback as text,
+            # and the message names the user's frames itself
+            raise exc.with_traceback(None) from exc.__cause__
 
     return run
