@@ -1,7 +1,8 @@
 """Bad records on the continuous runtime: a record for which a process function raises
 one of its ``bad_record_exceptions`` (on the keyed or the broadcast input) goes to its
-dead-letter sink with the reason, exactly once across a restart, and the job goes on;
-any other exception still fails (and restarts) the job."""
+dead-letter sink with the reason and where (the job and the checkpoint), exactly once
+across a restart, and the job goes on; any other exception still fails (and restarts)
+the job."""
 
 from __future__ import annotations
 
@@ -92,6 +93,10 @@ def test_bad_records_go_to_the_dead_letters_once_and_the_job_goes_on(
     assert rules_side == [3, 3]  # broadcast: each of the two subtasks rejects it once
     assert {d["uid"] for d in dead} == {"checked"}
     assert all(d["reason"].startswith("Invalid: ") for d in dead)
+    # the one shape of both runtimes: where = the job and the checkpoint committing it
+    assert all(set(d) == {"uid", "subtask", "reason", "record", "where"} for d in dead)
+    assert {d["where"]["checkpoint"] for d in dead} <= set(result.completed)
+    assert all(d["where"]["job"].startswith("dead-letters") for d in dead)
     out = read_stream_sink(tmp_path / "out")
     assert Counter(r[1] for r in out) == Counter(v for v in range(n) if v % 97)
     state = weir.read_state(str(tmp_path / "chk")).keyed_state("checked", "count")
@@ -104,11 +109,14 @@ class Echo(weir.KeyedProcessFunction[int, int]):
         yield value
 
 
-def test_dead_letters_need_both_settings(tmp_path: Path) -> None:
+def test_a_dead_letter_sink_needs_bad_record_exceptions(tmp_path: Path) -> None:
+    """A sink with nothing to receive is refused; bad_record_exceptions alone send the
+    records to the job's checkpoint storage (tests/test_dead_letters_one_shape.py)."""
     env = StreamEnvironment(weir.JobConfig(tmp_path, parallelism=1))
     keyed = env.from_source(SequenceSource(10), uid="n").key_by(lambda v: v)
-    with pytest.raises(weir.ConfigurationError, match="together"):
-        keyed.process(Echo(), uid="a", bad_record_exceptions=[Invalid])
+    with pytest.raises(weir.ConfigurationError, match="needs bad_record_exceptions"):
+        keyed.process(Echo(), uid="a", dead_letters=FileSink(tmp_path / "d"))
+    keyed.process(Echo(), uid="c", bad_record_exceptions=[Invalid])  # (into the storage)
     with pytest.raises(weir.ConfigurationError, match="exception types"):
         keyed.process(Echo(), uid="b", bad_record_exceptions=["oops"],  # type: ignore[list-item]
                       dead_letters=FileSink(tmp_path / "d"))

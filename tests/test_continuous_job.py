@@ -216,7 +216,8 @@ def test_the_sqlite_sink_is_exactly_once_across_a_sigkill(tmp_path: Path) -> Non
 
     n = 150_000
     db = tmp_path / "out.db"
-    job = LocalJob(spec(tmp_path, "hashmap", n, rate=30_000, sink=SqliteSink(db, table="counts")),
+    sink = SqliteSink(db, table="counts", columns=["key", "n", "count"])
+    job = LocalJob(spec(tmp_path, "hashmap", n, rate=30_000, sink=sink),
                    CheckpointConfig(interval=100),
                    restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0))
     running = Running(job)
@@ -224,7 +225,7 @@ def test_the_sqlite_sink_is_exactly_once_across_a_sigkill(tmp_path: Path) -> Non
     running.kill(("count", 0))
     assert not running.join()
     assert job.result.restarts == 1
-    numbers = Counter(r[1] for r in read_sqlite_stream_sink(db, table="counts"))
+    numbers = Counter(r["n"] for r in read_sqlite_stream_sink(db, table="counts"))
     assert set(numbers) == set(range(n)) and max(numbers.values()) == 1
 
 

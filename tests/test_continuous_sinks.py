@@ -74,8 +74,8 @@ def test_concurrent_commits_of_the_same_files_land_once(tmp_path: Path) -> None:
 
 def sinks(tmp_path: Path) -> list[tuple[Sink[Any], Any]]:
     return [(FileSink(tmp_path / "out"), lambda: read_stream_sink(tmp_path / "out")),
-            (SqliteSink(tmp_path / "out.db"),
-             lambda: read_sqlite_stream_sink(tmp_path / "out.db"))]
+            (SqliteSink(tmp_path / "out.db", columns=["v"]),  # (a value per row: one column)
+             lambda: [r["v"] for r in read_sqlite_stream_sink(tmp_path / "out.db")])]
 
 
 @pytest.mark.parametrize("kind", [0, 1], ids=["file", "sqlite"])
@@ -124,14 +124,14 @@ def test_two_file_sinks_in_one_directory_never_share_a_transaction(tmp_path: Pat
 
 def test_two_sqlite_sinks_on_one_table_never_share_a_transaction(tmp_path: Path) -> None:
     db = tmp_path / "out.db"
-    a, b = SqliteSink(db, table="t"), SqliteSink(db, table="t")
+    a, b = SqliteSink(db, table="t", columns=["v"]), SqliteSink(db, table="t", columns=["v"])
     wa = a.writer(dataclasses.replace(CONTEXT, uid="a"))
     wb = b.writer(dataclasses.replace(CONTEXT, uid="b"))
     wa.write("a")
     a.commit([wa.prepare_commit(1)])
     wb.write("b")  # (its transaction is the same id unless the uid is in it)
     b.commit([wb.prepare_commit(1)])
-    assert sorted(read_sqlite_stream_sink(db, table="t")) == ["a", "b"]
+    assert sorted(r["v"] for r in read_sqlite_stream_sink(db, table="t")) == ["a", "b"]
 
 
 @pytest.mark.parametrize("kind", [0, 1], ids=["file", "sqlite"])

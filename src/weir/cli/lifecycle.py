@@ -1,6 +1,6 @@
 """``weir savepoint create`` and ``weir dead-letters``: the life-cycle commands around a
-running job — a savepoint of a location's current state, and the records a stage set
-aside."""
+running job — a savepoint of a location's current state, and the records a job set
+aside (either runtime's dead letters, :func:`weir.read_dead_letters`)."""
 
 from __future__ import annotations
 
@@ -62,37 +62,53 @@ def savepoint_create(
 
 
 def dead_letters(
-    location: Annotated[str, typer.Argument(help="A Spark stage's checkpoint_location.")],
+    location: Annotated[str, typer.Argument(help=(
+        "A checkpoint storage: a Spark stage's checkpoint_location or a continuous "
+        "job's storage."))],
     since: Annotated[int | None, typer.Option(
-        "--since", help="Only batches from this batch id on.")] = None,
+        "--since", help="Only batches (micro-batch) or checkpoints (continuous) from this "
+                        "id on.")] = None,
     uid: Annotated[str | None, typer.Option("--uid", help="Only this operator.")] = None,
     limit: Annotated[int, typer.Option("--limit", help="At most this many rows in the "
                                        "table (--json prints every one).")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead.")] = False,
 ) -> None:
-    """Show the records a stage set aside, with query, batch, subtask and reason.
+    """Show the records a job set aside, with where (query and batch, or job and
+    checkpoint), subtask and reason.
 
-    Malformed input, records without an event time, late records
-    (late_records='dead_letter') and records whose function raised one of
-    bad_record_exceptions.
+    Records whose function raised one of bad_record_exceptions (both runtimes); on the
+    micro-batch runtime also malformed input, records without an event time and late
+    records (late_records='dead_letter').
 
     Example: weir dead-letters /data/chk/fraud --since 120 --json
     """
-    from weir.spark import read_dead_letters
+    from weir.connectors.dead_letters import read_dead_letters
 
-    rows: list[dict[str, Any]] = [
-        d for d in read_dead_letters(location)
-        if (since is None or (d["batch"] is not None and d["batch"] >= since))
-        and (uid is None or d["uid"] == uid)]
+    def wanted(letter: dict[str, Any]) -> bool:
+        at = _position(letter)
+        return ((since is None or (at is not None and at >= since))
+                and (uid is None or letter["uid"] == uid))
+
+    rows = [d for d in read_dead_letters(location) if wanted(d)]
     if as_json:
         print_json(rows)
         return
     table = Table(title=f"{len(rows)} dead letters in {location}"
                   + (f" (the first {limit})" if len(rows) > limit else ""))
-    for col in ("operator", "query", "batch", "subtask", "reason", "record"):
-        table.add_column(col, justify="right" if col in ("batch", "subtask") else "left",
-                         overflow="fold")
+    for col in ("operator", "query / job", "batch / checkpoint", "subtask", "reason",
+                "record"):
+        table.add_column(col, justify="right" if col in ("batch / checkpoint", "subtask")
+                         else "left", overflow="fold")
     for d in rows[:limit]:
-        table.add_row(d["uid"], d["query"], str(d["batch"]), str(d["subtask"]), d["reason"],
+        where = d["where"]
+        run = where.get("query", where.get("job"))
+        table.add_row(d["uid"], str(run), str(_position(d)), str(d["subtask"]), d["reason"],
                       json.dumps(d["record"], default=str)[:200])
     Console().print(table)
+
+
+def _position(letter: dict[str, Any]) -> int | None:
+    """The batch (micro-batch) or checkpoint (continuous) of a dead letter."""
+    where = letter["where"]
+    found = where.get("batch", where.get("checkpoint"))
+    return found if isinstance(found, int) else None

@@ -1,16 +1,31 @@
-"""Connectors. For Spark Structured Streaming: exactly-once sinks (PySpark Python data
-sources). For the continuous runtime (:mod:`weir.stream`): :class:`SequenceSource` and
-the two-phase-commit :class:`FileSink` (:mod:`weir.connectors.stream`), and the
-replayable, bounded :class:`FileSource` of JSON-lines or text files
-(:mod:`weir.connectors.file_source`), :class:`SqliteSink`, and the idempotent
-:class:`CollectSink` for tests and small results (:mod:`weir.connectors.collect`);
-and what a source or sink of your own implements (:class:`Source`,
-:class:`SourceReader`, :class:`Sink`, :class:`SinkWriter`, :class:`SinkContext`; the
-contract in :mod:`weir.api.connectors`).
+"""Connectors, by runtime.
 
-``register_sinks(spark)`` makes ``df.writeStream.format("weir-files")`` and
-``format("weir-sqlite")`` available; see :mod:`weir.connectors.sinks` for options,
-on-disk layout and the exactly-once argument.
+* **Continuous runtime** (:mod:`weir.stream`) — :mod:`weir.connectors.stream`,
+  re-exported here: the sources :class:`SequenceSource` and :class:`FileSource`
+  (replayable, bounded JSON-lines or text files; :mod:`weir.connectors.file_source`),
+  the two-phase-commit sinks :class:`FileSink` (JSON lines) and :class:`SqliteSink`
+  (rows of a SQLite table, one column per field), their readers
+  :func:`read_stream_sink` and :func:`read_sqlite_stream_sink`, and the idempotent
+  :class:`CollectSink` for tests and small results (:mod:`weir.connectors.collect`);
+  and what a source or sink of your own implements (:class:`Source`,
+  :class:`SourceReader`, :class:`Sink`, :class:`SinkWriter`, :class:`SinkContext`; the
+  contract in :mod:`weir.api.connectors`).
+* **Spark micro-batch runtime** (:mod:`weir.spark`) — :mod:`weir.connectors.spark`:
+  exactly-once sinks as PySpark Python data sources. ``register_sinks(spark)`` makes
+  ``df.writeStream.format("weir-files")`` (``FilesDataSource``) and
+  ``format("weir-sqlite")`` (``SqliteDataSource``) available; ``read_file_sink`` and
+  ``read_sqlite_sink`` read them (see :mod:`weir.connectors.sinks` for options, on-disk
+  layout and the exactly-once argument). They are imported on first use (they import
+  pyspark.sql and pyarrow, which a continuous task process does not need).
+
+The Spark names are still importable from here for one release (``register_sinks``,
+``read_file_sink``, ``TransactionalFileSink`` …; import them from
+:mod:`weir.connectors.spark`). ``SQLiteSink``, one letter case away from the continuous
+:class:`SqliteSink`, warns (:class:`DeprecationWarning`): it is
+``weir.connectors.spark.SqliteDataSource``.
+
+Dead letters — the records a process function rejects, on either runtime — are read by
+:func:`weir.read_dead_letters` (:mod:`weir.connectors.dead_letters`).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -38,10 +53,12 @@ if TYPE_CHECKING:
     from weir.connectors.sinks import register_sinks
     from weir.connectors.sqlite import (
         SQLiteCommitMessage,
-        SQLiteSink,
         SQLiteSinkWriter,
         committed_sqlite_batches,
         read_sqlite_sink,
+    )
+    from weir.connectors.sqlite import (  # deprecated (see __getattr__)
+        SqliteDataSource as SQLiteSink,  # noqa: F401
     )
 
 #: the Spark sinks, imported on first use (they import pyspark.sql and pyarrow, which a
@@ -51,17 +68,31 @@ _SPARK = {
     "FileCommitMessage": "files", "FileSinkWriter": "files",
     "TransactionalFileSink": "files", "committed_file_batches": "files",
     "read_file_sink": "files", "register_sinks": "sinks",
-    "SQLiteCommitMessage": "sqlite", "SQLiteSink": "sqlite", "SQLiteSinkWriter": "sqlite",
+    "SQLiteCommitMessage": "sqlite", "SQLiteSinkWriter": "sqlite",
     "committed_sqlite_batches": "sqlite", "read_sqlite_sink": "sqlite",
 }
 
+#: old names kept for one release, with a DeprecationWarning: name -> (module, new name)
+_DEPRECATED = {"SQLiteSink": ("sqlite", "SqliteDataSource")}
+
 
 def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name == "spark":  # (the submodule, on first use)
+        return importlib.import_module("weir.connectors.spark")
+    if name in _DEPRECATED:
+        home, new = _DEPRECATED[name]
+        import warnings
+
+        warnings.warn(f"weir.connectors.{name} is deprecated: use "
+                      f"weir.connectors.spark.{new} (the Spark data source; "
+                      f"weir.connectors.SqliteSink is the continuous runtime's sink)",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(f"weir.connectors.{home}"), new)
     module = _SPARK.get(name)
     if module is None:
         raise AttributeError(f"module 'weir.connectors' has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(f"weir.connectors.{module}"), name)
 
 
@@ -83,7 +114,6 @@ __all__ = [
     "FileCommitMessage",
     "FileSinkWriter",
     "SQLiteCommitMessage",
-    "SQLiteSink",
     "SQLiteSinkWriter",
     "TransactionalFileSink",
     "committed_file_batches",

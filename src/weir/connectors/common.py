@@ -20,10 +20,12 @@ from weir.errors import SinkError
 from weir.runtime.spark.records import json_safe
 
 FILE_SINK_NAME = "weir-files"
-"""Format name of :class:`TransactionalFileSink` (``df.writeStream.format(...)``)."""
+"""Format name of :class:`~weir.connectors.spark.FilesDataSource`
+(``df.writeStream.format(...)``)."""
 
 SQLITE_SINK_NAME = "weir-sqlite"
-"""Format name of :class:`SQLiteSink` (``df.writeStream.format(...)``)."""
+"""Format name of :class:`~weir.connectors.spark.SqliteDataSource`
+(``df.writeStream.format(...)``)."""
 
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"

@@ -1,5 +1,7 @@
-"""The ``weir-files`` sink: batches published as atomically renamed directories
-(layout and exactly-once argument in :mod:`weir.connectors.sinks`).
+"""The ``weir-files`` sink of the Spark (micro-batch) runtime, :class:`FilesDataSource`
+(``TransactionalFileSink``, its former name, is kept as another name for it): batches
+published as atomically renamed directories (layout and exactly-once argument in
+:mod:`weir.connectors.sinks`).
 
 A commit's work does not depend on how many batches the path holds: it never lists
 ``<path>`` or reads another batch's manifest. The query that owns the path is read
@@ -172,7 +174,7 @@ class FileCommitMessage(WriterCommitMessage):
 
 
 class FileSinkWriter(DataSourceStreamWriter):
-    """The stream writer of :class:`TransactionalFileSink` (layout: module docstring).
+    """The stream writer of :class:`FilesDataSource` (layout: module docstring).
 
     ``write`` runs in the tasks and stages one JSON-lines file per partition;
     ``commit``/``abort`` run on the driver.
@@ -365,8 +367,9 @@ class FileSinkWriter(DataSourceStreamWriter):
             ) from exc
 
 
-class TransactionalFileSink(DataSource):
-    """``weir-files``: exactly-once JSON-lines files, one directory per micro-batch.
+class FilesDataSource(DataSource):
+    """``weir-files``: exactly-once JSON-lines files, one directory per micro-batch (a
+    PySpark data source of the micro-batch runtime).
 
     Options: ``path`` (local directory or ``file://`` URL). Append output mode only.
     The layout and the exactly-once argument are in :mod:`weir.connectors.sinks`.
@@ -392,6 +395,10 @@ class TransactionalFileSink(DataSource):
     def committed_batches(path: str) -> list[int]:
         """The batch ids published under ``path``, ascending."""
         return committed_file_batches(path)
+
+
+TransactionalFileSink = FilesDataSource
+"""The former name of :class:`FilesDataSource` (kept)."""
 
 
 def committed_file_batches(path: str) -> list[int]:

@@ -1,4 +1,5 @@
-"""Exactly-once (two-phase-commit) sinks for Spark Structured Streaming.
+"""Exactly-once (two-phase-commit) sinks for Spark Structured Streaming (the
+micro-batch runtime; import them from :mod:`weir.connectors.spark`).
 
 Both sinks are PySpark Python data sources (:mod:`pyspark.sql.datasource`) with a
 :class:`~pyspark.sql.datasource.DataSourceStreamWriter`. Register them once per
@@ -80,8 +81,8 @@ id in one search of the batches and records it. Rows written outside Spark (no
 ``TaskContext``, no query id) are not checked. Two queries running at the same time
 against one location are not supported.
 
-``weir-files``: :class:`TransactionalFileSink`
-----------------------------------------------
+``weir-files``: :class:`~weir.connectors.files.FilesDataSource`
+---------------------------------------------------------------
 Option ``path``: a local directory (or a ``file://`` URL); on a cluster, a POSIX
 filesystem mounted at the same path on the driver and all executors. The publish step
 relies on an atomic directory rename, which object stores (``s3://`` ...) do not have;
@@ -132,8 +133,8 @@ is refused by (a) in every case: the record is durable before any of its batches
 be published. The kill -9 and crash-at-every-step tests in ``tests/test_spark_sinks.py``
 exercise these cases.
 
-``weir-sqlite``: :class:`SQLiteSink`
-------------------------------------
+``weir-sqlite``: :class:`~weir.connectors.sqlite.SqliteDataSource`
+-------------------------------------------------------------------
 Options ``path`` (the database file; created if missing, its directory must exist),
 ``table`` (the target table; created from the stream's schema if missing) and
 ``busyTimeout`` (seconds to wait for a lock, default 60). Every task and the driver
@@ -166,14 +167,19 @@ so commit work does not grow with past batches. An empty batch changes nothing i
 append mode once the table exists (the first commit creates it); in complete mode it
 empties the table (the result is empty) without recording the batch, which a replay
 repeats harmlessly.
+
+The continuous runtime's :class:`~weir.connectors.stream.SqliteSink` writes its target
+table in the same layout (one column per field, JSON text for nested values), with
+bookkeeping tables of its own (``<table>_staging``, ``<table>_committed``,
+``<table>_lineage``): :func:`~weir.connectors.sqlite.read_sqlite_sink` reads either.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from weir.connectors.files import TransactionalFileSink
-from weir.connectors.sqlite import SQLiteSink
+from weir.connectors.files import FilesDataSource
+from weir.connectors.sqlite import SqliteDataSource
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -185,5 +191,5 @@ __all__ = ["register_sinks"]
 
 def register_sinks(spark: SparkSession) -> None:
     """Register ``weir-files`` and ``weir-sqlite`` with ``spark`` (once per session)."""
-    spark.dataSource.register(TransactionalFileSink)
-    spark.dataSource.register(SQLiteSink)
+    spark.dataSource.register(FilesDataSource)
+    spark.dataSource.register(SqliteDataSource)

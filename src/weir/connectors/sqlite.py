@@ -1,6 +1,11 @@
-"""The ``weir-sqlite`` sink: one SQLite transaction publishes a batch (layout and
+"""The ``weir-sqlite`` sink of the Spark (micro-batch) runtime,
+:class:`SqliteDataSource`: one SQLite transaction publishes a batch (layout and
 exactly-once argument in :mod:`weir.connectors.sinks`). Commit work does not grow
-with past batches: every lookup is by primary key or index."""
+with past batches: every lookup is by primary key or index.
+
+(``SQLiteSink``, its former name, is kept for one release with a
+:class:`DeprecationWarning`: it differed only in letter case from the continuous
+runtime's :class:`~weir.connectors.stream.SqliteSink`.)"""
 
 from __future__ import annotations
 
@@ -138,7 +143,7 @@ class SQLiteCommitMessage(WriterCommitMessage):
 
 
 class SQLiteSinkWriter(DataSourceStreamWriter):
-    """The stream writer of :class:`SQLiteSink` (tables: module docstring).
+    """The stream writer of :class:`SqliteDataSource` (tables: module docstring).
 
     ``write`` runs in the tasks and stages rows in ``_weir_staging``; ``commit`` and
     ``abort`` run on the driver, each in one transaction.
@@ -427,8 +432,10 @@ class SQLiteSinkWriter(DataSourceStreamWriter):
             ) from exc
 
 
-class SQLiteSink(DataSource):
-    """``weir-sqlite``: exactly-once rows in a SQLite table, one transaction per batch.
+class SqliteDataSource(DataSource):
+    """``weir-sqlite``: exactly-once rows in a SQLite table, one transaction per batch
+    (a PySpark data source of the micro-batch runtime; the continuous runtime's sink is
+    :class:`~weir.connectors.stream.SqliteSink`, the same table layout).
 
     Options: ``path`` (database file), ``table``, ``busyTimeout`` (seconds, default 60).
     Append and complete output mode. Tables and the exactly-once argument are in
@@ -493,15 +500,29 @@ def committed_sqlite_batches(path: str, table: str) -> list[int]:
 
 
 def read_sqlite_sink(path: str, table: str) -> list[dict[str, Any]]:
-    """All committed rows of ``table``, in insertion (batch, then partition) order."""
+    """All committed rows of ``table``, in insertion (batch, then partition) order, as
+    dicts of its columns. Reads the tables of the continuous runtime's
+    :class:`~weir.connectors.stream.SqliteSink` too (the same layout; their columns
+    declared JSON are decoded, as :func:`~weir.connectors.stream.read_sqlite_stream_sink`
+    does)."""
+    from weir.connectors.stream import sqlite_rows
+
     conn = _open_read_only(path)
-    conn.row_factory = sqlite3.Row
     try:
-        if not _table_exists(conn, table):
-            return []
-        rows = conn.execute(f"SELECT * FROM {_quote(table)} ORDER BY rowid").fetchall()
-        return [dict(r) for r in rows]
+        return sqlite_rows(conn, table)
     except sqlite3.Error as exc:
         raise SinkError(f"{SQLITE_SINK_NAME} sink: reading {table!r} in {path}: {exc}") from exc
     finally:
         conn.close()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SQLiteSink":  # (its name until this release)
+        import warnings
+
+        warnings.warn("weir.connectors.sqlite.SQLiteSink is deprecated: use "
+                      "weir.connectors.spark.SqliteDataSource (the Spark 'weir-sqlite' "
+                      "data source; weir.connectors.SqliteSink is the continuous runtime's "
+                      "sink)", DeprecationWarning, stacklevel=2)
+        return SqliteDataSource
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,8 +13,12 @@ recovers every pending transaction).
 take ``(record, timestamp)`` and hand each output to the next operator; the last one
 hands it to the task's network outputs (``route``). A record's timestamp follows it
 through the chain (outputs of a timer carry the timer's time). A process function with
-``bad_record_exceptions`` has a dead-letter sink beside the chain: a record for which
-it raises one of them goes there, with the reason, and the job goes on.
+``bad_record_exceptions`` has a dead-letter sink beside the chain (the job's checkpoint
+storage unless ``dead_letters=`` names one; always wrapped in
+:class:`~weir.connectors.dead_letters.DeadLetterSink`): a record for which it raises one
+of them goes there — ``{"uid", "subtask", "reason", "record", "where": {"job",
+"checkpoint"}}``, the checkpoint filled in at the barrier that closes its transaction —
+and the job goes on.
 """
 
 from __future__ import annotations
@@ -65,8 +69,10 @@ class ChainedOperator:
     """One operator of the chain: its spec and, when it has state, the operator-core
     instance that holds it (``core``)."""
 
-    def __init__(self, spec: OperatorSpec, config: OperatorConfig) -> None:
+    def __init__(self, spec: OperatorSpec, config: OperatorConfig, job: str = "") -> None:
         self.spec = spec
+        #: the job's name (``where`` of its dead letters)
+        self.job = job
         self.kind = spec.kind
         self.state: _Stateful | None = None
         self.core: KeyedOperator | NonKeyedOperator | None = None
@@ -101,13 +107,13 @@ class ChainedOperator:
             return process
         assert self.dead_letters is not None and self.core is not None
         write = self.dead_letters.writer.write
-        uid, subtask = self.spec.name, self.core.config.subtask_index
+        uid, subtask, job = self.spec.name, self.core.config.subtask_index, self.job
 
         def guarded(value: Any, ts: int | None) -> list[Any]:
             try:
                 return process(value, ts)
             except bad as exc:
-                write(dead_letter(uid, subtask, exc, value))
+                write(dead_letter(uid, subtask, exc, value, job))
                 return []
         return guarded
 
@@ -117,15 +123,19 @@ class ChainedOperator:
         return self.core if isinstance(self.core, KeyedOperator) else None
 
 
-def dead_letter(uid: str, subtask: int, exc: BaseException, record: Any) -> dict[str, Any]:
-    """What a dead-letter sink receives for a rejected record: the operator, the
-    reason, and the record (its ``repr`` if JSON cannot hold it)."""
+def dead_letter(uid: str, subtask: int, exc: BaseException, record: Any, job: str = ""
+                ) -> dict[str, Any]:
+    """A dead letter of a rejected record, in the shape both runtimes share
+    (:mod:`weir.connectors.dead_letters`): the operator and subtask, the reason, the
+    record (its ``repr`` if JSON cannot hold it) and where — the job, and the
+    checkpoint that commits it (None here: the dead-letter sink's
+    :class:`~weir.connectors.dead_letters.DeadLetterSink` fills it in at the barrier)."""
     try:
         json.dumps(record)
     except (TypeError, ValueError):
         record = repr(record)
     return {"uid": uid, "subtask": subtask, "reason": f"{type(exc).__name__}: {exc}",
-            "record": record}
+            "record": record, "where": {"job": job, "checkpoint": None}}
 
 
 class OperatorChain:
@@ -133,7 +143,8 @@ class OperatorChain:
 
     def __init__(self, graph: JobGraph, vertex: Vertex, subtask: int) -> None:
         self.graph, self.vertex, self.subtask = graph, vertex, subtask
-        self.ops = [ChainedOperator(spec, self._config(spec)) for spec in vertex.chain]
+        self.ops = [ChainedOperator(spec, self._config(spec), graph.job)
+                    for spec in vertex.chain]
         #: every operator, the dead-letter sinks (off the chain's path) last
         self.all = self.ops + [op.dead_letters for op in self.ops if op.dead_letters]
         #: push[k] feeds operator k; after[k] what operator k emits (filled by wire)

@@ -136,7 +136,8 @@ class OperatorSpec:
     #: sources: event time (records get timestamps, watermarks follow)
     watermarks: WatermarkStrategy | None = None
     #: process functions: a record for which the function raises one of these goes to
-    #: ``dead_letters`` (a sink operator of its own uid) and the job goes on
+    #: ``dead_letters`` (a sink operator of its own uid, ``<uid>-dead-letters``: the
+    #: job's checkpoint storage unless the job names a sink) and the job goes on
     bad_record_exceptions: tuple[type[BaseException], ...] = ()
     dead_letters: OperatorSpec | None = None
 

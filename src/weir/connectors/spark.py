@@ -1,0 +1,45 @@
+"""The connectors of the Spark (micro-batch) runtime (:mod:`weir.spark`): exactly-once
+sinks as PySpark Python data sources. :func:`register_sinks` makes
+``df.writeStream.format("weir-files")`` (:class:`FilesDataSource`: JSON-lines files, a
+directory per batch) and ``format("weir-sqlite")`` (:class:`SqliteDataSource`: rows of
+a SQLite table) available; :func:`read_file_sink` and :func:`read_sqlite_sink` read
+what they committed. Options, on-disk layout and the exactly-once argument are in
+:mod:`weir.connectors.sinks`.
+
+The continuous runtime's sources and sinks are in :mod:`weir.connectors.stream`.
+Importing this module imports ``pyspark.sql``."""
+
+from __future__ import annotations
+
+from weir.connectors.common import FILE_SINK_NAME, SQLITE_SINK_NAME
+from weir.connectors.files import (
+    FileCommitMessage,
+    FilesDataSource,
+    FileSinkWriter,
+    committed_file_batches,
+    read_file_sink,
+)
+from weir.connectors.sinks import register_sinks
+from weir.connectors.sqlite import (
+    SQLiteCommitMessage,
+    SqliteDataSource,
+    SQLiteSinkWriter,
+    committed_sqlite_batches,
+    read_sqlite_sink,
+)
+
+__all__ = [
+    "FILE_SINK_NAME",
+    "SQLITE_SINK_NAME",
+    "FileCommitMessage",
+    "FileSinkWriter",
+    "FilesDataSource",
+    "SQLiteCommitMessage",
+    "SQLiteSinkWriter",
+    "SqliteDataSource",
+    "committed_file_batches",
+    "committed_sqlite_batches",
+    "read_file_sink",
+    "read_sqlite_sink",
+    "register_sinks",
+]
