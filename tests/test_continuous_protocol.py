@@ -296,7 +296,11 @@ def test_a_corrupt_newest_checkpoint_stops_with_the_explicit_way_to_go_on(
     client.wait(60)
     ids = sorted(int(p.parent.name[4:]) for p in (tmp_path / "chk").glob("chk-*/_metadata"))
     newest = tmp_path / "chk" / f"chk-{ids[-1]}"
-    victim = next(p for p in sorted(newest.rglob("*")) if p.is_file() and p.suffix == ".keyed")
+    # keyed state the newest checkpoint wrote itself: a full snapshot in its directory, or
+    # (changelog checkpoints, the default) a base or delta in shared/ named by its id
+    own = [*newest.rglob("*"), *(tmp_path / "chk" / "shared").rglob(f"{ids[-1]}-*")]
+    victim = next(p for p in sorted(own)
+                  if p.is_file() and p.suffix in (".keyed", ".delta") and p.stat().st_size)
     data = bytearray(victim.read_bytes())
     data[-1] ^= 0xFF
     victim.write_bytes(bytes(data))

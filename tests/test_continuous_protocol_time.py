@@ -248,7 +248,7 @@ def test_an_unknown_state_backend_is_refused_when_the_environment_is_built(
     ({"parallelism": 8, "max_parallelism": 4}, ["parallelism=8 is above max_parallelism=4"]),
     ({"state_backend": None}, ["state_backend None", "'hashmap'", "'rocksdb'"]),
     ({"checkpointing": {"interval_ms": 1_000}},
-     ["checkpointing must be a weir.stream.CheckpointConfig", "dict"]),
+     ["checkpointing must be a weir.CheckpointConfig", "dict"]),
     ({"restart_strategy": "no_restart"}, ["restart_strategy must be a weir.RestartStrategy"]),
     ({"channels": {"buffer_records": 4}}, ["channels must be a weir.stream.ChannelConfig"]),
     ({"channels": ChannelConfig(buffer_records=1.5)},  # type: ignore[arg-type]

@@ -93,7 +93,7 @@ def test_config_durations_are_timedeltas_strings_or_int_milliseconds() -> None:
 
 def test_config_keywords_of_earlier_releases_warn_and_still_work() -> None:
     with pytest.warns(DeprecationWarning, match="interval_ms=.*use interval="):
-        c = CheckpointConfig(interval=2000, timeout=60_000, min_pause=500)
+        c = CheckpointConfig(interval_ms=2000, timeout_ms=60_000, min_pause_ms=500)
     assert c == CheckpointConfig("2 s", timeout="1 min", min_pause="500 ms")
     with pytest.warns(DeprecationWarning, match="changelog=.*SnapshotStrategy"):
         assert CheckpointConfig(changelog=True).snapshot is SnapshotStrategy.CHANGELOG

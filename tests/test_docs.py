@@ -3,9 +3,14 @@ mode, every ```python block of docs/**/*.md runs, and the pages that must cover 
 (the errors, the CLI's commands, the checkpoint format version) cover it.
 
 Code blocks follow the README's convention (tests/test_demo_and_cli.py): a ```python
-block runs, a ```py block (or ```python with more on its opening line, such as
-```python spark) is shown but not run. The blocks of one page run in order in one
-namespace, in a temporary working directory of their own; each block is one test.
+block runs, a ```py block (or ```python with more on its opening line) is shown but not
+run. Where the README marks a block that needs Spark ```python spark, a page writes
+```{ .python .spark } (SuperFences renders no other word after the language): such a
+block runs too, with the test process's SparkSession (the session-scoped ``spark``
+fixture of tests/conftest.py; ``weir.spark.session()`` in the block gets it back). The
+blocks of one page run in order in one namespace, in a temporary working directory of
+their own; each block is one test, marked ``spark`` if it or an earlier block of its
+page needs Spark.
 """
 
 from __future__ import annotations
@@ -25,25 +30,44 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 MKDOCS = Path(sys.executable).parent / "mkdocs"
-BLOCK = re.compile(r"^```python\n(.*?)^```[ \t]*$", re.S | re.M)
+BLOCK = re.compile(r"^```(python|\{ \.python \.spark \})\n(.*?)^```[ \t]*$", re.S | re.M)
 # The modules the API reference documents (docs/reference/*.md), by page.
 REFERENCE = {"weir": "weir", "weir.spark": "spark", "weir.stream": "stream",
              "weir.connectors": "connectors", "weir.testing": "testing",
              "weir.errors": "errors"}
 
 
-def python_blocks(page: Path) -> list[tuple[int, str]]:
-    """``(line, code)`` of every ```python block of ``page``, in order."""
+@dataclass(frozen=True)
+class Block:
+    """A code block that runs: where it starts on its page, its code, and whether it
+    needs Spark (```{ .python .spark })."""
+
+    line: int
+    code: str
+    spark: bool
+
+
+def python_blocks(page: Path) -> list[Block]:
+    """Every ```python and ```{ .python .spark } block of ``page``, in order."""
     text = page.read_text()
-    return [(text.count("\n", 0, m.start()) + 2, m.group(1)) for m in BLOCK.finditer(text)]
+    return [Block(text.count("\n", 0, m.start()) + 2, m.group(2), m.group(1) != "python")
+            for m in BLOCK.finditer(text)]
+
+
+def _params(page: Path) -> list[Any]:
+    """One test per block; those that need Spark (the block or an earlier one of the
+    page, which the test may have to run first) are marked ``spark``."""
+    out: list[Any] = []
+    spark = False
+    for index, block in enumerate(python_blocks(page)):
+        spark = spark or block.spark
+        out.append(pytest.param(page, index, id=f"{page.relative_to(DOCS)}:{block.line}",
+                                marks=[pytest.mark.spark] if spark else []))
+    return out
 
 
 PAGES = sorted(p for p in DOCS.rglob("*.md") if "_ext" not in p.parts)
-BLOCKS = [
-    pytest.param(page, index, id=f"{page.relative_to(DOCS)}:{line}")
-    for page in PAGES
-    for index, (line, _) in enumerate(python_blocks(page))
-]
+BLOCKS = [param for page in PAGES for param in _params(page)]
 
 
 @dataclass
@@ -64,26 +88,40 @@ _RUNS: dict[Path, PageRun] = {}
 @pytest.mark.parametrize(("page", "index"), BLOCKS)
 def test_doc_code_block_runs(
     page: Path, index: int, tmp_path_factory: pytest.TempPathFactory,
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
 ) -> None:
     run = _RUNS.get(page)
     if run is None:
         slug = re.sub(r"\W+", "-", str(page.relative_to(DOCS)))
         run = _RUNS[page] = PageRun(tmp_path_factory.mktemp(f"docs-{slug}"))
     blocks = python_blocks(page)
+    if any(b.spark for b in blocks[run.done:index + 1]):
+        # the one SparkSession of this process, started before the block asks for one
+        request.getfixturevalue("spark")
     monkeypatch.chdir(run.workdir)
     while run.done <= index:
         if run.failed is not None:
-            line = blocks[run.failed][0]
+            line = blocks[run.failed].line
             pytest.fail(f"an earlier block of {page.name} (line {line}) failed")
-        line, code = blocks[run.done]
+        block = blocks[run.done]
         try:
             # padded so that a traceback's line numbers are the page's
-            exec(compile("\n" * (line - 1) + code, str(page), "exec"), run.namespace)
+            exec(compile("\n" * (block.line - 1) + block.code, str(page), "exec"),
+                 run.namespace)
         except BaseException:
             run.failed = run.done
             raise
         run.done += 1
+
+
+def test_no_page_writes_a_fence_header_the_site_cannot_render() -> None:
+    """SuperFences takes a word after the language (```python spark) for an option it
+    does not know and renders the block as a paragraph, its code as markdown: a page
+    marks a Spark block ```{ .python .spark } instead."""
+    wrong = [f"{page.relative_to(DOCS)}:{text.count(chr(10), 0, m.start()) + 1}"
+             for page in PAGES for text in [page.read_text()]
+             for m in re.finditer(r"^```(?:python|py) +[a-z]+\s*$", text, re.M)]
+    assert not wrong, f"write ```{{ .python .spark }} (or ```py), not ```python spark: {wrong}"
 
 
 def test_docs_build_in_strict_mode(tmp_path: Path) -> None:

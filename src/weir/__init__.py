@@ -72,6 +72,7 @@ from weir.checkpoint import (
     CompletedCheckpoint,
     load_checkpoint,
 )
+from weir.connectors.dead_letters import read_dead_letters
 from weir.errors import (
     CheckpointError,
     CheckpointFormatError,
@@ -94,6 +95,7 @@ from weir.errors import (
     StateRegistrationError,
     StateSerializationError,
     TaskPlacementError,
+    UserFunctionError,
     WeirError,
 )
 from weir.processor.lookup import query_state
@@ -118,6 +120,7 @@ __all__ = [
     "RocksDBStateBackend",
     "SnapshotStrategy",
     "read_state",
+    "read_dead_letters",
     "write_savepoint",
     "query_state",
     "QueryableStateClient",
@@ -134,6 +137,7 @@ __all__ = [
     "SinkLineageError",
     "SourceError",
     "TaskPlacementError",
+    "UserFunctionError",
     "take_savepoint",
     "take_checkpoint",
     "load_checkpoint",

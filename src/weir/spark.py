@@ -101,15 +101,16 @@ from weir.api.restart import RestartStrategy
 from weir.checkpoint.coordinator import CompletedCheckpoint, load_checkpoint
 from weir.checkpoint.ownership import Lineage
 from weir.checkpoint.storage import CheckpointStorage
+from weir.connectors.dead_letters import read_dead_letters
 from weir.errors import (
     ConfigurationError,
     RestoreError,
 )
+from weir.runtime.spark.client import JobClient
 from weir.runtime.spark.epochs import EpochStore
 from weir.runtime.spark.keys import check_key_types
 from weir.runtime.spark.lifecycle import (
     finish,
-    read_dead_letters,
     recover,
     savepoint,
     stop_with_savepoint,
@@ -146,9 +147,9 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = [
-    "Broadcast", "EventTime", "RestartStrategy", "finish", "process", "read_dead_letters",
-    "recover", "register_state_source", "savepoint", "session", "stop_with_savepoint",
-    "supervise",
+    "Broadcast", "EventTime", "JobClient", "RestartStrategy", "finish", "process",
+    "read_dead_letters", "recover", "register_state_source", "savepoint", "session",
+    "stop_with_savepoint", "supervise",
 ]
 
 log = logging.getLogger(__name__)
@@ -157,11 +158,16 @@ log = logging.getLogger(__name__)
 def session(master: str = "local[*]", app_name: str = "weir", **conf: str) -> SparkSession:
     """A SparkSession set up for weir: Python workers run this interpreter (so they
     see the same packages), the UI is off unless asked for, and shuffles of static
-    queries use the cores there are."""
+    queries use the cores there are. Its log reports a failed task once: a weir
+    function's exception (a :class:`~weir.errors.UserFunctionError`, the user's
+    exception first) in the query's failure, not again in each task attempt's and the
+    executor's reports (``weir.runtime.spark.supervise.report_failures_once``)."""
     import os
     import sys
 
     from pyspark.sql import SparkSession
+
+    from weir.runtime.spark.supervise import report_failures_once
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master).appName(app_name)
@@ -170,6 +176,7 @@ def session(master: str = "local[*]", app_name: str = "weir", **conf: str) -> Sp
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     register_state_source(spark)
+    report_failures_once(spark)
     return spark
 
 
@@ -396,7 +403,7 @@ def process(
         config.allow_non_restored_state, storage_options, uid,
     )
     check_parallelism(p, max_parallelism)
-    memory = (backend.memory_budget() if isinstance(backend, RocksDBStateBackend)
+    memory = (RocksDBMemory.of(backend) if isinstance(backend, RocksDBStateBackend)
               else RocksDBMemory())
     snapshot = checkpointing.snapshot_for(backend.name)
     spec = StageSpec(

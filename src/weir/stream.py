@@ -29,9 +29,10 @@ event time), ``map`` / ``filter`` / ``flat_map``, ``process`` with a
 :class:`~weir.KeyedProcessFunction` (every state type, TTL, event- and processing-time
 timers), ``key_by(...).connect(stream.broadcast(descriptors)).process(...)`` with a
 :class:`~weir.KeyedBroadcastProcessFunction`, ``union``, ``rebalance`` and two-phase-
-commit sinks (``sink_to``). A process function may send the records it rejects (it
-raises one of its ``bad_record_exceptions``) to a dead-letter sink of its own
-(``dead_letters=``), exactly-once like any sink, and the job goes on. An operator runs
+commit sinks (``sink_to``). A process function's rejected records (it raises one of its
+``bad_record_exceptions``) go to its dead letters — the job's checkpoint storage
+(:func:`weir.read_dead_letters`), or a sink of its own (``dead_letters=``) —
+exactly-once, and the job goes on. An operator runs
 in its input's task (a chain) when it is
 that input's only consumer at the same parallelism over a forward edge. The state of
 every operator with a uid is in the same checkpoint format as the harness and the
@@ -154,7 +155,7 @@ class StreamEnvironment:
         backend = config.state_backend
         #: each task process's RocksDB budget and entry cache (None: the hash map)
         self.rocksdb_memory: RocksDBMemory | None = (
-            backend.memory_budget() if isinstance(backend, RocksDBStateBackend) else None)
+            RocksDBMemory.of(backend) if isinstance(backend, RocksDBStateBackend) else None)
         self.checkpointing = config.checkpointing
         self.restart_strategy = config.effective_restart_strategy()
         self.channels = check_channel_config(channels or ChannelConfig())
@@ -197,7 +198,7 @@ class StreamEnvironment:
         return parallelism
 
     def execute(self, job_name: str = "job", *,
-                timeout: float | datetime.timedelta | None = None,
+                timeout: str | float | datetime.timedelta | None = None,
                 restore_from: str | Path | None = None,
                 allow_non_restored_state: bool = False,
                 runner: Runner | str = Runner.LOCAL, spark: Any = None) -> JobResult:
@@ -223,8 +224,9 @@ class StreamEnvironment:
         ``spark``; one task slot per task).
 
         ``timeout``: None (the default, as Flink's ``execute``) waits as long as the job
-        runs; seconds or a :class:`datetime.timedelta` (> 0) end it with
-        :class:`~weir.errors.JobFailedError` if it runs longer.
+        runs; a duration (``"10 min"``, a :class:`datetime.timedelta`; a bare number is
+        seconds, deprecated) ends it with :class:`~weir.errors.JobFailedError` if it runs
+        longer.
 
         Every argument and the job graph are checked before any task starts: a bad one
         raises :class:`~weir.errors.ConfigurationError`; so is the claim on the
@@ -235,7 +237,7 @@ class StreamEnvironment:
                                  spark), timeout_s)
 
     def execute_async(self, job_name: str = "job", *,
-                      timeout: float | datetime.timedelta | None = None,
+                      timeout: str | float | datetime.timedelta | None = None,
                       restore_from: str | Path | None = None,
                       allow_non_restored_state: bool = False,
                       runner: Runner | str = Runner.LOCAL, spark: Any = None) -> JobClient:
@@ -353,26 +355,36 @@ def _legacy_config(config: JobConfig | None, old: dict[str, Any]) -> JobConfig:
                      max_parallelism=old.get("max_parallelism", 128))
 
 
-def _rejecting(op: OperatorSpec, bad_record_exceptions: Sequence[type[BaseException]],
+def _rejecting(env: StreamEnvironment, op: OperatorSpec,
+               bad_record_exceptions: Sequence[type[BaseException]],
                dead_letters: Sink[Any] | None) -> OperatorSpec:
     """``op`` sending the records its function raises one of ``bad_record_exceptions``
-    for to the ``dead_letters`` sink (under the uid ``<uid>-dead-letters``)."""
-    bad = tuple(bad_record_exceptions)
-    if not bad and dead_letters is not None:  # the function's class names them
-        bad = tuple(getattr(op.fn, "bad_record_exceptions", ()))
+    (or of its class's ``bad_record_exceptions``) for to its dead letters, a sink
+    operator of uid ``<uid>-dead-letters``: the ``dead_letters`` sink, or by default the
+    job's checkpoint storage (:mod:`weir.connectors.dead_letters`); either wrapped so
+    that each dead letter says which checkpoint committed it."""
+    from weir.connectors.dead_letters import DeadLetterSink, StorageDeadLetters
+
+    bad = tuple(bad_record_exceptions) or tuple(getattr(op.fn, "bad_record_exceptions", ()))
     for exc in bad:
         if not (isinstance(exc, type) and issubclass(exc, BaseException)):
             raise ConfigurationError(f"operator {op.name!r}: bad_record_exceptions must be "
                                      f"exception types, got {exc!r}")
-    if bool(bad) != (dead_letters is not None):
-        raise ConfigurationError(f"operator {op.name!r}: give bad_record_exceptions and a "
-                                 f"dead_letters sink together (the records go there)")
-    if dead_letters is None:
+    if not bad:
+        if dead_letters is not None:
+            raise ConfigurationError(
+                f"operator {op.name!r}: a dead_letters sink needs bad_record_exceptions "
+                f"(given to process, or declared by {type(op.fn).__name__}) — the "
+                f"exceptions whose records go there")
         return op
-    if not isinstance(dead_letters, Sink):
+    if dead_letters is None:
+        retention = env.config.dead_letter_retention
+        dead_letters = StorageDeadLetters(
+            env.checkpoint_storage, int(retention / datetime.timedelta(milliseconds=1)))
+    elif not isinstance(dead_letters, Sink):
         raise ConfigurationError(f"operator {op.name!r}: dead_letters must be a "
                                  f"weir.api.connectors.Sink, got {type(dead_letters).__name__}")
-    sink = OperatorSpec(OpKind.SINK, f"{op.name}-dead-letters", dead_letters)
+    sink = OperatorSpec(OpKind.SINK, f"{op.name}-dead-letters", DeadLetterSink(dead_letters))
     return dataclasses.replace(op, bad_record_exceptions=bad, dead_letters=sink)
 
 
@@ -423,16 +435,19 @@ class DataStream:
                 dead_letters: Sink[Any] | None = None) -> DataStream:
         """Run a non-keyed ``function`` on each record (operator state through
         :class:`~weir.CheckpointedFunction`, kept under ``uid``). A record for which
-        it raises one of ``bad_record_exceptions`` goes to the ``dead_letters`` sink
-        (``{"uid", "subtask", "reason", "record"}``, exactly-once like any sink) and
-        the job goes on; state changes it made before raising are kept."""
+        it raises one of ``bad_record_exceptions`` (default: those its class declares)
+        goes to the dead letters — ``{"uid", "subtask", "reason", "record", "where":
+        {"job", "checkpoint"}}``, exactly-once — and the job goes on; state changes it
+        made before raising are kept. The dead letters go into the job's checkpoint
+        storage (read them with :func:`weir.read_dead_letters`, kept
+        ``JobConfig.dead_letter_retention``), or to the sink ``dead_letters``."""
         if isinstance(function, KeyedProcessFunction | KeyedBroadcastProcessFunction):
             raise ConfigurationError(f"{type(function).__name__} is keyed: call "
                                      f".key_by(...).process(...)")
         if not isinstance(function, ProcessFunction):
             raise ConfigurationError(f"process needs a ProcessFunction, got "
                                      f"{type(function).__name__}")
-        op = _rejecting(OperatorSpec(OpKind.PROCESS, _uid(uid), function),
+        op = _rejecting(self._env, OperatorSpec(OpKind.PROCESS, _uid(uid), function),
                         bad_record_exceptions, dead_letters)
         return self._then(op, parallelism)
 
@@ -498,12 +513,12 @@ class KeyedStream(DataStream):
                 dead_letters: Sink[Any] | None = None) -> DataStream:
         """Run ``function`` (a :class:`~weir.KeyedProcessFunction`) per key, with keyed
         state and timers; ``uid`` names its state in checkpoints and savepoints. Bad
-        records go to ``dead_letters`` as with :meth:`DataStream.process`."""
+        records go to the dead letters as with :meth:`DataStream.process`."""
         if not isinstance(function, KeyedProcessFunction):
             raise ConfigurationError(f"process on a keyed stream needs a "
                                      f"KeyedProcessFunction, got {type(function).__name__}")
-        op = _rejecting(OperatorSpec(OpKind.KEYED, _uid(uid), function,
-                                     key_selector=self._key_selector),
+        op = _rejecting(self._env, OperatorSpec(OpKind.KEYED, _uid(uid), function,
+                                                key_selector=self._key_selector),
                         bad_record_exceptions, dead_letters)
         return self._then(op, self._env.parallelism if parallelism is None else parallelism)
 
@@ -537,16 +552,16 @@ class KeyedBroadcastStream:
                 dead_letters: Sink[Any] | None = None) -> DataStream:
         """Run ``function``: keyed records with keyed state and read-only broadcast state,
         broadcast records with writable broadcast state (the same on every subtask).
-        Bad records of either input go to ``dead_letters`` as with
+        Bad records of either input go to the dead letters as with
         :meth:`DataStream.process`."""
         if not isinstance(function, KeyedBroadcastProcessFunction):
             raise ConfigurationError(f"process on a connected broadcast stream needs a "
                                      f"KeyedBroadcastProcessFunction, got "
                                      f"{type(function).__name__}")
         keyed = self._keyed
-        op = _rejecting(OperatorSpec(OpKind.KEYED, _uid(uid), function,
-                                     key_selector=keyed._key_selector,
-                                     broadcast_descriptors=self._broadcast.descriptors),
-                        bad_record_exceptions, dead_letters)
+        spec = OperatorSpec(OpKind.KEYED, _uid(uid), function,
+                            key_selector=keyed._key_selector,
+                            broadcast_descriptors=self._broadcast.descriptors)
+        op = _rejecting(keyed._env, spec, bad_record_exceptions, dead_letters)
         return keyed._then(op, keyed._env.parallelism if parallelism is None else parallelism,
                            keyed._inputs + self._broadcast._inputs)

@@ -34,6 +34,10 @@ from weir.api.durations import Duration, byte_size, duration
 from weir.api.restart import RestartStrategy
 from weir.errors import ConfigurationError
 
+#: Flink's upper bound of the max parallelism
+#: (``KeyGroupRangeAssignment.UPPER_BOUND_MAX_PARALLELISM``)
+MAX_PARALLELISM_LIMIT = 1 << 15
+
 __all__ = ["HashMapStateBackend", "JobConfig", "LateRecords", "RocksDBStateBackend",
            "StateBackend", "state_backend_of"]
 
@@ -70,24 +74,27 @@ class RocksDBStateBackend:
 
     def __init__(self, memory: int | str = "256m", *, write_buffer_ratio: float = 0.5,
                  cache_entries: int = 1 << 17) -> None:
-        from weir.state.rocksdb_options import RocksDBMemory
-
         total = byte_size(memory, "RocksDBStateBackend(memory=)")
-        RocksDBMemory(total, write_buffer_ratio, cache_entries)  # checks the values
+        if total < (8 << 20):
+            raise ConfigurationError(f"RocksDBStateBackend(memory={memory!r}) must be at "
+                                     f"least 8 MiB")
+        if (isinstance(write_buffer_ratio, bool)
+                or not isinstance(write_buffer_ratio, int | float)
+                or not 0.05 <= write_buffer_ratio <= 0.9):
+            raise ConfigurationError(f"RocksDBStateBackend(write_buffer_ratio="
+                                     f"{write_buffer_ratio!r}) must be in [0.05, 0.9]")
+        if type(cache_entries) is not int or cache_entries < 0:
+            raise ConfigurationError(f"RocksDBStateBackend(cache_entries={cache_entries!r}) "
+                                     f"must be an int >= 0 (entries per state and subtask; "
+                                     f"0: no entry cache)")
         object.__setattr__(self, "memory", total)
-        object.__setattr__(self, "write_buffer_ratio", write_buffer_ratio)
+        object.__setattr__(self, "write_buffer_ratio", float(write_buffer_ratio))
         object.__setattr__(self, "cache_entries", cache_entries)
 
     @property
     def name(self) -> str:
         """``"rocksdb"``."""
         return "rocksdb"
-
-    def memory_budget(self) -> Any:
-        """The :class:`~weir.RocksDBMemory` the backend opens its databases with."""
-        from weir.state.rocksdb_options import RocksDBMemory
-
-        return RocksDBMemory(self.memory, self.write_buffer_ratio, self.cache_entries)
 
 
 StateBackend: TypeAlias = HashMapStateBackend | RocksDBStateBackend
@@ -96,7 +103,7 @@ StateBackend: TypeAlias = HashMapStateBackend | RocksDBStateBackend
 
 def state_backend_of(value: object, what: str = "state_backend") -> StateBackend:
     """``value`` as a state backend object; the names ``"hashmap"`` and ``"rocksdb"``
-    of earlier releases stand for the default objects."""
+    stand for the default objects."""
     if isinstance(value, HashMapStateBackend | RocksDBStateBackend):
         return value
     name = getattr(value, "value", value)  # (a StateBackendKind)
@@ -104,8 +111,9 @@ def state_backend_of(value: object, what: str = "state_backend") -> StateBackend
         return HashMapStateBackend()
     if name == "rocksdb":
         return RocksDBStateBackend()
-    raise ConfigurationError(f"{what} must be weir.HashMapStateBackend() or "
-                             f"weir.RocksDBStateBackend(...), got {value!r}")
+    raise ConfigurationError(f"{what} {value!r} is not a state backend: give "
+                             f"weir.HashMapStateBackend() or weir.RocksDBStateBackend(...) "
+                             f"(or their names 'hashmap', 'rocksdb')")
 
 
 class LateRecords(Enum):
@@ -147,8 +155,8 @@ class JobConfig:
     * ``restore_from`` — a savepoint or checkpoint to start from (any runtime, any
       parallelism); ``allow_non_restored_state`` lets it hold state of operators the
       job does not have.
-    * ``dead_letter_retention`` — how long dead letters are kept (micro-batch runtime;
-      the continuous runtime writes them to a sink of the job's).
+    * ``dead_letter_retention`` — how long dead letters (``<storage>/dead-letter/``, one
+      record shape on both runtimes: :func:`weir.read_dead_letters`) are kept.
     """
 
     storage: str
@@ -183,14 +191,20 @@ class JobConfig:
             raise ConfigurationError(f"restart_strategy must be a weir.RestartStrategy "
                                      f"(fixed_delay(), exponential_delay(), failure_rate(), "
                                      f"no_restart()) or None, got {restart_strategy!r}")
-        for name, value in (("parallelism", parallelism), ("max_parallelism", max_parallelism)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
-                raise ConfigurationError(f"{name} must be an int >= 1 or None, got {value!r}")
-        if parallelism is not None and max_parallelism is not None:
-            from weir.state.keygroups import check_parallelism
-
-            check_parallelism(parallelism, max_parallelism)
+        if parallelism is not None and (isinstance(parallelism, bool)
+                                        or not isinstance(parallelism, int) or parallelism < 1):
+            raise ConfigurationError(f"parallelism={parallelism!r} must be a positive int (or "
+                                     f"None: the runtime's default)")
+        if max_parallelism is not None and (
+                isinstance(max_parallelism, bool) or not isinstance(max_parallelism, int)
+                or not 1 <= max_parallelism <= MAX_PARALLELISM_LIMIT):
+            raise ConfigurationError(f"max_parallelism={max_parallelism!r} must be an int in "
+                                     f"[1, {MAX_PARALLELISM_LIMIT}] (or None: the state's, else "
+                                     f"Flink's default)")
+        if parallelism is not None and max_parallelism is not None and (
+                parallelism > max_parallelism):
+            raise ConfigurationError(f"parallelism={parallelism} is above max_parallelism="
+                                     f"{max_parallelism}: a key group cannot be split")
         if restore_from is not None and (not isinstance(restore_from, str | os.PathLike)
                                          or not str(restore_from)):
             raise ConfigurationError(f"restore_from must be the path or URL of a savepoint "

@@ -12,6 +12,7 @@ from typing import Any
 
 import rocksdict
 
+from weir.api.config import RocksDBStateBackend
 from weir.errors import ConfigurationError
 
 __all__ = ["RocksDBMemory", "db_options", "open_db", "shared_memory_usage"]
@@ -51,6 +52,11 @@ class RocksDBMemory:
                 f"RocksDB memory cache_entries={self.cache_entries!r} must be an int >= 0 "
                 f"(entries per state and subtask; 0: no entry cache)"
             )
+
+    @classmethod
+    def of(cls, backend: RocksDBStateBackend) -> RocksDBMemory:
+        """The budget a :class:`~weir.RocksDBStateBackend` setting asks for."""
+        return cls(backend.memory, backend.write_buffer_ratio, backend.cache_entries)
 
     @property
     def write_buffer_bytes(self) -> int:
