@@ -118,7 +118,7 @@ def test_five_failures_at_every_stage_lose_duplicate_or_reorder_nothing(
     launcher = (None if runner == "local"
                 else SparkLauncher(request.getfixturevalue("spark")))
     job = LocalJob(spec, CheckpointConfig(interval=50),
-                   restart=weir.RestartStrategy.fixed_delay(attempts=5, delay=0),
+                   restart=weir.RestartStrategy.fixed_delay(attempts=5, delay="0 s"),
                    launcher=launcher)
     running = Running(job, timeout_s=240)
     # each armed once its attempt completed 3 checkpoints

@@ -200,7 +200,7 @@ def test_cancel_during_a_restart_delay_ends_the_job_at_once(tmp_path: Path) -> N
             parallelism=2,
             max_parallelism=32,
             checkpointing=CheckpointConfig(interval=100),
-            restart_strategy=RestartStrategy.fixed_delay(attempts=3, delay=60),
+            restart_strategy=RestartStrategy.fixed_delay(attempts=3, delay="60 s"),
         )
     )
     (env.from_source(SequenceSource(10_000), uid="numbers").key_by(lambda v: v % 10)

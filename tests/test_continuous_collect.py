@@ -95,7 +95,7 @@ def test_the_newest_count_per_key_survives_a_kill(tmp_path: Path, backend: str) 
     graph = keyed_graph(tmp_path, source=SequenceSource(n, 50_000), function=Count(),
                         key_selector=lambda v: v % 40, backend=backend, sink=sink)
     job = LocalJob(graph, CheckpointConfig(interval=100),
-                   restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0.0))
+                   restart=weir.RestartStrategy.fixed_delay(attempts=1, delay="0.0 s"))
     running = Running(job)
     running.until(lambda: len(job.result.completed) >= 2 and len(sink.collected()) == 40)
     before = sink.collected()

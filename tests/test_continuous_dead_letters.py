@@ -72,7 +72,7 @@ def test_bad_records_go_to_the_dead_letters_once_and_the_job_goes_on(
             max_parallelism=32,
             state_backend=backend,
             checkpointing=CheckpointConfig(interval=50),
-            restart_strategy=RestartStrategy.fixed_delay(attempts=1, delay=0),
+            restart_strategy=RestartStrategy.fixed_delay(attempts=1, delay="0 s"),
         )
     )
     rules = env.from_source(SequenceSource(5), uid="rules", parallelism=1)

@@ -39,7 +39,7 @@ class Deadlines(weir.KeyedProcessFunction[int, list[Any]]):
 
     def process_element(self, value: int, ctx: Any) -> Any:
         assert ctx.timestamp == value * 10
-        assert ctx.current_watermark() < ctx.timestamp + 1_000
+        assert ctx.current_watermark < ctx.timestamp + 1_000
         ctx.timer_service.register_event_time_timer(ctx.timestamp + 1_000)
         yield ["record", value % KEYS, value]
 
@@ -64,7 +64,7 @@ def graph(tmp_path: Path, backend: str, source: weir.api.connectors.Source[int],
 def job(tmp_path: Path, backend: str, n: int, rate: float | None) -> LocalJob:
     return LocalJob(graph(tmp_path, backend, SequenceSource(n, rate)),
                     CheckpointConfig(interval=50),
-                    restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0))
+                    restart=weir.RestartStrategy.fixed_delay(attempts=1, delay="0 s"))
 
 
 def check(tmp_path: Path, n: int) -> None:

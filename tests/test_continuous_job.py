@@ -100,7 +100,7 @@ def test_tasks_killed_with_sigkill_restart_from_the_latest_checkpoint_exactly_on
     n = 240_000
     sleeps: list[float] = []
     job = LocalJob(spec(tmp_path, backend, n, rate=40_000), CheckpointConfig(interval=100),
-                   restart=weir.RestartStrategy.fixed_delay(attempts=2, delay=0.5),
+                   restart=weir.RestartStrategy.fixed_delay(attempts=2, delay="0.5 s"),
                    sleep=sleeps.append)
     running = Running(job)
     kills = 0
@@ -138,7 +138,7 @@ def test_keyed_checkpoints_take_the_form_configured_and_restore_exactly_once(
     n = 150_000
     job = LocalJob(spec(tmp_path, backend, n, rate=30_000),
                    CheckpointConfig(interval=100, changelog=changelog),
-                   restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0),
+                   restart=weir.RestartStrategy.fixed_delay(attempts=1, delay="0 s"),
                    sleep=lambda s: None)
     running = Running(job)
     written = list[Path]()
@@ -186,7 +186,7 @@ def test_a_hung_task_is_found_by_its_heartbeat_and_the_job_restarts(tmp_path: Pa
     job_spec = spec(tmp_path, "hashmap", n, rate=20_000, function=Hangs(str(marker)),
                     heartbeat_timeout_s=2.0)
     job = LocalJob(job_spec, CheckpointConfig(interval=100),
-                   restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0))
+                   restart=weir.RestartStrategy.fixed_delay(attempts=1, delay="0 s"))
     result = job.run(timeout_s=120)
     assert result.restarts == 1 and "is hung" in result.failures[0]
     assert "heartbeat timeout 2.0 s" in result.failures[0]
@@ -201,7 +201,7 @@ def test_at_least_once_loses_nothing_across_a_kill(tmp_path: Path) -> None:
     n = 200_000
     job = LocalJob(spec(tmp_path, "hashmap", n, rate=40_000),
                    CheckpointConfig(interval=50, mode=CheckpointingMode.AT_LEAST_ONCE),
-                   restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0))
+                   restart=weir.RestartStrategy.fixed_delay(attempts=1, delay="0 s"))
     running = Running(job)
     running.until(lambda: len(job.result.completed) >= 3)
     running.kill(("count", 0))
@@ -219,7 +219,7 @@ def test_the_sqlite_sink_is_exactly_once_across_a_sigkill(tmp_path: Path) -> Non
     sink = SqliteSink(db, table="counts", columns=["key", "n", "count"])
     job = LocalJob(spec(tmp_path, "hashmap", n, rate=30_000, sink=sink),
                    CheckpointConfig(interval=100),
-                   restart=weir.RestartStrategy.fixed_delay(attempts=1, delay=0))
+                   restart=weir.RestartStrategy.fixed_delay(attempts=1, delay="0 s"))
     running = Running(job)
     running.until(lambda: len(job.result.completed) >= 3)
     running.kill(("count", 0))

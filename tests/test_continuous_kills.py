@@ -107,7 +107,7 @@ def build(tmp_path: Path, backend: str) -> LocalJob:
         .sink_to(SlowCommits(tmp_path / "out", tmp_path / "markers"), uid="sink"))
     changelog = False if backend.endswith("-incremental") else None
     return LocalJob(env.job_graph("kills"), CheckpointConfig(interval=50, changelog=changelog),
-                    restart=weir.RestartStrategy.fixed_delay(attempts=3, delay=0),
+                    restart=weir.RestartStrategy.fixed_delay(attempts=3, delay="0 s"),
                     sleep=lambda s: None)
 
 

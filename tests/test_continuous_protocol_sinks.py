@@ -141,7 +141,7 @@ def test_a_restore_after_the_consumer_took_committed_files_away_goes_on(
             parallelism=2,
             max_parallelism=32,
             checkpointing=CheckpointConfig(interval=100),
-            restart_strategy=RestartStrategy.fixed_delay(attempts=1, delay=0),
+            restart_strategy=RestartStrategy.fixed_delay(attempts=1, delay="0 s"),
         )
     )
     (env.from_source(SequenceSource(n, 4_000), uid="numbers")
@@ -174,7 +174,7 @@ def environment(tmp_path: Path, checkpoints: str, n: int) -> StreamEnvironment:
             parallelism=2,
             max_parallelism=32,
             checkpointing=CheckpointConfig(interval=50),
-            restart_strategy=RestartStrategy.fixed_delay(attempts=3, delay=0),
+            restart_strategy=RestartStrategy.fixed_delay(attempts=3, delay="0 s"),
         )
     )
     (env.from_source(SequenceSource(n, 10_000), uid="numbers")

@@ -49,7 +49,7 @@ def environment(tmp_path: Path, n: int, rate: float, parallelism: int = 2
             tmp_path / "chk",
             parallelism=parallelism,
             checkpointing=CheckpointConfig(interval=100),
-            restart_strategy=RestartStrategy.fixed_delay(attempts=1, delay=0),
+            restart_strategy=RestartStrategy.fixed_delay(attempts=1, delay="0 s"),
         )
     )
     # one source subtask: each key's values arrive in order, k, k + K, k + 2K, ...
@@ -151,7 +151,7 @@ def test_live_lookups_on_spark(tmp_path: Path, spark: Any) -> None:
 def test_a_job_between_attempts_says_it_is_restarting(tmp_path: Path) -> None:
     env = environment(tmp_path, 1_000_000, 20_000)
     job = LocalJob(env.job_graph("restarting"), env.checkpointing,
-                   restart=RestartStrategy.fixed_delay(attempts=1, delay=1.0))
+                   restart=RestartStrategy.fixed_delay(attempts=1, delay="1.0 s"))
     running = Running(job)
     running.until(lambda: len(job.result.completed) >= 1)
     assert job.queries.ask("count", "count-and-last", 3).result(10) is not None

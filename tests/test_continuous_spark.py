@@ -41,7 +41,7 @@ def environment(tmp_path: Path, n: int, rate: float | None, parallelism: int = 1
             parallelism=parallelism,
             max_parallelism=32,
             checkpointing=CheckpointConfig(interval=100),
-            restart_strategy=RestartStrategy.fixed_delay(attempts=restarts, delay=0),
+            restart_strategy=RestartStrategy.fixed_delay(attempts=restarts, delay="0 s"),
         )
     )
     (env.from_source(SequenceSource(n, rate), uid="numbers")
@@ -161,7 +161,7 @@ def test_a_sink_path_the_executors_do_not_share_is_refused_without_restarts(
             parallelism=1,
             max_parallelism=32,
             checkpointing=CheckpointConfig(interval=100),
-            restart_strategy=RestartStrategy.fixed_delay(attempts=3, delay=0),
+            restart_strategy=RestartStrategy.fixed_delay(attempts=3, delay="0 s"),
         )
     )
     (env.from_source(SequenceSource(10), uid="numbers")

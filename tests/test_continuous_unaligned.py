@@ -53,7 +53,7 @@ def slow_failing_job(tmp_path: Path, n: int, markers: Path, *, parallelism: int,
                        function_uid="failing", parallelism=parallelism, backend=backend,
                        max_parallelism=16, job="unaligned", channel=TINY)
     return LocalJob(spec, config,
-                    restart=weir.RestartStrategy.fixed_delay(attempts=attempts, delay=0),
+                    restart=weir.RestartStrategy.fixed_delay(attempts=attempts, delay="0 s"),
                     launcher=launcher)
 
 
@@ -147,7 +147,7 @@ def test_the_final_checkpoint_waits_for_the_pending_unaligned_one(tmp_path: Path
                        function=acceptance.Failing(str(tmp_path)), function_uid="failing",
                        parallelism=2, max_parallelism=16, job="final", channel=TINY)
     job = LocalJob(spec, CheckpointConfig(interval=10, unaligned=True),
-                   restart=weir.RestartStrategy.fixed_delay(attempts=3, delay=0))
+                   restart=weir.RestartStrategy.fixed_delay(attempts=3, delay="0 s"))
     job.run()
     assert (job.result.aborted, job.result.restarts) == ([], 0), job.result.failures
     assert len(job.result.completed) >= 2

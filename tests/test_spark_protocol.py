@@ -527,14 +527,14 @@ class Clocked(weir.KeyedProcessFunction[dict[str, Any], tuple[Any, ...]]):
         self.armed = ctx.get_state(FIRED)
 
     def process_element(self, value: dict[str, Any], ctx: Any) -> Any:
-        now = ctx.timer_service.current_processing_time()
+        now = ctx.timer_service.current_processing_time
         if not self.armed.value():
             self.armed.update(True)
             ctx.timer_service.register_processing_time_timer(now + 1)
         yield ("record", value["key"], now, ctx.subtask_index)
 
     def on_timer(self, timestamp: int, ctx: Any) -> Any:
-        yield ("timer", ctx.current_key, ctx.timer_service.current_processing_time(),
+        yield ("timer", ctx.current_key, ctx.timer_service.current_processing_time,
                ctx.subtask_index)
 
 
@@ -778,7 +778,7 @@ class Seen(weir.KeyedProcessFunction[dict[str, Any], tuple[Any, ...]]):
     """Emits every record it is given with its event time."""
 
     def process_element(self, value: dict[str, Any], ctx: Any) -> Any:
-        yield (value["key"], ctx.timestamp, ctx.timer_service.current_watermark())
+        yield (value["key"], ctx.timestamp, ctx.timer_service.current_watermark)
 
 
 def _json_lines(directory: Path, lines: list[str]) -> None:

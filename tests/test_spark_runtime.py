@@ -356,14 +356,14 @@ class Timers(weir.KeyedProcessFunction[dict[str, Any], tuple[Any, ...]]):
         if value.get("proc"):
             self.short.update(1)
             ctx.timer_service.register_processing_time_timer(
-                ctx.timer_service.current_processing_time() + 1500)
+                ctx.timer_service.current_processing_time + 1500)
         return ()
 
     def on_timer(self, timestamp: int, ctx: Any) -> Any:
         domain = ctx.time_domain.name
         if domain == "PROCESSING_TIME":
             domain += ":expired" if self.short.value() is None else ":visible"
-        yield (ctx.current_key, timestamp, domain, ctx.timer_service.current_watermark())
+        yield (ctx.current_key, timestamp, domain, ctx.timer_service.current_watermark)
 
 
 TIMED = pa.schema([("key", pa.string()), ("ts", pa.int64()), ("proc", pa.bool_())])

@@ -59,7 +59,7 @@ def test_a_failing_query_is_restarted_until_it_succeeds(
     sleeps: list[float] = []
     with caplog.at_level(logging.WARNING, logger="weir"):
         restarts = weir.spark.supervise(
-            flaky, restart=weir.spark.RestartStrategy.fixed_delay(attempts=2, delay=7),
+            flaky, restart=weir.spark.RestartStrategy.fixed_delay(attempts=2, delay="7 s"),
             sleep=sleeps.append, poll_s=0.2)
     assert restarts == 2 and flaky.starts == 3
     assert sleeps == [7.0, 7.0]
@@ -157,7 +157,7 @@ def test_start_query_raising_and_an_error_only_in_exception_are_failures(
     sleeps: list[float] = []
     with caplog.at_level(logging.WARNING, logger="weir"):
         assert supervise_module.supervise(
-            start, restart=weir.RestartStrategy.failure_rate(2, 60, delay=3),
+            start, restart=weir.RestartStrategy.failure_rate(2, 60, delay="3 s"),
             clock=lambda: next(clock), sleep=sleeps.append, poll_s=0.01) == 2
     assert sleeps == [3.0, 3.0] and len(finished) == 1
     # the failed run is settled at once: its stages are free for the restarted one
@@ -271,7 +271,7 @@ def test_a_weir_stage_failing_in_its_tasks_restarts_exactly_once(
     (tokens / "a").touch()  # the first run fails in batch 0
     sleeps: list[float] = []
     restarts = weir.spark.supervise(start, restart=weir.RestartStrategy.fixed_delay(
-        attempts=2, delay=0.5), sleep=sleeps.append, poll_s=0.2)
+        attempts=2, delay="0.5 s"), sleep=sleeps.append, poll_s=0.2)
     assert restarts == 2 and len(starts) == 3 and sleeps == [0.5, 0.5]
     assert not list(tokens.iterdir())  # both injected failures happened
     rows = sink.rows()

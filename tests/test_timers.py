@@ -14,7 +14,7 @@ from weir import (
     ValueStateDescriptor,
 )
 from weir.state.keygroups import assign_key_to_parallel_operator
-from weir.testing import KeyedOperatorHarness
+from weir.testing import KeyedOperatorHarness, ManualClock
 
 MAX_P = 128
 COUNT = ValueStateDescriptor("count")
@@ -197,28 +197,28 @@ def test_watermark_never_goes_backwards(backend: str) -> None:
     class Watermark(TimerFunction):
         def process_element(self, value: Any, ctx: KeyedContext) -> list[int]:
             super().process_element(value, ctx)
-            return [ctx.timer_service.current_watermark()]
+            return [ctx.timer_service.current_watermark]
 
     with harness(backend, Watermark()) as h:
         h.advance_watermark(50)
         assert h.advance_watermark(20) == []
-        assert h.operator.current_watermark() == 50
+        assert h.operator.current_watermark == 50
         # a timer behind the watermark does not fire on a late (older) watermark ...
         assert h.process_element(("a", "event", 30)) == [50]
         assert h.advance_watermark(40) == []
         assert h.advance_watermark(50) == []
         # ... but on the next one that moves event time forward
         assert fired(h.advance_watermark(51)) == [("a", 30)]
-        assert h.operator.current_watermark() == 51
+        assert h.operator.current_watermark == 51
 
 
 def test_current_watermark_starts_at_long_min_value(backend: str) -> None:
     class Probe(KeyedProcessFunction[Any, Any]):
         def open(self, ctx: KeyedContext) -> None:
-            self.at_open = (ctx.current_watermark(), ctx.timer_service.current_watermark())
+            self.at_open = (ctx.current_watermark, ctx.timer_service.current_watermark)
 
         def process_element(self, value: Any, ctx: KeyedContext) -> list[int]:
-            return [ctx.current_watermark(), ctx.timer_service.current_watermark()]
+            return [ctx.current_watermark, ctx.timer_service.current_watermark]
 
     probe = Probe()
     with harness(backend, probe) as h:
@@ -309,3 +309,19 @@ def test_rescaled_timers_fire_exactly_once_on_the_subtask_owning_their_key(
     for (_, key, _), subtasks in seen.items():
         assert subtasks == [assign_key_to_parallel_operator(key, MAX_P, new_p)]
     assert {s for subtasks in seen.values() for s in subtasks} == set(range(new_p))
+
+
+def test_time_is_a_property_and_the_method_form_still_works_with_a_warning() -> None:
+    """Plain values are properties on every weir object (issue 39): the watermark and
+    processing time too; calling them as methods, as before, warns."""
+
+    class Seen(KeyedProcessFunction[Any, Any]):
+        def process_element(self, value: Any, ctx: KeyedContext) -> Any:
+            assert ctx.current_watermark == ctx.timer_service.current_watermark
+            with pytest.warns(DeprecationWarning, match="properties now"):
+                called = ctx.timer_service.current_processing_time()  # type: ignore[operator]
+            return [(int(ctx.current_watermark), called == ctx.current_processing_time)]
+
+    with KeyedOperatorHarness(Seen(), lambda v: v, clock=ManualClock(7)) as h:
+        h.advance_watermark(41)
+        assert h.process_element("a", timestamp=50) == [(41, True)]

@@ -76,7 +76,7 @@ def run(work: Path, master: str, backend: str, n: int, rate: float) -> int:
             max_parallelism=32,
             state_backend=backend,
             checkpointing=CheckpointConfig(interval=200),
-            restart_strategy=RestartStrategy.fixed_delay(attempts=5, delay=0),
+            restart_strategy=RestartStrategy.fixed_delay(attempts=5, delay="0 s"),
         )
     )
     (env.from_source(SequenceSource(n, rate), uid="numbers", parallelism=1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
@@ -25,6 +26,7 @@ from weir.api.state import (
 )
 
 __all__ = [
+    "Instant",
     "BroadcastContext",
     "Context",
     "FunctionInitializationContext",
@@ -47,15 +49,31 @@ class TimeDomain(enum.Enum):
     PROCESSING_TIME = "processing_time"
 
 
+class Instant(int):
+    """A time in epoch milliseconds (an ``int``). ``current_watermark`` and
+    ``current_processing_time`` were methods before issue 39 and are properties now
+    (plain values are properties on every weir object); calling one still works for one
+    release, with a :class:`DeprecationWarning`."""
+
+    __slots__ = ()
+
+    def __call__(self) -> int:
+        warnings.warn("current_watermark() and current_processing_time() are properties "
+                      "now: drop the parentheses", DeprecationWarning, stacklevel=2)
+        return int(self)
+
+
 class TimerService(ABC):
     """Timers of the current key, and the operator's notion of time (epoch ms)."""
 
+    @property
     @abstractmethod
-    def current_processing_time(self) -> int:
+    def current_processing_time(self) -> Instant:
         """Processing time now, from the operator's clock."""
 
+    @property
     @abstractmethod
-    def current_watermark(self) -> int:
+    def current_watermark(self) -> Instant:
         """The current event-time watermark (``-2**63`` before the first one)."""
 
     @abstractmethod
@@ -93,12 +111,14 @@ class Context(ABC):
     def timestamp(self) -> int | None:
         """Timestamp of the record (or timer) being processed, if it has one."""
 
+    @property
     @abstractmethod
-    def current_processing_time(self) -> int:
+    def current_processing_time(self) -> Instant:
         """Processing time now (epoch ms)."""
 
+    @property
     @abstractmethod
-    def current_watermark(self) -> int:
+    def current_watermark(self) -> Instant:
         """The current watermark."""
 
 

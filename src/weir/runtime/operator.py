@@ -13,6 +13,7 @@ from typing import Any
 
 from weir.api.context import (
     BroadcastContext,
+    Instant,
     KeyedContext,
     TimeDomain,
     TimerService,
@@ -388,11 +389,13 @@ class _BroadcastSide(BroadcastContext):
     def timestamp(self) -> int | None:
         return self._op.record_timestamp
 
-    def current_processing_time(self) -> int:
-        return self._op.clock()
+    @property
+    def current_processing_time(self) -> Instant:
+        return Instant(self._op.clock())
 
-    def current_watermark(self) -> int:
-        return self._op.watermark
+    @property
+    def current_watermark(self) -> Instant:
+        return Instant(self._op.watermark)
 
     def get_broadcast_state(self, descriptor: Any) -> Any:
         assert self._op.broadcast is not None

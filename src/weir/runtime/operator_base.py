@@ -16,6 +16,7 @@ from weir.api.context import (
     Context,
     FunctionInitializationContext,
     FunctionSnapshotContext,
+    Instant,
     OperatorStateStore,
 )
 from weir.api.descriptors import (
@@ -191,11 +192,13 @@ class OperatorBase(Context):
     def timestamp(self) -> int | None:
         return self.record_timestamp
 
-    def current_processing_time(self) -> int:
-        return self.clock()
+    @property
+    def current_processing_time(self) -> Instant:
+        return Instant(self.clock())
 
-    def current_watermark(self) -> int:
-        return self.watermark
+    @property
+    def current_watermark(self) -> Instant:
+        return Instant(self.watermark)
 
     # life cycle ---------------------------------------------------------------------
     def _filter_snapshots(
