@@ -58,3 +58,18 @@ def test_no_module_imports_a_higher_layer(path: Path) -> None:
     own = _layer(_module_name(path))
     upward = [f"line {line}: {name}" for line, name in _imports(path) if _layer(name) > own]
     assert not upward, f"{_module_name(path)} (layer {own}) imports a higher layer: {upward}"
+
+
+INDEPENDENT = ("weir.runtime.spark", "weir.runtime.continuous")
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if _module_name(p).startswith(INDEPENDENT)],
+                         ids=lambda p: _module_name(p))
+def test_the_two_runtimes_never_import_each_other(path: Path) -> None:
+    """What both runtimes need lives below them (weir.checkpoint, weir.runtime's shared
+    modules), never in the other runtime: one protocol, two policies."""
+    own = next(r for r in INDEPENDENT if _module_name(path).startswith(r))
+    other = next(r for r in INDEPENDENT if r != own)
+    crossing = [f"line {line}: {name}" for line, name in _imports(path)
+                if name == other or name.startswith(other + ".")]
+    assert not crossing, f"{_module_name(path)} imports the other runtime: {crossing}"
