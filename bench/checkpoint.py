@@ -44,13 +44,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from weir import (
-    CheckpointCoordinator,
-    KeyedProcessFunction,
-    SubtaskCheckpointer,
-    ValueStateDescriptor,
-    take_checkpoint,
-)
+from weir import CheckpointCoordinator, KeyedProcessFunction, ValueStateDescriptor, take_checkpoint
+from weir.runtime.checkpointer import SubtaskCheckpointer
 from weir.testing import KeyedOperatorHarness
 
 RESULTS = Path(__file__).resolve().parent / "results"

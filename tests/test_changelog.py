@@ -28,7 +28,6 @@ from weir import (
     ListStateDescriptor,
     MapStateDescriptor,
     StateTtlConfig,
-    SubtaskCheckpointer,
     ValueStateDescriptor,
     load_checkpoint,
     take_checkpoint,
@@ -36,6 +35,7 @@ from weir import (
 from weir.checkpoint.changelog import ChangelogPolicy, decode_delta
 from weir.checkpoint.format import KeyedChangelogHandle
 from weir.errors import CorruptCheckpointError, StateError
+from weir.runtime.checkpointer import SubtaskCheckpointer
 from weir.state.hashmap import SAMPLE_MIN_KEYS
 from weir.state.keygroups import assign_key_to_parallel_operator
 from weir.testing import KeyedOperatorHarness

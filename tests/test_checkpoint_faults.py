@@ -65,7 +65,6 @@ from weir import (
     ListStateDescriptor,
     MapStateDescriptor,
     NoCheckpointError,
-    SubtaskCheckpointer,
     ValueStateDescriptor,
     load_checkpoint,
     take_checkpoint,
@@ -79,6 +78,7 @@ from weir.checkpoint.format import (
     check_data_header,
 )
 from weir.checkpoint.storage import TMP_MARKER
+from weir.runtime.checkpointer import SubtaskCheckpointer
 from weir.state.keygroups import assign_key_to_parallel_operator
 from weir.testing import KeyedOperatorHarness
 from weir.testing.faults import WHEN, FaultInjectingFileSystem, InjectedCrash

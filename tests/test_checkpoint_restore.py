@@ -31,13 +31,13 @@ from weir import (
     RestoreError,
     StateMigrationError,
     StateTtlConfig,
-    SubtaskCheckpointer,
     ValueStateDescriptor,
     load_checkpoint,
     take_checkpoint,
     take_savepoint,
 )
 from weir.api.serializers import IntSerializer, MsgpackSerializer, PickleSerializer
+from weir.runtime.checkpointer import SubtaskCheckpointer
 from weir.testing import KeyedOperatorHarness, ManualClock
 
 MAXP = 32

@@ -215,3 +215,18 @@ def test_two_stages_with_different_rocksdb_settings_in_one_process_keep_their_ow
     finally:
         first.close()
         second.close()
+
+
+@pytest.mark.parametrize(("name", "replacement"), [
+    ("SnapshotMode", "weir.SnapshotStrategy"),
+    ("StateBackendKind", "weir.HashMapStateBackend()"),
+    ("RocksDBMemory", "weir.RocksDBStateBackend(memory=...)"),
+    ("OperatorConfig", "weir.testing"),
+    ("SubtaskCheckpointer", "weir.testing"),
+])
+def test_internal_names_left_weirs_public_names_and_warn_for_one_release(
+    name: str, replacement: str
+) -> None:
+    assert name not in weir.__all__
+    with pytest.warns(DeprecationWarning, match=re.escape(replacement)):
+        assert getattr(weir, name) is not None

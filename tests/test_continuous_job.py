@@ -21,6 +21,7 @@ from weir.checkpoint.format import KeyedChangelogHandle, KeyedIncrementalHandle
 from weir.connectors.stream import SequenceSource, read_stream_sink
 from weir.runtime.continuous.graph import JobGraph
 from weir.runtime.continuous.master import LocalJob
+from weir.state.rocksdb_options import RocksDBMemory
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +59,7 @@ def test_the_rocksdb_memory_of_the_environment_reaches_every_task(tmp_path: Path
     entry cache (2 entries over 50 keys: an eviction every few records), and the job
     stays exactly once."""
     n = 20_000
-    memory = weir.RocksDBMemory(total_bytes=16 << 20, cache_entries=2)
+    memory = RocksDBMemory(total_bytes=16 << 20, cache_entries=2)
     graph = spec(tmp_path, "rocksdb", n, function=CountOnTinyCache(), rocksdb_memory=memory)
     assert graph.rocksdb_memory == memory
     LocalJob(graph, CheckpointConfig(interval=20),

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from weir import CheckpointStorage, KeyedProcessFunction, SubtaskCheckpointer, ValueStateDescriptor
+from weir import CheckpointStorage, KeyedProcessFunction, ValueStateDescriptor
 from weir.api.durations import byte_size
 from weir.errors import ConfigurationError
+from weir.runtime.checkpointer import SubtaskCheckpointer
 from weir.runtime.spark import cache
 from weir.runtime.spark.cache import CacheLimits, LiveSubtask
 from weir.testing import KeyedOperatorHarness
@@ -107,8 +108,8 @@ def test_rocksdb_instances_share_one_bounded_block_cache_and_write_buffer_budget
     """Every RocksDB instance of a process charges its blocks and memtables to one
     cache of ``RocksDBMemory.total_bytes`` (memtables at most ``write_buffer_ratio``
     of it): writing and reading more than that through two instances stays within."""
-    from weir import RocksDBMemory
     from weir.state.rocksdb import shared_memory_usage
+    from weir.state.rocksdb_options import RocksDBMemory
 
     memory = RocksDBMemory(total_bytes=8 << 20, write_buffer_ratio=0.25)
     with KeyedOperatorHarness(Counting(9), lambda v: v, state_backend="rocksdb") as h:
@@ -141,11 +142,11 @@ def test_restored_and_reopened_rocksdb_column_families_keep_the_shared_budget(
     directory left behind) opens every column family with the process's shared block
     cache, not RocksDB's default private 8 MiB cache per column family: memory stays
     within ``RocksDBMemory.total_bytes`` after restores."""
-    from weir import RocksDBMemory
     from weir.api.serializers import MsgpackSerializer
     from weir.state.keycontext import KeyContext
     from weir.state.keygroups import KeyGroupRange
     from weir.state.rocksdb import RocksDBKeyedStateBackend
+    from weir.state.rocksdb_options import RocksDBMemory
     from weir.state.snapshot import NativeRocksDBState
 
     memory = RocksDBMemory(total_bytes=24 << 20)

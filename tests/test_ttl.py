@@ -25,6 +25,7 @@ from weir import (
     UpdateType,
     ValueStateDescriptor,
 )
+from weir.runtime.operator import OperatorConfig
 from weir.testing import KeyedOperatorHarness, ManualClock
 
 T = 100  # ttl in ms
@@ -502,7 +503,7 @@ def test_background_cleanup_needs_a_positive_entry_count():
     with make("rocksdb") as h, pytest.raises(ConfigurationError, match="max_entries"):
         h.operator.run_background_cleanup(0)
     with pytest.raises(ConfigurationError, match="background_cleanup_entries"):
-        weir.OperatorConfig(background_cleanup_entries=0)
+        OperatorConfig(background_cleanup_entries=0)
 
 
 @pytest.mark.parametrize("how", ["snapshot", "checkpoint", "savepoint"])

@@ -101,12 +101,9 @@ from weir.errors import (
 from weir.processor.lookup import query_state
 from weir.processor.reader import StateInfo, StateReader, StateScope, read_state
 from weir.processor.writer import write_savepoint
-from weir.runtime.checkpointer import SnapshotMode, SubtaskCheckpointer
 from weir.runtime.continuous.queries import QueryableStateClient
 from weir.runtime.drivers import take_checkpoint, take_savepoint
-from weir.runtime.operator import OperatorConfig, StateBackendKind
 from weir.state.keygroups import KeyGroupRange
-from weir.state.rocksdb import RocksDBMemory
 from weir.state.snapshot import OperatorSubtaskSnapshot, RedistributionMode
 
 __version__ = "0.1.0"
@@ -141,8 +138,6 @@ __all__ = [
     "take_savepoint",
     "take_checkpoint",
     "load_checkpoint",
-    "SubtaskCheckpointer",
-    "SnapshotMode",
     "CompletedCheckpoint",
     "CheckpointStorage",
     "CheckpointKind",
@@ -172,8 +167,6 @@ __all__ = [
     "MapStateDescriptor",
     "MsgpackSerializer",
     "NoKeyContextError",
-    "OperatorConfig",
-    "RocksDBMemory",
     "OperatorStateStore",
     "OperatorSubtaskSnapshot",
     "PickleSerializer",
@@ -190,7 +183,6 @@ __all__ = [
     "Serializer",
     "State",
     "StateBackendError",
-    "StateBackendKind",
     "StateDescriptor",
     "StateError",
     "StateKind",
@@ -208,3 +200,28 @@ __all__ = [
     "WeirError",
     "__version__",
 ]
+
+#: names exported before issue 39 that are internal now (or replaced): still importable
+#: for one release, with a DeprecationWarning naming the replacement
+_MOVED = {
+    "SnapshotMode": ("weir.runtime.checkpointer", "weir.SnapshotStrategy"),
+    "SubtaskCheckpointer": ("weir.runtime.checkpointer",
+                            "weir.testing's harnesses (an internal of the runtimes)"),
+    "OperatorConfig": ("weir.runtime.operator",
+                       "weir.testing's harnesses (an internal of the runtimes)"),
+    "StateBackendKind": ("weir.runtime.operator",
+                         "weir.HashMapStateBackend() / weir.RocksDBStateBackend()"),
+    "RocksDBMemory": ("weir.state.rocksdb_options", "weir.RocksDBStateBackend(memory=...)"),
+}
+
+
+def __getattr__(name: str) -> object:
+    moved = _MOVED.get(name)
+    if moved is None:
+        raise AttributeError(f"module 'weir' has no attribute {name!r}")
+    import importlib
+    import warnings
+
+    warnings.warn(f"weir.{name} is deprecated (not public): use {moved[1]}",
+                  DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module(moved[0]), name)

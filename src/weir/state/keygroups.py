@@ -65,6 +65,13 @@ class KeyGroupRange:
             )
 
     @classmethod
+    def for_subtask(cls, index: int, parallelism: int,
+                    max_parallelism: int = 128) -> KeyGroupRange:
+        """The key groups subtask ``index`` of ``parallelism`` owns (Flink's
+        ``computeKeyGroupRangeForOperatorIndex``)."""
+        return key_group_range_for_operator(max_parallelism, parallelism, index)
+
+    @classmethod
     def empty(cls) -> KeyGroupRange:
         """The range that contains no key group."""
         return cls(0, -1)
