@@ -65,7 +65,8 @@ soak: setup
 	WEIR_SOAK=1 $(PY) -m pytest -q tests/test_spark_speculation.py \
 		tests/test_continuous_acceptance.py tests/test_continuous_job.py \
 		tests/test_continuous_kills.py tests/test_checkpoint_faults.py \
-		tests/test_continuous_spark_cluster.py tests/test_unaligned_rescale.py
+		tests/test_continuous_spark_cluster.py tests/test_unaligned_rescale.py \
+		tests/test_spark_errors.py
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench

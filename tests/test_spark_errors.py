@@ -274,6 +274,8 @@ query.awaitTermination()
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("WEIR_SOAK"), reason="its own JVM: make soak (the "
+                    "in-process tests above show the same in make test)")
 def test_the_output_of_a_failed_query_reports_the_users_exception_once(tmp_path: Path) -> None:
     """A program of its own (its own JVM: what a user's terminal shows), a query whose
     function raises on one record, four attempts per task: Spark's log reports the

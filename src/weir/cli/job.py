@@ -91,8 +91,8 @@ def checkpoints(address: Address, secret: Secret, json: Json = False) -> None:
         subtasks = c.get("subtasks") or []
         aligns = [s["alignment_ms"] for s in subtasks if s["alignment_ms"] is not None]
         table.add_row(
-            str(c["checkpoint_id"]), c["kind"], c["status"], ms(c["duration_ms"]),
-            "-" if c["state_size_bytes"] is None else readable_size(c["state_size_bytes"]),
+            str(c["checkpoint_id"]), c["kind"], c["status"], ms(c["end_to_end_duration_ms"]),
+            "-" if c["state_size"] is None else readable_size(c["state_size"]),
             readable_size(c["channel_state_bytes"]) if c["channel_state_bytes"] else "-",
             ms(max(aligns) if aligns else None),
             ms(max((s["sync_ms"] for s in subtasks), default=None)),
