@@ -115,10 +115,10 @@ def test_a_bad_job_config_says_what_is_allowed(kwargs: dict[str, Any], says: str
         weir.JobConfig("/data/ckpt", **kwargs)
 
 
-def test_the_snapshot_strategy_defaults_to_changelog_on_both_backends() -> None:
+def test_the_snapshot_strategy_defaults_by_backend_the_same_on_both_runtimes() -> None:
     default = weir.CheckpointConfig()
     assert default.snapshot_for("hashmap") is weir.SnapshotStrategy.CHANGELOG
-    assert default.snapshot_for("rocksdb") is weir.SnapshotStrategy.CHANGELOG
+    assert default.snapshot_for("rocksdb") is weir.SnapshotStrategy.INCREMENTAL
     incremental = weir.CheckpointConfig(snapshot=weir.SnapshotStrategy.INCREMENTAL)
     assert incremental.snapshot_for("rocksdb") is weir.SnapshotStrategy.INCREMENTAL
     # the hash map has no files to share: full snapshots (as Flink's HashMapStateBackend)

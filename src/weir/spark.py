@@ -333,11 +333,12 @@ def process(
     function raises one of its class's ``bad_record_exceptions`` go to the dead letters.
 
     The checkpoint strategy is ``config.checkpointing.snapshot``
-    (:class:`~weir.SnapshotStrategy`; default CHANGELOG: a batch's checkpoint writes
-    what it changed, nothing for an idle batch, and the whole state is materialized in
-    the background now and then). Process-wide resources (the worker's cache of live
-    subtasks, task buffers, metrics) come from the session's ``spark.weir.*`` settings
-    (``weir.runtime.spark.options``); RocksDB's memory from the backend object: stages
+    (:class:`~weir.SnapshotStrategy`; by default the hash map writes a changelog — what
+    a batch changed, nothing for an idle batch, the whole state materialized in the
+    background now and then — and RocksDB uploads only its new SST files).
+    Process-wide resources (the worker's cache of live subtasks, task buffers, metrics)
+    come from the session's ``spark.weir.*`` settings (``weir.runtime.spark.options``);
+    RocksDB's memory from the backend object: stages
     with different settings keep their own. The keyword arguments of earlier releases
     still work, with a :class:`DeprecationWarning` naming the replacement."""
     from pyspark.sql import Column

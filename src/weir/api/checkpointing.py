@@ -43,16 +43,21 @@ Continuous runtime only (a Spark batch is a checkpoint):
 Both runtimes:
 
 * ``snapshot`` — how keyed state is written (:class:`SnapshotStrategy`; savepoints
-  are always full). None (the default) is :attr:`SnapshotStrategy.CHANGELOG` for
-  both backends on both runtimes: each checkpoint writes the keys changed since the
-  previous one (nothing for an idle one), and a background thread writes the whole
-  state now and then (*materialization*: at least every
+  are always full). None (the default) chooses by backend, the same on both runtimes:
+  :attr:`SnapshotStrategy.CHANGELOG` for the hash map — each checkpoint writes the keys
+  changed since the previous one (nothing for an idle one), and a background thread
+  writes the whole state now and then (*materialization*: at least every
   ``materialization_interval``, and when the deltas grow large); a restore reads the
-  last materialization and the deltas after it. :attr:`~SnapshotStrategy.FULL`
-  writes the whole state every checkpoint; :attr:`~SnapshotStrategy.INCREMENTAL`
-  (Flink's ``execution.checkpointing.incremental``) shares RocksDB's unchanged SST
-  files between checkpoints — the hash map has no files to share and writes full
-  snapshots (as in Flink).
+  last materialization and the deltas after it — and
+  :attr:`SnapshotStrategy.INCREMENTAL` for RocksDB (Flink's
+  ``execution.checkpointing.incremental``): unchanged SST files are shared between
+  checkpoints. Measured (``bench/README.md``): RocksDB's changelog costs each write a
+  change record, its native checkpoint a memtable flush per checkpoint; the native one
+  is faster on Spark and at 10,000 keys on the continuous runtime, the changelog at
+  200,000 keys with checkpoints every second on the continuous runtime (shorter
+  pauses too) — choose it there. :attr:`~SnapshotStrategy.FULL` writes the whole state
+  every checkpoint; INCREMENTAL on the hash map (no files to share) writes full
+  snapshots, as in Flink.
 * ``retained`` — ``execution.checkpointing.num-retained`` (weir: 3): completed
   checkpoints kept; older ones are deleted (with the files only they use).
 * ``lease_timeout`` (60 s) — a job (or Spark query) owns its checkpoint storage
@@ -98,12 +103,13 @@ class SnapshotStrategy(enum.Enum):
 
     INCREMENTAL = "incremental"
     """RocksDB: unchanged SST files are shared with earlier checkpoints (Flink's
-    incremental checkpoints). The hash map writes full snapshots."""
+    incremental checkpoints); RocksDB's default on both runtimes. The hash map writes
+    full snapshots."""
 
     CHANGELOG = "changelog"
     """Each checkpoint writes the keys changed since the previous one; the whole state
     is materialized in the background now and then (Flink's changelog state backend).
-    The default on both backends and runtimes."""
+    The hash map's default on both runtimes."""
 
 
 _DURATIONS = ("interval", "timeout", "min_pause", "aligned_timeout",
@@ -149,7 +155,8 @@ class CheckpointConfig:
     aligned_timeout: timedelta
     """With unaligned: alignment time before switching to unaligned."""
     snapshot: SnapshotStrategy | None
-    """How keyed state is written; None: :attr:`SnapshotStrategy.CHANGELOG`."""
+    """How keyed state is written; None: CHANGELOG for the hash map, INCREMENTAL for
+    RocksDB."""
     retained: int
     """Completed checkpoints kept (>= 1)."""
     materialization_interval: timedelta
@@ -205,7 +212,7 @@ class CheckpointConfig:
             except ValueError:
                 raise ConfigurationError(
                     f"snapshot must be a SnapshotStrategy (FULL, INCREMENTAL, CHANGELOG) or "
-                    f"None (CHANGELOG), got {strategy!r}") from None
+                    f"None (by backend), got {strategy!r}") from None
         lease = duration(lease_timeout, "lease_timeout")
         if lease < timedelta(seconds=1):
             raise ConfigurationError(f"lease_timeout must be at least 1 s, got "
@@ -238,9 +245,10 @@ class CheckpointConfig:
 
     def snapshot_for(self, state_backend: str) -> SnapshotStrategy:
         """The strategy keyed state on ``state_backend`` ("hashmap"/"rocksdb") is
-        written with: :attr:`snapshot`, or CHANGELOG; INCREMENTAL on the hash map is
-        FULL."""
-        strategy = self.snapshot or SnapshotStrategy.CHANGELOG
+        written with: :attr:`snapshot`, or by backend (CHANGELOG for the hash map,
+        INCREMENTAL for RocksDB); INCREMENTAL on the hash map is FULL."""
+        strategy = self.snapshot or (SnapshotStrategy.INCREMENTAL if state_backend == "rocksdb"
+                                     else SnapshotStrategy.CHANGELOG)
         if strategy is SnapshotStrategy.INCREMENTAL and state_backend != "rocksdb":
             return SnapshotStrategy.FULL
         return strategy
