@@ -4,7 +4,6 @@ drain) and explicit recovery (:func:`recover`). Re-exported by :mod:`weir.spark`
 
 from __future__ import annotations
 
-import json
 import logging
 import posixpath
 import time
@@ -21,7 +20,7 @@ from weir.runtime.spark.listener import COMPLETIONS, last_committed
 from weir.runtime.spark.plan import lineage_state
 
 __all__ = [
-    "finish", "read_dead_letters", "recover", "savepoint", "stop_with_savepoint",
+    "finish", "recover", "savepoint", "stop_with_savepoint",
 ]
 
 log = logging.getLogger("weir.spark")
@@ -42,27 +41,6 @@ def finish(query: Any) -> int | None:
     for completion in list(COMPLETIONS.values()):
         completion.settle(query, raise_errors=True)
     return batch
-
-
-def read_dead_letters(
-    checkpoint_location: str, *, storage_options: dict[str, Any] | None = None
-) -> list[dict[str, Any]]:
-    """Every dead-lettered record of a stage's ``checkpoint_location``: dicts with
-    ``uid``, ``query``, ``batch``, ``subtask``, ``reason`` and ``record``. Batches
-    that Spark replayed were rewritten in place, so each bad record appears once per
-    query run that committed it."""
-    storage = CheckpointStorage(checkpoint_location, storage_options=storage_options)
-    out: list[dict[str, Any]] = []
-    if not storage.exists("dead-letter"):
-        return out
-    for path in sorted(storage.walk_files("dead-letter")):
-        if not path.endswith(".jsonl"):
-            continue
-        for line in storage.read_bytes(path, path).splitlines():
-            if line.strip():
-                out.append(json.loads(line))
-    out.sort(key=lambda d: (d["query"], d["batch"], d["subtask"]))
-    return out
 
 
 def savepoint(
