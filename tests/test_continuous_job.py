@@ -16,7 +16,7 @@ import pytest
 import weir
 from continuous_helpers import Count, Running, by_value, check_exactly_once, keyed_graph
 from weir import connectors as wc
-from weir.api.checkpointing import CheckpointConfig
+from weir.api.checkpointing import CheckpointConfig, SnapshotStrategy
 from weir.checkpoint.format import KeyedChangelogHandle, KeyedIncrementalHandle
 from weir.connectors.stream import SequenceSource, read_stream_sink
 from weir.runtime.continuous.graph import JobGraph
@@ -118,27 +118,26 @@ def test_tasks_killed_with_sigkill_restart_from_the_latest_checkpoint_exactly_on
     check_exactly_once(tmp_path, n)
 
 
-@pytest.mark.parametrize("backend,changelog,kind,deltas", [
-    ("rocksdb", None, KeyedChangelogHandle, True),  # weir's default for RocksDB
-    ("rocksdb", False, KeyedIncrementalHandle, False),
+@pytest.mark.parametrize("backend,snapshot,kind,deltas", [
+    ("rocksdb", None, KeyedIncrementalHandle, False),  # weir's default for RocksDB
+    ("rocksdb", SnapshotStrategy.CHANGELOG, KeyedChangelogHandle, True),
     # 50 keys, all written between two checkpoints: each writes a new base
     # (ChangelogPolicy.rebase_share; RocksDB, which does not count its keys, never does)
-    ("hashmap", True, KeyedChangelogHandle, False),
+    ("hashmap", None, KeyedChangelogHandle, False),  # weir's default for the hash map
 ])
 def test_keyed_checkpoints_take_the_form_configured_and_restore_exactly_once(
-    tmp_path: Path, backend: str, changelog: bool | None, kind: type, deltas: bool
+    tmp_path: Path, backend: str, snapshot: SnapshotStrategy | None, kind: type, deltas: bool
 ) -> None:
-    """``CheckpointConfig.changelog``: RocksDB keyed state is checkpointed as a changelog
-    by default (deltas on a base), natively incremental with ``changelog=False``, and
-    the hash map as a changelog with ``changelog=True``. A keyed task killed after
-    checkpoints restores from the latest one (for a changelog: its base and deltas)
-    exactly once."""
+    """``CheckpointConfig.snapshot``: RocksDB keyed state is checkpointed natively
+    incremental by default, as a changelog (deltas on a base) with ``CHANGELOG``; the
+    hash map as a changelog by default. A keyed task killed after checkpoints restores
+    from the latest one (for a changelog: its base and deltas) exactly once."""
     # 2.5 s of input (two source subtasks at 30,000 a second each): the kill must land
     # while the job runs. With 1 s (60,000) the job once ended before its fourth
     # completed checkpoint under a full suite's load, and the test failed.
     n = 150_000
     job = LocalJob(spec(tmp_path, backend, n, rate=30_000),
-                   CheckpointConfig(interval=100, changelog=changelog),
+                   CheckpointConfig(interval=100, snapshot=snapshot),
                    restart=weir.RestartStrategy.fixed_delay(attempts=1, delay="0 s"),
                    sleep=lambda s: None)
     running = Running(job)
