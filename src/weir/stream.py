@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from weir.api.checkpointing import CheckpointConfig, CheckpointingMode
-from weir.api.config import JobConfig, RocksDBStateBackend, state_backend_of
+from weir.api.config import JobConfig, RocksDBStateBackend, check_restore, state_backend_of
 from weir.api.connectors import Sink, Source
 from weir.api.descriptors import MapStateDescriptor
 from weir.api.functions import KeyedBroadcastProcessFunction, KeyedProcessFunction, ProcessFunction
@@ -263,13 +263,7 @@ class StreamEnvironment:
         if (runner is Runner.SPARK) != (spark is not None):
             raise ConfigurationError("runner='spark' needs spark=<a SparkSession>, and "
                                      "spark= is only for runner='spark'")
-        if restore_from is not None and (not isinstance(restore_from, str | os.PathLike)
-                                         or not str(restore_from)):
-            raise ConfigurationError(f"restore_from must be the path or URL of a savepoint "
-                                     f"or checkpoint (or None), got {restore_from!r}")
-        if not isinstance(allow_non_restored_state, bool):
-            raise ConfigurationError(f"allow_non_restored_state must be a bool, got "
-                                     f"{allow_non_restored_state!r}")
+        check_restore(restore_from, allow_non_restored_state)
         graph = self.job_graph(job_name)
         launcher = SparkLauncher(spark) if runner is Runner.SPARK else None
         job = LocalJob(graph, self.checkpointing,

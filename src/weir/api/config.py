@@ -39,7 +39,7 @@ from weir.errors import ConfigurationError
 MAX_PARALLELISM_LIMIT = 1 << 15
 
 __all__ = ["HashMapStateBackend", "JobConfig", "LateRecords", "RocksDBStateBackend",
-           "StateBackend", "state_backend_of"]
+           "StateBackend", "check_restore", "state_backend_of"]
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,18 @@ def _storage_url(value: object) -> str:
                              f"checkpoint storage (file:///..., s3://...), got {value!r}")
 
 
+def check_restore(restore_from: object, allow_non_restored_state: object) -> None:
+    """Raise :class:`~weir.errors.ConfigurationError` unless ``restore_from`` is None or
+    a path or URL, and ``allow_non_restored_state`` a bool."""
+    if restore_from is not None and (not isinstance(restore_from, str | os.PathLike)
+                                     or not str(restore_from)):
+        raise ConfigurationError(f"restore_from must be the path or URL of a savepoint "
+                                 f"or checkpoint (or None), got {restore_from!r}")
+    if not isinstance(allow_non_restored_state, bool):
+        raise ConfigurationError(f"allow_non_restored_state must be a bool, got "
+                                 f"{allow_non_restored_state!r}")
+
+
 @dataclass(frozen=True, init=False)
 class JobConfig:
     """Everything a job is configured with besides its operators, the same on the
@@ -205,13 +217,7 @@ class JobConfig:
                 parallelism > max_parallelism):
             raise ConfigurationError(f"parallelism={parallelism} is above max_parallelism="
                                      f"{max_parallelism}: a key group cannot be split")
-        if restore_from is not None and (not isinstance(restore_from, str | os.PathLike)
-                                         or not str(restore_from)):
-            raise ConfigurationError(f"restore_from must be the path or URL of a savepoint "
-                                     f"or checkpoint (or None), got {restore_from!r}")
-        if not isinstance(allow_non_restored_state, bool):
-            raise ConfigurationError(f"allow_non_restored_state must be a bool, got "
-                                     f"{allow_non_restored_state!r}")
+        check_restore(restore_from, allow_non_restored_state)
         values: dict[str, Any] = {
             "storage": _storage_url(storage),
             "storage_options": None if storage_options is None else dict(storage_options),

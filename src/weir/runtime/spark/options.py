@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from weir.api.checkpointing import CheckpointConfig, SnapshotStrategy
+from weir.api.checkpointing import SnapshotStrategy
 from weir.api.config import JobConfig, LateRecords, RocksDBStateBackend, state_backend_of
 from weir.api.durations import Duration, byte_size, duration_ms
 from weir.errors import ConfigurationError
@@ -210,18 +210,9 @@ def legacy_arguments(config: JobConfig | str | None, event_time: str | EventTime
                              else SnapshotStrategy.INCREMENTAL if backend.name == "rocksdb"
                              else SnapshotStrategy.CHANGELOG)
     if moved:
-        checkpointing = _replaced(checkpointing, moved)
+        checkpointing = replace(checkpointing, **moved)
     if job or backend is not config.state_backend or checkpointing is not config.checkpointing:
-        config = JobConfig(
-            config.storage, storage_options=job.get("storage_options", config.storage_options),
-            state_backend=backend, checkpointing=checkpointing,
-            restart_strategy=config.restart_strategy, parallelism=config.parallelism,
-            max_parallelism=job.get("max_parallelism", config.max_parallelism),
-            restore_from=job.get("restore_from", config.restore_from),
-            allow_non_restored_state=job.get("allow_non_restored_state",
-                                             config.allow_non_restored_state),
-            dead_letter_retention=job.get("dead_letter_retention",
-                                          config.dead_letter_retention))
+        config = replace(config, state_backend=backend, checkpointing=checkpointing, **job)
     if isinstance(event_time, str):
         event_time = EventTime(event_time, old.get("watermark_delay", 0),
                                old.get("late_records", LateRecords.PROCESS))
@@ -239,15 +230,6 @@ def legacy_arguments(config: JobConfig | str | None, event_time: str | EventTime
                   None if exceptions is None else tuple(exceptions),
                   {k: old[k] for k in ("worker_cache_subtasks", "worker_cache_memory",
                                        "task_buffer_memory", "metrics") if k in old})
-
-
-def _replaced(config: CheckpointConfig, changes: Mapping[str, Any]) -> CheckpointConfig:
-    values = {name: getattr(config, name) for name in (
-        "interval", "mode", "timeout", "min_pause", "max_concurrent", "tolerable_failures",
-        "retain_on_cancel", "unaligned", "aligned_timeout", "snapshot", "retained",
-        "materialization_interval", "lease_timeout")}
-    values.update(changes)
-    return CheckpointConfig(**values)
 
 
 def stage_resources(spark: SparkSession, overrides: Mapping[str, Any]) -> Resources:
