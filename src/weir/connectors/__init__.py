@@ -33,13 +33,8 @@ from typing import TYPE_CHECKING, Any
 from weir.api.connectors import Sink, SinkContext, SinkWriter, Source, SourceReader
 from weir.connectors.collect import CollectSink
 from weir.connectors.file_source import FileSource
-from weir.connectors.stream import (
-    FileSink,
-    SequenceSource,
-    SqliteSink,
-    read_sqlite_stream_sink,
-    read_stream_sink,
-)
+from weir.connectors.sqlite_stream import SqliteSink, read_sqlite_stream_sink
+from weir.connectors.stream import FileSink, SequenceSource, read_stream_sink
 
 if TYPE_CHECKING:
     from weir.connectors.common import FILE_SINK_NAME, SQLITE_SINK_NAME

@@ -168,7 +168,7 @@ append mode once the table exists (the first commit creates it); in complete mod
 empties the table (the result is empty) without recording the batch, which a replay
 repeats harmlessly.
 
-The continuous runtime's :class:`~weir.connectors.stream.SqliteSink` writes its target
+The continuous runtime's :class:`~weir.connectors.sqlite_stream.SqliteSink` writes its target
 table in the same layout (one column per field, JSON text for nested values), with
 bookkeeping tables of its own (``<table>_staging``, ``<table>_committed``,
 ``<table>_lineage``): :func:`~weir.connectors.sqlite.read_sqlite_sink` reads either.

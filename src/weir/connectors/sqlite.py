@@ -5,7 +5,7 @@ with past batches: every lookup is by primary key or index.
 
 (``SQLiteSink``, its former name, is kept for one release with a
 :class:`DeprecationWarning`: it differed only in letter case from the continuous
-runtime's :class:`~weir.connectors.stream.SqliteSink`.)"""
+runtime's :class:`~weir.connectors.sqlite_stream.SqliteSink`.)"""
 
 from __future__ import annotations
 
@@ -435,7 +435,7 @@ class SQLiteSinkWriter(DataSourceStreamWriter):
 class SqliteDataSource(DataSource):
     """``weir-sqlite``: exactly-once rows in a SQLite table, one transaction per batch
     (a PySpark data source of the micro-batch runtime; the continuous runtime's sink is
-    :class:`~weir.connectors.stream.SqliteSink`, the same table layout).
+    :class:`~weir.connectors.sqlite_stream.SqliteSink`, the same table layout).
 
     Options: ``path`` (database file), ``table``, ``busyTimeout`` (seconds, default 60).
     Append and complete output mode. Tables and the exactly-once argument are in
@@ -502,10 +502,10 @@ def committed_sqlite_batches(path: str, table: str) -> list[int]:
 def read_sqlite_sink(path: str, table: str) -> list[dict[str, Any]]:
     """All committed rows of ``table``, in insertion (batch, then partition) order, as
     dicts of its columns. Reads the tables of the continuous runtime's
-    :class:`~weir.connectors.stream.SqliteSink` too (the same layout; their columns
-    declared JSON are decoded, as :func:`~weir.connectors.stream.read_sqlite_stream_sink`
+    :class:`~weir.connectors.sqlite_stream.SqliteSink` too (the same layout; their columns
+    declared JSON are decoded, as :func:`~weir.connectors.sqlite_stream.read_sqlite_stream_sink`
     does)."""
-    from weir.connectors.stream import sqlite_rows
+    from weir.connectors.sqlite_stream import sqlite_rows
 
     conn = _open_read_only(path)
     try:
