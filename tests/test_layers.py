@@ -73,3 +73,19 @@ def test_the_two_runtimes_never_import_each_other(path: Path) -> None:
     crossing = [f"line {line}: {name}" for line, name in _imports(path)
                 if name == other or name.startswith(other + ".")]
     assert not crossing, f"{_module_name(path)} imports the other runtime: {crossing}"
+
+
+CLIENTS = ("weir.processor", "weir.cli")
+PUBLIC_OR_SHARED = ("weir.runtime.endpoints",)
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if _module_name(p).startswith(CLIENTS)],
+                         ids=lambda p: _module_name(p))
+def test_the_state_processor_and_the_cli_use_no_runtime_internals(path: Path) -> None:
+    """The offline state processor reads checkpoints through ``weir.checkpoint`` (the
+    micro-batch runtime's layout included: ``weir.checkpoint.epochs``); the command line
+    reaches a running job through a public client (``weir.stream``, ``weir.spark``).
+    Neither imports a runtime's modules."""
+    inside = [f"line {line}: {name}" for line, name in _imports(path)
+              if name.startswith("weir.runtime") and name not in PUBLIC_OR_SHARED]
+    assert not inside, f"{_module_name(path)} imports runtime internals: {inside}"

@@ -82,8 +82,8 @@ import pytest
 
 from procs import descendants
 from weir import CheckpointCoordinator, CheckpointStorage, CorruptCheckpointError, load_checkpoint
-from weir.runtime.spark.epochs import SPARK_FILE
-from weir.runtime.spark.prior import SUMMARY_FILE
+from weir.checkpoint.epoch_prior import SUMMARY_FILE
+from weir.checkpoint.epochs import SPARK_FILE
 from weir.testing import KeyedOperatorHarness
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

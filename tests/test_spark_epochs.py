@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import weir
+from weir.checkpoint.epochs import EpochStore, choose_parts
 from weir.checkpoint.format import SubtaskStateHandle
 from weir.checkpoint.ownership import QUERY, Lineage
 from weir.errors import (
@@ -19,7 +20,6 @@ from weir.errors import (
     MissingStateError,
     OwnershipError,
 )
-from weir.runtime.spark.epochs import EpochStore, choose_parts
 from weir.runtime.spark.plan import plan_batch
 from weir.runtime.spark.recovery import recover_stage
 from weir.state.keygroups import key_group_range_for_operator
@@ -276,8 +276,8 @@ def test_weir_spark_recover_on_the_command_line(tmp_path: Path) -> None:
 def test_completion_sweeps_unused_materializations_only_once_no_batch_can_use_them(
     tmp_path: Path,
 ) -> None:
+    from weir.checkpoint.epochs import MATERIALIZATION_MAX_LAG
     from weir.checkpoint.format import uid_dir
-    from weir.runtime.spark.epochs import MATERIALIZATION_MAX_LAG
 
     store, _ = _store(tmp_path)
     query = "q"
@@ -343,8 +343,8 @@ def test_dead_letters_older_than_their_retention_are_swept_every_hundred_batches
     import os
     import time
 
+    from weir.checkpoint.epoch_retention import DEAD_LETTER_SWEEP_BATCHES
     from weir.checkpoint.format import uid_dir
-    from weir.runtime.spark.retention import DEAD_LETTER_SWEEP_BATCHES
 
     store, lineage = _store(tmp_path)
     store.dead_letter_retention_ms = 3_600_000

@@ -220,8 +220,8 @@ def test_1_a_new_query_whose_first_batches_are_empty_takes_the_stage_over_later(
     finally:
         query.stop()
     weir.spark.finish(query)
+    from weir.checkpoint.epochs import EpochStore
     from weir.checkpoint.ownership import Lineage
-    from weir.runtime.spark.epochs import EpochStore
 
     store = EpochStore(weir.CheckpointStorage(str(location)), "count")
     mine = [c for c in Lineage(store.stage, 60_000).claims() if c.query == str(query.id)]
@@ -361,8 +361,8 @@ def test_3_a_query_whose_lease_expired_is_fenced_off_when_a_new_one_takes_over(
     old = _start(spark, tmp_path / "a", build, tmp_path / "spark-1", old_sink)
     try:
         _wait(lambda: 0 in old_sink.batches, "the old query's batch 0")
+        from weir.checkpoint.epochs import EpochStore
         from weir.checkpoint.ownership import Lineage
-        from weir.runtime.spark.epochs import EpochStore
 
         lineage = Lineage(EpochStore(weir.CheckpointStorage(str(location)), "count").stage,
                           lease_ms)
@@ -599,9 +599,9 @@ def test_8_a_savepoint_pins_what_it_copies_records_sparks_offsets_and_leaves_not
 ) -> None:
     from typer.testing import CliRunner
 
+    from weir.checkpoint.epochs import EpochStore
+    from weir.checkpoint.savepoints import write_savepoint
     from weir.cli import app
-    from weir.runtime.spark.epochs import EpochStore
-    from weir.runtime.spark.savepoints import write_savepoint
 
     records, location, build, _ = _first_run(spark, tmp_path, 1500, 2, state_backend=backend,
                                              retained=1)

@@ -31,8 +31,8 @@ from spark_support import (  # type: ignore[import-not-found]
     run,
     write_file,
 )
+from weir.checkpoint.epochs import DRAIN_FILE, SPARK_FILE
 from weir.errors import OutputSchemaError, RestoreError
-from weir.runtime.spark.epochs import DRAIN_FILE, SPARK_FILE
 from weir.runtime.spark.records import to_record_batch
 from weir.runtime.spark.routing import route_table
 from weir.state.keygroups import assign_key_to_parallel_operator
@@ -765,8 +765,8 @@ def test_sparks_own_file_sink_gets_each_output_once_across_a_restart(
 def test_completion_chooses_one_part_per_subtask_in_subtask_order_at_any_parallelism(
     tmp_path: Path,
 ) -> None:
+    from weir.checkpoint.epochs import EpochStore, choose_parts
     from weir.checkpoint.format import SubtaskStateHandle
-    from weir.runtime.spark.epochs import EpochStore, choose_parts
     from weir.state.keygroups import key_group_range_for_operator
 
     store = EpochStore(weir.CheckpointStorage(str(tmp_path)), "op")

@@ -44,7 +44,7 @@ from weir import (
     ValueStateDescriptor,
     load_checkpoint,
 )
-from weir.runtime.spark.savepoints import canonical_keyed
+from weir.checkpoint.savepoints import canonical_keyed
 from weir.testing import KeyedBroadcastOperatorHarness, KeyedOperatorHarness
 
 KEYED_STATES = [COUNT, SEEN, LAST, TOTAL, MEAN, NOTE, RECENT, TAGS]

@@ -99,6 +99,7 @@ from weir.api.functions import (
 )
 from weir.api.restart import RestartStrategy
 from weir.checkpoint.coordinator import CompletedCheckpoint, load_checkpoint
+from weir.checkpoint.epochs import EpochStore, lineage_state
 from weir.checkpoint.ownership import Lineage
 from weir.checkpoint.storage import CheckpointStorage
 from weir.connectors.dead_letters import read_dead_letters
@@ -107,7 +108,6 @@ from weir.errors import (
     RestoreError,
 )
 from weir.runtime.spark.client import JobClient
-from weir.runtime.spark.epochs import EpochStore
 from weir.runtime.spark.keys import check_key_types
 from weir.runtime.spark.lifecycle import (
     finish,
@@ -123,7 +123,6 @@ from weir.runtime.spark.options import (
     legacy_arguments,
     stage_resources,
 )
-from weir.runtime.spark.plan import lineage_state
 from weir.runtime.spark.routing import (
     BROADCAST_PREFIX,
     KEY,

@@ -75,7 +75,7 @@ from weir.runtime.continuous.graph import (
 )
 from weir.runtime.continuous.master import LocalJob
 from weir.runtime.continuous.metrics import TaskMetrics
-from weir.runtime.continuous.queries import QueryServerConfig
+from weir.runtime.continuous.queries import QueryableStateClient, QueryServerConfig
 from weir.runtime.continuous.settings import (
     check_job_name,
     check_query_server,
@@ -95,7 +95,8 @@ from weir.state.rocksdb_options import RocksDBMemory
 __all__ = [
     "BroadcastStream", "ChannelConfig", "CheckpointConfig", "CheckpointStats",
     "CheckpointStatus", "CheckpointingMode", "DataStream", "JobClient", "JobResult",
-    "KeyedBroadcastStream", "KeyedStream", "QueryServerConfig", "RestartStrategy", "Runner",
+    "KeyedBroadcastStream", "KeyedStream", "QueryServerConfig", "QueryableStateClient",
+    "RestartStrategy", "Runner",
     "StreamEnvironment",
     "SubtaskCheckpointStats", "TaskInfo", "TaskMetrics", "WatermarkStrategy",
 ]

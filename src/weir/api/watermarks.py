@@ -23,7 +23,12 @@ from typing import Any
 
 from weir.errors import ConfigurationError
 
-__all__ = ["WatermarkStrategy"]
+__all__ = ["MAX_WATERMARK", "MIN_WATERMARK", "WatermarkStrategy"]
+
+#: The watermark before any has been seen (Java's Long.MIN_VALUE, as in Flink).
+MIN_WATERMARK = -(2**63)
+#: the final watermark of a drained stage (Flink's ``Watermark.MAX_WATERMARK``)
+MAX_WATERMARK = 2**63 - 1
 
 
 def _ms(value: float | datetime.timedelta, name: str) -> int:

@@ -3,7 +3,7 @@
 One mechanism for both runtimes (the place of Flink's leader election and
 ``CheckpointIDCounter``: one writer per checkpoint storage at a time). The claims live
 in ``claims/`` of the storage they guard: on the Spark runtime each operator uid's
-directory (``stages/<uid-dir>/``, :mod:`weir.runtime.spark.epochs`), on the continuous
+directory (``stages/<uid-dir>/``, :mod:`weir.checkpoint.epochs`), on the continuous
 runtime the job's checkpoint storage root (:mod:`weir.checkpoint.protocol`)::
 
     claims/<token>.json      a claim (token: 10 digits, from 1), created exclusively:

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from weir.cli.common import parse_key, print_json, readable_size
 from weir.errors import WeirError
-from weir.runtime.continuous.queries import QueryableStateClient
+from weir.stream import QueryableStateClient
 
 __all__ = ["job_app"]
 

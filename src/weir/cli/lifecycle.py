@@ -23,10 +23,10 @@ def savepoint_of(location: str, target: str, uid: str | None) -> str:
     Spark ``checkpoint_location``: every stage's latest completed batch (or ``uid``'s),
     pinned against retention while it is copied; a checkpoint storage root: its latest
     checkpoint; a checkpoint or savepoint directory: that one."""
+    from weir.checkpoint.epochs import EpochStore
+    from weir.checkpoint.savepoints import write_savepoint
     from weir.checkpoint.storage import CheckpointStorage
     from weir.processor.locate import locate
-    from weir.runtime.spark.epochs import EpochStore
-    from weir.runtime.spark.savepoints import write_savepoint
     from weir.spark import savepoint
 
     if EpochStore.stage_dirs(CheckpointStorage(location)):

@@ -24,11 +24,11 @@ from rich.console import Console
 
 from weir.cli.common import json_default, print_json
 from weir.cli.page import render_page
-from weir.errors import ConfigurationError, WeirError
+from weir.errors import WeirError
 from weir.processor.history import checkpoint_history
-from weir.runtime.continuous.wire import is_loopback
+from weir.runtime.endpoints import require_secret
 
-__all__ = ["is_loopback", "make_server", "ui"]
+__all__ = ["make_server", "ui"]
 
 
 def make_server(location: str, *, host: str = "127.0.0.1", port: int = 8081,
@@ -36,10 +36,8 @@ def make_server(location: str, *, host: str = "127.0.0.1", port: int = 8081,
                 refresh_s: int = 10) -> ThreadingHTTPServer:
     """An HTTP server for the checkpoint page of ``location`` (not yet serving: call its
     ``serve_forever``). Refuses a non-loopback ``host`` without ``secret``."""
-    if not is_loopback(host) and not secret:
-        raise ConfigurationError(
-            f"weir ui: {host} is not a loopback address; serving the checkpoint page there "
-            f"needs a shared secret (--secret or WEIR_UI_SECRET), or bind to 127.0.0.1")
+    require_secret(host, secret, "weir ui: the checkpoint page",
+                   "--secret or WEIR_UI_SECRET")
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "weir-ui"

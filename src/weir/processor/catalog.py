@@ -18,10 +18,10 @@ import re
 from typing import Any
 
 from weir.checkpoint.coordinator import CompletedCheckpoint, load_checkpoint
+from weir.checkpoint.epochs import EpochStore, read_completed
 from weir.checkpoint.format import METADATA_FILE, CheckpointMetadata
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import NoCheckpointError
-from weir.runtime.spark.epochs import EpochStore, read_completed
 
 __all__ = ["list_checkpoints"]
 

@@ -5,7 +5,7 @@ of a :class:`~weir.CheckpointCoordinator`, or a Spark stage's ``checkpoint_locat
   savepoint;
 * a coordinator's root (``chk-<id>`` directories): its latest completed checkpoint, or
   ``checkpoint_id``;
-* a Spark ``checkpoint_location`` (``stages/<uid-dir>``, ``weir.runtime.spark.epochs``):
+* a Spark ``checkpoint_location`` (``stages/<uid-dir>``, ``weir.checkpoint.epochs``):
   per stage (or only ``uid``'s), its current state — the newest completed batch of the
   query that owns it, or the checkpoint or savepoint it was started from — or batch
   ``checkpoint_id`` of ``query`` (the query may be left out when one query has that
@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from weir.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint, load_checkpoint
+from weir.checkpoint.epochs import EpochStore, lineage_state
 from weir.checkpoint.format import METADATA_FILE
 from weir.checkpoint.ownership import Lineage
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import ConfigurationError, NoCheckpointError
-from weir.runtime.spark.epochs import EpochStore
-from weir.runtime.spark.plan import lineage_state
 
 __all__ = ["Located", "locate"]
 

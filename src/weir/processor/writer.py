@@ -29,6 +29,7 @@ from weir.checkpoint.format import (
     uid_dir,
 )
 from weir.checkpoint.publish import write_new_directory
+from weir.checkpoint.savepoints import canonical_keyed, copy_subtask
 from weir.checkpoint.storage import CheckpointStorage
 from weir.checkpoint.subtask_files import write_snapshot
 from weir.errors import ConfigurationError
@@ -43,7 +44,6 @@ from weir.processor.encoding import (
 )
 from weir.processor.locate import locate
 from weir.processor.spark_writer import is_spark_frame, timer_states_of, write_on_executors
-from weir.runtime.spark.savepoints import canonical_keyed, copy_subtask
 from weir.state.keyed import meta_of
 from weir.state.keygroups import check_parallelism, key_group_range_for_operator
 from weir.state.snapshot import (

@@ -25,6 +25,7 @@ from weir.api.descriptors import (
 from weir.api.functions import (
     CheckpointedFunction,
 )
+from weir.api.watermarks import MAX_WATERMARK, MIN_WATERMARK
 from weir.errors import (
     ConfigurationError,
     RestoreError,
@@ -54,10 +55,6 @@ __all__ = [
 ]
 
 Clock = Callable[[], int]
-#: The watermark before any has been seen (Java's Long.MIN_VALUE, as in Flink).
-MIN_WATERMARK = -(2**63)
-#: the final watermark of a drained stage (Flink's ``Watermark.MAX_WATERMARK``)
-MAX_WATERMARK = 2**63 - 1
 
 
 def system_clock() -> int:

@@ -39,7 +39,7 @@ import msgpack
 
 from weir.api.serializers import MsgpackSerializer
 from weir.api.state import ListState, MapState, ValueState
-from weir.errors import ChannelError, ConfigurationError, KeyGroupError, QueryError
+from weir.errors import ChannelError, KeyGroupError, QueryError
 from weir.runtime.continuous.graph import JobGraph, OpKind
 from weir.runtime.continuous.wire import (
     VERSION,
@@ -48,11 +48,11 @@ from weir.runtime.continuous.wire import (
     Refused,
     dial,
     greet,
-    is_loopback,
     read_frame,
     refuse,
     write_frame,
 )
+from weir.runtime.endpoints import require_secret
 from weir.runtime.operator import KeyedOperator
 from weir.state.keygroups import assign_key_to_parallel_operator
 
@@ -84,10 +84,8 @@ class QueryServerConfig:
     secret: str | None = None
 
     def __post_init__(self) -> None:
-        if not is_loopback(self.host) and not self.secret:
-            raise ConfigurationError(
-                f"a query server on {self.host!r} (not loopback) needs a shared secret: "
-                f"QueryServerConfig(host={self.host!r}, secret=...)")
+        require_secret(self.host, self.secret, "a query server",
+                       f"QueryServerConfig(host={self.host!r}, secret=...)")
 
 
 def _plain(report: Any) -> Any:

@@ -37,7 +37,6 @@ import contextlib
 import enum
 import hashlib
 import hmac
-import ipaddress
 import os
 import socket
 import struct
@@ -51,7 +50,7 @@ import msgpack
 from weir.errors import ChannelError
 
 __all__ = ["MAX_FRAME", "VERSION", "Kind", "Listener", "Refused", "dial", "greet",
-           "hello_mac", "is_loopback", "read_frame", "refuse", "write_frame"]
+           "hello_mac", "read_frame", "refuse", "write_frame"]
 
 VERSION = 1
 MAX_FRAME = 256 << 20
@@ -70,16 +69,6 @@ class Kind(enum.IntEnum):
     EVENT = 7
     BACKLOG = 8
     CONTROL = 9
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names only this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def frame(kind: Kind, body: bytes | memoryview = b"") -> bytes:

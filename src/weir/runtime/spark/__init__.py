@@ -2,6 +2,6 @@
 
 * :mod:`~weir.runtime.spark.routing` — partition ``i`` == subtask ``i``;
 * :mod:`~weir.runtime.spark.records` — records in, outputs out (Arrow);
-* :mod:`~weir.runtime.spark.epochs` — one checkpoint per batch: parts, completion;
+* :mod:`~weir.checkpoint.epochs` — one checkpoint per batch: parts, completion;
 * :mod:`~weir.runtime.spark.task` — the task that runs a subtask for one batch.
 """

@@ -19,11 +19,11 @@ from typing import Any
 
 from weir.api.config import JobConfig
 from weir.api.durations import Duration, duration
+from weir.checkpoint.epochs import EpochStore
 from weir.checkpoint.protocol import new_savepoint_directory
 from weir.checkpoint.stats import CheckpointStats, checkpoint_stats
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import ConfigurationError
-from weir.runtime.spark.epochs import EpochStore
 from weir.runtime.spark.lifecycle import finish, savepoint, stop_with_savepoint
 
 __all__ = ["JobClient"]

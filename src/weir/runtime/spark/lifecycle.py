@@ -12,12 +12,11 @@ from typing import Any
 
 from weir.api.durations import duration_ms
 from weir.checkpoint.coordinator import CompletedCheckpoint
+from weir.checkpoint.epochs import EpochStore, lineage_state
 from weir.checkpoint.ownership import QUERY, Lineage
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import ConfigurationError, NoCheckpointError
-from weir.runtime.spark.epochs import EpochStore
 from weir.runtime.spark.listener import COMPLETIONS, last_committed
-from weir.runtime.spark.plan import lineage_state
 
 __all__ = [
     "finish", "recover", "savepoint", "stop_with_savepoint",
@@ -68,7 +67,7 @@ def _savepoint(
     stores: list[EpochStore], target: str, storage_options: dict[str, Any] | None,
     where: str,
 ) -> str:
-    from weir.runtime.spark.savepoints import spark_offsets, write_savepoint
+    from weir.checkpoint.savepoints import spark_offsets, write_savepoint
 
     checkpoints: list[CompletedCheckpoint] = []
     offsets: dict[str, dict[str, Any]] = {}

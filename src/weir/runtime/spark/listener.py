@@ -23,10 +23,10 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from weir.checkpoint.coordinator import CompletedCheckpoint
+from weir.checkpoint.epochs import EpochStore
 from weir.checkpoint.ownership import QUERY, Claim, Lineage
 from weir.errors import IncompleteBatchError
 from weir.runtime.operator_base import MIN_WATERMARK
-from weir.runtime.spark.epochs import EpochStore
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -26,6 +26,8 @@ import logging
 from dataclasses import dataclass
 
 from weir.checkpoint.coordinator import CompletedCheckpoint, load_checkpoint
+from weir.checkpoint.epoch_prior import PriorBatch, prior_of
+from weir.checkpoint.epochs import EpochStore, lineage_state
 from weir.checkpoint.ownership import QUERY, RECOVERY, Claim, Lineage, wall_ms
 from weir.errors import (
     CorruptCheckpointError,
@@ -34,10 +36,8 @@ from weir.errors import (
     MissingStateError,
     OwnershipError,
 )
-from weir.runtime.spark.epochs import EpochStore
-from weir.runtime.spark.prior import PriorBatch, prior_of
 
-__all__ = ["BatchStart", "lineage_state", "plan_batch", "recover_hint"]
+__all__ = ["BatchStart", "plan_batch", "recover_hint"]
 
 log = logging.getLogger(__name__)
 _CLAIM_ATTEMPTS = 8
@@ -65,26 +65,6 @@ def recover_hint(store: EpochStore, source: str = "latest") -> str:
 
 def _age(ms: int) -> str:
     return f"{max(0, wall_ms() - ms) / 1000:.0f} s ago"
-
-
-def lineage_state(
-    store: EpochStore, lineage: Lineage, head: Claim | None = None,
-) -> tuple[CompletedCheckpoint | None, str]:
-    """The stage's current state: the head claim's newest completed checkpoint, or
-    the state the claim started from; with a description for messages."""
-    head = head if head is not None else lineage.head()
-    if head is None:
-        return None, "empty state (the stage was never run here)"
-    if head.kind == QUERY and head.query is not None:
-        ids = [i for i in store.completed_ids(head.query) if i >= (head.batch or 0)]
-        if ids:
-            found = store.completed(head.query, ids[-1])
-            if found is not None:
-                return found, (f"checkpoint {ids[-1]} of query {head.query} "
-                               f"({store.describe(head.query, ids[-1])})")
-    if head.source is None:
-        return None, f"empty state ({head.source_note})"
-    return load_checkpoint(head.source, verify=False), head.source_note
 
 
 def plan_batch(

@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from weir.checkpoint.coordinator import CompletedCheckpoint, load_checkpoint
+from weir.checkpoint.epochs import EpochStore
 from weir.checkpoint.ownership import QUERY, RECOVERY, Claim, Lineage
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import CorruptCheckpointError, NoCheckpointError, OwnershipError
-from weir.runtime.spark.epochs import EpochStore
 
 __all__ = ["Recovery", "recover_stage"]
 

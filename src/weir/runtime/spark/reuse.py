@@ -13,14 +13,14 @@ from __future__ import annotations
 import logging
 
 from weir.checkpoint.changelog import ChangelogPolicy
+from weir.checkpoint.epoch_prior import PriorBatch
+from weir.checkpoint.epochs import MATERIALIZATION_MAX_LAG
 from weir.checkpoint.format import SubtaskStateHandle
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import WeirError
 from weir.runtime.checkpointer import SnapshotMode, SubtaskCheckpointer
 from weir.runtime.operator import KeyedOperator, NonKeyedOperator, OperatorConfig
 from weir.runtime.spark.cache import BatchClock, CurrentKey, LiveSubtask, local_dir
-from weir.runtime.spark.epochs import MATERIALIZATION_MAX_LAG
-from weir.runtime.spark.prior import PriorBatch
 from weir.runtime.spark.spec import StageSpec
 from weir.state.rocksdb import RocksDBMemory
 

@@ -48,6 +48,8 @@ import pyarrow.compute as pc
 
 from weir.api.functions import KeyedBroadcastProcessFunction
 from weir.checkpoint.coordinator import CompletedCheckpoint
+from weir.checkpoint.epoch_prior import stage_positions
+from weir.checkpoint.epochs import EpochStore, lineage_state
 from weir.checkpoint.format import SubtaskStateHandle, uid_dir
 from weir.checkpoint.ownership import Lineage, wall_ms
 from weir.checkpoint.storage import storage_counts
@@ -73,11 +75,9 @@ from weir.runtime.spark.cache import (
     others,
     take,
 )
-from weir.runtime.spark.epochs import EpochStore
 from weir.runtime.spark.keys import keys_of
 from weir.runtime.spark.observed import metrics_batch, with_metrics_column
-from weir.runtime.spark.plan import lineage_state, plan_batch, recover_hint
-from weir.runtime.spark.prior import stage_positions
+from weir.runtime.spark.plan import plan_batch, recover_hint
 from weir.runtime.spark.records import (
     column_lists,
     columns_to_records,

@@ -91,7 +91,7 @@ class PriorBatch:
     def full(self) -> CompletedCheckpoint:
         """The whole completed checkpoint (reads ``_metadata``: O(p) bytes)."""
         if self._full is None:
-            from weir.runtime.spark.epochs import read_completed
+            from weir.checkpoint.epochs import read_completed
 
             found = read_completed(self.storage, self.batch)
             if found is None:
@@ -171,7 +171,7 @@ def read_prior(
                                   dict(doc["positions"]))
         except (ValueError, KeyError, TypeError, CorruptCheckpointError):
             pass  # a damaged summary: the metadata says the same, verified
-    from weir.runtime.spark.epochs import read_completed
+    from weir.checkpoint.epochs import read_completed
 
     full = read_completed(storage, batch)
     return None if full is None else prior_of(full, uid)

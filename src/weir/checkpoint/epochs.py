@@ -22,7 +22,7 @@ Layout under a ``checkpoint_location`` (any :class:`CheckpointStorage` URL)::
       queries/<query id>/chk-<batch>/_summary.json
                                               written by the completion's winner after
                                               _metadata: what the next batch's tasks
-                                              read instead of it (weir.runtime.spark.prior)
+                                              read instead of it (weir.checkpoint.epoch_prior)
       queries/<query id>/chk-<batch>/_empty
                                               the stage had no row in the batch (no
                                               subtask ran): its state is the previous
@@ -63,7 +63,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from weir.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
+from weir.api.watermarks import MIN_WATERMARK
+from weir.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint, load_checkpoint
+from weir.checkpoint.epoch_prior import SUMMARY_FILE, PriorBatch, read_prior, summary_bytes
+from weir.checkpoint.epoch_retention import (
+    DEAD_LETTER_SWEEP_BATCHES,
+    drop_superseded_queries,
+    sweep_dead_letters,
+)
 from weir.checkpoint.format import (
     METADATA_FILE,
     CheckpointKind,
@@ -76,16 +83,9 @@ from weir.checkpoint.format import (
     encode_part,
     uid_dir,
 )
-from weir.checkpoint.ownership import wall_ms
+from weir.checkpoint.ownership import QUERY, Claim, Lineage, wall_ms
 from weir.checkpoint.storage import TMP_MARKER, CheckpointStorage
 from weir.errors import CorruptCheckpointError, IncompleteBatchError
-from weir.runtime.operator import MIN_WATERMARK
-from weir.runtime.spark.prior import SUMMARY_FILE, PriorBatch, read_prior, summary_bytes
-from weir.runtime.spark.retention import (
-    DEAD_LETTER_SWEEP_BATCHES,
-    drop_superseded_queries,
-    sweep_dead_letters,
-)
 
 __all__ = [
     "EMPTY_FILE",
@@ -94,6 +94,7 @@ __all__ = [
     "EpochPart",
     "EpochStore",
     "epoch_positions",
+    "lineage_state",
 ]
 
 log = logging.getLogger(__name__)
@@ -216,7 +217,7 @@ class EpochStore:
 
     def prior(self, query: str, batch: int) -> PriorBatch | None:
         """Completed batch ``batch`` of ``query`` as the next batch's tasks read it
-        (its summary: O(1) files, see :mod:`weir.runtime.spark.prior`); None if it is
+        (its summary: O(1) files, see :mod:`weir.checkpoint.epoch_prior`); None if it is
         not complete."""
         return read_prior(self.query_storage(query), self.uid, batch)
 
@@ -401,7 +402,7 @@ class EpochStore:
         coordinator = CheckpointCoordinator(storage, retained=self.retained, clean_up=False)
         coordinator.enforce_retention(self.pinned(storage))
         retained = coordinator.completed_checkpoints
-        if len(retained) >= self.retained:  # (weir.runtime.spark.retention)
+        if len(retained) >= self.retained:  # (weir.checkpoint.epoch_retention)
             drop_superseded_queries(self, query, batch)
         if batch % DEAD_LETTER_SWEEP_BATCHES == 0:
             sweep_dead_letters(self, self.dead_letter_retention_ms)
@@ -494,3 +495,23 @@ def read_completed(storage: CheckpointStorage, batch: int) -> CompletedCheckpoin
     where = f"{storage.url.rstrip('/')}/{path}"
     meta = decode_metadata(storage.read_bytes(path, where), where)
     return CompletedCheckpoint(storage, f"chk-{batch}", meta)
+
+
+def lineage_state(
+    store: EpochStore, lineage: Lineage, head: Claim | None = None,
+) -> tuple[CompletedCheckpoint | None, str]:
+    """The stage's current state: the head claim's newest completed checkpoint, or
+    the state the claim started from; with a description for messages."""
+    head = head if head is not None else lineage.head()
+    if head is None:
+        return None, "empty state (the stage was never run here)"
+    if head.kind == QUERY and head.query is not None:
+        ids = [i for i in store.completed_ids(head.query) if i >= (head.batch or 0)]
+        if ids:
+            found = store.completed(head.query, ids[-1])
+            if found is not None:
+                return found, (f"checkpoint {ids[-1]} of query {head.query} "
+                               f"({store.describe(head.query, ids[-1])})")
+    if head.source is None:
+        return None, f"empty state ({head.source_note})"
+    return load_checkpoint(head.source, verify=False), head.source_note

@@ -26,7 +26,7 @@ from weir.checkpoint.ownership import Lineage, wall_ms
 from weir.errors import CorruptCheckpointError
 
 if TYPE_CHECKING:
-    from weir.runtime.spark.epochs import EpochStore
+    from weir.checkpoint.epochs import EpochStore
 
 __all__ = ["DEAD_LETTER_SWEEP_BATCHES", "drop_superseded_queries", "sweep_dead_letters"]
 
