@@ -42,9 +42,12 @@ def test_checkpoint_list_shows_every_checkpoint_with_readable_times(
     listed = weir("checkpoint", "list", str(root), "--json")
     assert listed.returncode == 0, listed.stderr
     rows = json.loads(listed.stdout)
-    assert [(r["id"], r["status"], r["uids"]) for r in rows] == [
+    assert [(r["checkpoint_id"], r["status"], r["operators"]) for r in rows] == [
         (c.checkpoint_id, "completed", ["everything"]) for c in done]
-    assert [r["bytes"] for r in rows] == [c.metadata.total_bytes for c in done]
+    assert [r["state_size"] for r in rows] == [c.metadata.total_bytes for c in done]
+    # one statistics model: the rows are what weir ui shows (and JobClient.checkpoints())
+    page = json.loads(weir("ui", str(root), "--json").stdout)
+    assert rows == page["checkpoints"]
     table = weir("checkpoint", "list", str(root))
     assert table.returncode == 0, table.stderr
     assert "completed" in table.stdout and "Z" in table.stdout  # a UTC time, not raw ms

@@ -125,7 +125,7 @@ def command_line(job: Any) -> None:
         time.sleep(0.05)
     shown = cli.invoke(app, ["job", "metrics", job.query_address, "--json"], env=env)
     assert shown.exit_code == 0, shown.output
-    tasks = {(m["vertex"], m["subtask"]) for m in json.loads(shown.output)}
+    tasks = {(m["operator"], m["subtask"]) for m in json.loads(shown.output)}
     assert tasks == {("numbers", 0), ("count", 0), ("count", 1)}
     shown = cli.invoke(app, ["job", "checkpoints", job.query_address], env=env)
     assert shown.exit_code == 0 and "completed" in shown.output, shown.output

@@ -24,6 +24,7 @@ from spark_support import (  # type: ignore[import-not-found]
 )
 from weir.checkpoint.stats import CheckpointStats, CheckpointStatus
 from weir.stream import JobClient as StreamJobClient
+from weir.stream import TaskMetrics
 
 VERBS = ("trigger_savepoint", "stop_with_savepoint", "checkpoints", "metrics", "cancel", "wait")
 
@@ -87,4 +88,8 @@ def test_a_spark_query_takes_savepoints_and_reports_checkpoints_like_a_continuou
                and s.operators == ("count",) and s.state_size and s.end_to_end_duration_ms
                is not None for s in stats)
     assert {s.subtask for s in stats[0].subtasks} == {0, 1}
-    assert set(job.metrics()) == {"count"}
+    (metrics,) = job.metrics()  # one shape on both runtimes: TaskMetrics, a stage's sum
+    assert isinstance(metrics, TaskMetrics) and (metrics.operator, metrics.subtask) == (
+        "count", None)
+    assert metrics.state_entries == 30 and metrics.state_size and metrics.batch is not None
+    assert metrics.records_in is not None and metrics.records_in_per_s >= 0

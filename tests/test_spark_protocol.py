@@ -925,7 +925,7 @@ def test_12_stop_with_savepoint_drain_fires_every_event_time_timer_once_into_the
     assert sum(m["records"] for m in metrics) == 400
     assert sum(m["timers_fired"] for m in metrics) == len(fired) == 20
     assert sum(m["outputs"] for m in metrics) == 20
-    assert all(m["checkpoint_bytes"] > 0 for m in metrics if m["records"])
+    assert all(m["checkpointed_size"] > 0 for m in metrics if m["records"])
     for i in range(2):
         with KeyedOperatorHarness.restore(Sessions(), lambda v: v["key"],
                                           weir.load_checkpoint(target), uid="sessions",

@@ -80,7 +80,8 @@ def test_a_checkpoint_location_reads_each_stages_current_or_chosen_state(
                              location, "--json"], capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
     rows = json.loads(listed.stdout)
-    assert [(r["query"] == q1, r["id"], r["uids"]) for r in rows if r["status"] == "completed"
+    assert [(r["query"] == q1, r["checkpoint_id"], r["operators"]) for r in rows
+            if r["status"] == "completed"
             ] == [(True, 0, ["count"]), (True, 1, ["count"]), (False, 0, ["count"])]
 
 

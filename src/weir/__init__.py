@@ -72,6 +72,7 @@ from weir.checkpoint import (
     CompletedCheckpoint,
     load_checkpoint,
 )
+from weir.checkpoint.stats import CheckpointStats, CheckpointStatus, SubtaskCheckpointStats
 from weir.connectors.dead_letters import read_dead_letters
 from weir.errors import (
     CheckpointError,
@@ -103,6 +104,7 @@ from weir.processor.reader import StateInfo, StateReader, StateScope, read_state
 from weir.processor.writer import write_savepoint
 from weir.runtime.continuous.queries import QueryableStateClient
 from weir.runtime.drivers import take_checkpoint, take_savepoint
+from weir.runtime.task_metrics import TaskMetrics
 from weir.state.keygroups import KeyGroupRange
 from weir.state.snapshot import OperatorSubtaskSnapshot, RedistributionMode
 
@@ -116,6 +118,10 @@ __all__ = [
     "LateRecords",
     "RocksDBStateBackend",
     "SnapshotStrategy",
+    "CheckpointStats",
+    "CheckpointStatus",
+    "SubtaskCheckpointStats",
+    "TaskMetrics",
     "read_state",
     "read_dead_letters",
     "write_savepoint",

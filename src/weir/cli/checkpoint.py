@@ -67,8 +67,10 @@ def checkpoint_list(
     location: Annotated[str, typer.Argument(help=_LOCATION_HELP)],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead.")] = False,
 ) -> None:
-    """List the checkpoints in a location: query, operator uids, id, status, time,
-    duration and size (a Spark checkpoint_location: every stage and query).
+    """List the checkpoints in a location: query, operator uids, id, status, completion
+    time, end-to-end duration, checkpointed size (uploaded) and state size (a Spark
+    checkpoint_location: every stage and query). --json: the statistics of weir ui and
+    JobClient.checkpoints(), with each subtask's part.
 
     Example: weir checkpoint list /data/chk/fraud --json
     """
@@ -81,22 +83,24 @@ def checkpoint_list(
         Console(stderr=True).print(f"[red]cannot read {location}:[/red] {exc}")
         raise typer.Exit(1) from None
     if as_json:
-        print_json(rows)
+        print_json([row.as_json() for row in rows])
         return
     table = Table(title=f"checkpoints in {escape(location)}")
-    for col in ("query", "operators", "id", "status", "completed", "duration", "changed",
-                "size", "files"):
-        table.add_column(col, justify="right" if col in ("id", "changed", "size", "files")
-                         else "left", overflow="fold")
+    for col in ("query", "operators", "id", "status", "completed", "duration",
+                "checkpointed", "state size", "files"):
+        table.add_column(col, justify="right" if col in ("id", "checkpointed", "state size",
+                                                         "files") else "left",
+                         overflow="fold")
     for row in rows:
         table.add_row(
-            escape(row["query"] or "-"), escape(", ".join(row["uids"]) or "-"), str(row["id"]),
-            row["status"],
-            readable_time(row["completed_ms"]),
-            "-" if row["duration_ms"] is None else f"{row['duration_ms']:.0f} ms",
-            "-" if row["changed_bytes"] is None else readable_size(row["changed_bytes"]),
-            "-" if row["bytes"] is None else readable_size(row["bytes"]),
-            "-" if row["files"] is None else str(row["files"]),
+            escape(row.query or "-"), escape(", ".join(row.operators) or "-"),
+            str(row.checkpoint_id), row.status.value,
+            readable_time(row.completed_timestamp_ms),
+            "-" if row.end_to_end_duration_ms is None
+            else f"{row.end_to_end_duration_ms:.0f} ms",
+            "-" if row.checkpointed_size is None else readable_size(row.checkpointed_size),
+            "-" if row.state_size is None else readable_size(row.state_size),
+            "-" if row.files is None else str(row.files),
         )
     wide_console().print(table)
 

@@ -62,7 +62,7 @@ def metrics(address: Address, secret: Secret, json: Json = False) -> None:
                 "backlog out", "watermark"):
         table.add_column(col, justify="left" if col == "task" else "right")
     for m in rows:
-        table.add_row(f"{m['vertex']}[{m['subtask']}]", _pct(m["backpressured"]),
+        table.add_row(f"{m['operator']}[{m['subtask']}]", _pct(m["backpressured"]),
                       _pct(m["idle"]), _pct(m["busy"]), f"{m['records_in_per_s']:,.0f}",
                       f"{m['records_out_per_s']:,.0f}", str(m["input_queued"]),
                       str(m["output_backlog"]),

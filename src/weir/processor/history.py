@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from weir.checkpoint.stats import CheckpointStats, CheckpointStatus, SubtaskCheckpointStats
+from weir.checkpoint.stats import CheckpointStats, CheckpointStatus
 from weir.processor.catalog import list_checkpoints
 
 __all__ = ["History", "Stat", "checkpoint_history", "operator_summary"]
@@ -72,38 +72,22 @@ class History:
         }
 
 
-def _stats(row: dict[str, Any]) -> CheckpointStats:
-    subtasks = tuple(
-        SubtaskCheckpointStats(
-            sub["uid"], sub["subtask"], alignment_ms=sub["alignment_ms"],
-            sync_ms=sub["sync_ms"], async_ms=sub["async_ms"], state_size=sub["bytes"],
-            checkpointed_size=sub["new_bytes"], entries=sub["entries"])
-        for sub in row["subtasks"])
-    return CheckpointStats(
-        row["id"], row["kind"], CheckpointStatus(row["status"]), row["triggered_ms"],
-        completed_timestamp_ms=row["completed_ms"], end_to_end_duration_ms=row["duration_ms"],
-        state_size=row["bytes"], checkpointed_size=row["changed_bytes"],
-        channel_state_bytes=row["channel_state_bytes"], files=row["files"],
-        location=row["url"], query=row["query"], operators=tuple(row["uids"]),
-        subtasks=subtasks)
-
-
 def checkpoint_history(location: str, *, limit: int | None = 100,
                        storage_options: dict[str, Any] | None = None) -> History:
     """The history of ``location`` (what :func:`~weir.processor.catalog.list_checkpoints`
     reads): the newest ``limit`` checkpoints (``None``: all) by completion, each with its
     subtasks' costs; counts by status and the min/avg/max summary over the completed
     checkpoints shown."""
-    rows = list_checkpoints(location, storage_options=storage_options)
+    entries = list_checkpoints(location, storage_options=storage_options)
     counts: dict[str, int] = {}
-    for row in rows:
-        counts[row["status"]] = counts.get(row["status"], 0) + 1
-    rows.sort(key=lambda r: (r["completed_ms"] is None, r["completed_ms"] or 0,
-                             r["query"] or "", r["id"]))
+    for entry in entries:
+        counts[entry.status.value] = counts.get(entry.status.value, 0) + 1
+    entries.sort(key=lambda e: (e.completed_timestamp_ms is None, e.completed_timestamp_ms or 0,
+                                e.query or "", e.checkpoint_id))
     if limit is not None:
-        done = [r for r in rows if r["completed_ms"] is not None]
-        rows = done[-limit:] + [r for r in rows if r["completed_ms"] is None][-limit:]
-    entries = [_stats(row) for row in rows]
+        done = [e for e in entries if e.completed_timestamp_ms is not None]
+        entries = (done[-limit:]
+                   + [e for e in entries if e.completed_timestamp_ms is None][-limit:])
     done_entries = [e for e in entries if e.status is CheckpointStatus.COMPLETED]
     summary = {
         "end_to_end_duration_ms": Stat.of([e.end_to_end_duration_ms for e in done_entries

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weir.errors import ConfigurationError, QueryError
-from weir.runtime.continuous.metrics import TaskMetrics
 from weir.runtime.continuous.queries import QueryServer
 from weir.runtime.continuous.stats import CheckpointStats, CheckpointStatus
+from weir.runtime.task_metrics import TaskMetrics
 
 if TYPE_CHECKING:
     from weir.runtime.continuous.master import LocalJob

@@ -20,35 +20,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
+from weir.runtime.task_metrics import TaskMetrics
+
 __all__ = ["MetricsBoard", "TaskMetrics", "sample"]
-
-
-@dataclass(frozen=True)
-class TaskMetrics:
-    """One task's recent behaviour (over the interval between its last two heartbeats,
-    about a second)."""
-
-    vertex: str
-    subtask: int
-    #: fraction of the interval the task waited for downstream credit (0..1)
-    backpressured: float
-    #: fraction it waited for input, with none there (0..1)
-    idle: float
-    #: the rest: processing (0..1)
-    busy: float
-    records_in_per_s: float
-    records_out_per_s: float
-    #: buffers received and not yet processed, per input channel (in gate order)
-    input_queued: tuple[int, ...]
-    #: buffers waiting for credit, per output channel
-    output_backlog: tuple[int, ...]
-    #: the task's current event time (None: no watermark yet, or no event time)
-    watermark: int | None
-    #: when the task sampled these (wall clock, ms)
-    sampled_at_ms: int
 
 
 class _Gate(Protocol):
@@ -120,9 +96,9 @@ class MetricsBoard:
             pressured = min(1.0, max(0, new["backpressured_ns"] - old["backpressured_ns"]) / dt)
             idle = min(1.0 - pressured, max(0, new["idle_ns"] - old["idle_ns"]) / dt)
             out.append(TaskMetrics(
-                vertex, subtask, round(pressured, 4), round(idle, 4),
-                round(max(0.0, 1.0 - pressured - idle), 4),
-                round((new["in"] - old["in"]) * 1e9 / dt, 1),
-                round((new["out"] - old["out"]) * 1e9 / dt, 1),
-                tuple(new["queued"]), tuple(new["backlog"]), new["watermark"], new["ts"]))
+                vertex, subtask, round((new["in"] - old["in"]) * 1e9 / dt, 1),
+                round((new["out"] - old["out"]) * 1e9 / dt, 1), new["watermark"], new["ts"],
+                backpressured=round(pressured, 4), idle=round(idle, 4),
+                busy=round(max(0.0, 1.0 - pressured - idle), 4),
+                input_queued=tuple(new["queued"]), output_backlog=tuple(new["backlog"])))
         return out

@@ -15,6 +15,7 @@ one statistics model, :mod:`weir.checkpoint.stats`), :meth:`JobClient.metrics`,
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from weir.api.config import JobConfig
@@ -25,6 +26,7 @@ from weir.checkpoint.stats import CheckpointStats, checkpoint_stats
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import ConfigurationError
 from weir.runtime.spark.lifecycle import finish, savepoint, stop_with_savepoint
+from weir.runtime.task_metrics import TaskMetrics
 
 __all__ = ["JobClient"]
 
@@ -100,19 +102,44 @@ class JobClient:
                                                   query=query))
         return sorted(found, key=lambda s: (s.completed_timestamp_ms or 0, s.checkpoint_id))
 
-    def metrics(self) -> dict[str, dict[str, Any]]:
-        """Each stage's metrics of the newest batch that ran it (``weir:<uid>`` in
-        Spark's progress: records, outputs, late records, dead letters, timers fired,
-        state entries and bytes, checkpoint bytes and time), by uid."""
-        found: dict[str, dict[str, Any]] = {}
+    def metrics(self) -> list[TaskMetrics]:
+        """Each stage's metrics of the newest batch that ran it, in the shape of the
+        continuous runtime's (:class:`~weir.runtime.task_metrics.TaskMetrics`; subtask
+        None: summed over the stage's subtasks), from Spark's progress (``weir:<uid>``:
+        records, outputs, late records, dead letters, timers fired, state entries, the
+        checkpoint's state size, checkpointed size and duration), by uid."""
+        found: dict[str, TaskMetrics] = {}
         for progress in reversed(self.query.recentProgress):
             observed = getattr(progress, "observedMetrics", None) or {}
             for name, row in observed.items():
                 uid = name.removeprefix("weir:")
                 if name.startswith("weir:") and uid not in found:
-                    found[uid] = row.asDict() if hasattr(row, "asDict") else dict(row)
-        return found
+                    values = row.asDict() if hasattr(row, "asDict") else dict(row)
+                    found[uid] = _stage_metrics(uid, progress, values)
+        return [found[uid] for uid in sorted(found)]
 
     def __repr__(self) -> str:
         return f"JobClient(query={self.job_name!r}, storage={self.config.storage!r})"
 
+
+def _stage_metrics(uid: str, progress: Any, values: dict[str, Any]) -> TaskMetrics:
+    """One stage's observed metrics of one batch as :class:`TaskMetrics`."""
+    seconds = max(float(getattr(progress, "batchDuration", 0) or 0), 1.0) / 1000
+    started = getattr(progress, "timestamp", None)
+    try:
+        at_ms = int(datetime.fromisoformat(str(started).replace("Z", "+00:00"))
+                    .timestamp() * 1000)
+    except ValueError:
+        at_ms = 0
+    count = {name: int(values.get(name, 0) or 0) for name in (
+        "records", "outputs", "late_records", "dead_letters", "timers_fired",
+        "state_entries", "state_size", "checkpointed_size", "subtasks", "restored")}
+    return TaskMetrics(
+        uid, None, round(count["records"] / seconds, 1), round(count["outputs"] / seconds, 1),
+        None, at_ms, batch=int(getattr(progress, "batchId", -1)),
+        records_in=count["records"], records_out=count["outputs"],
+        late_records=count["late_records"], dead_letters=count["dead_letters"],
+        timers_fired=count["timers_fired"], state_entries=count["state_entries"],
+        state_size=count["state_size"], checkpointed_size=count["checkpointed_size"],
+        checkpoint_duration_ms=float(values.get("checkpoint_duration_ms", 0) or 0),
+        subtasks=count["subtasks"], restored=count["restored"])

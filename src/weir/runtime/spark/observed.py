@@ -23,12 +23,17 @@ observes the sums (checkpoint time: the slowest subtask) under the name
                     ``weir.runtime.checkpointer``). Every subtask runs in a batch
                     with input (each gets a clock row), so the sum is the stage's
                     total
-``state_bytes``     bytes of the checkpoint's state files after the batch
-``checkpoint_bytes`` bytes this batch's checkpoint wrote
-``checkpoint_ms``   the slowest subtask's checkpoint (synchronous part and upload)
+``state_size``      bytes of the checkpoint's state files after the batch
+``checkpointed_size`` bytes this batch's checkpoint wrote
+``checkpoint_duration_ms`` the slowest subtask's checkpoint (synchronous part and upload)
 ``restored``        subtasks that restored from storage (not the worker's live copy)
 ``subtasks``        subtasks that ran with rows
 ==================  =============================================================
+
+The checkpoint's names are those of the one statistics model
+(:mod:`weir.checkpoint.stats`, Flink's): ``state_size`` and ``checkpointed_size`` are
+the batch's checkpoint's, summed over its subtasks, as ``JobClient.checkpoints()``,
+``weir checkpoint list`` and ``weir ui`` show them.
 
 A subtask with no row in a batch does not run, so an idle batch shows zeros. The
 output columns of a stage are nullable (the metrics row has no user values).
@@ -50,7 +55,7 @@ __all__ = ["METRICS", "METRIC_NAMES", "metrics_batch", "observe", "with_metrics_
 METRICS = "__weir_metrics"
 #: the summed metrics (counts)
 METRIC_NAMES = ("records", "outputs", "late_records", "dead_letters", "timers_fired",
-                "state_entries", "state_bytes", "checkpoint_bytes", "restored")
+                "state_entries", "state_size", "checkpointed_size", "restored")
 _ARROW = pa.map_(pa.string(), pa.float64())
 
 
@@ -71,7 +76,7 @@ def with_metrics_column(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 def metrics_batch(schema: pa.Schema, values: dict[str, Any]) -> pa.RecordBatch:
     """The one metrics row of a task: nulls in the user's columns of ``schema``."""
-    row = [(n, float(values.get(n, 0))) for n in (*METRIC_NAMES, "checkpoint_ms")]
+    row = [(n, float(values.get(n, 0))) for n in (*METRIC_NAMES, "checkpoint_duration_ms")]
     return pa.RecordBatch.from_arrays(
         [*(pa.nulls(1, f.type) for f in schema), pa.array([row], _ARROW)],
         names=[*schema.names, METRICS])
@@ -85,6 +90,7 @@ def observe(df: DataFrame, uid: str) -> DataFrame:
     metric = F.col(METRICS)
     sums = [F.coalesce(F.sum(metric[n]), F.lit(0)).cast("long").alias(n)
             for n in METRIC_NAMES]
-    slowest = F.coalesce(F.max(metric["checkpoint_ms"]), F.lit(0.0)).alias("checkpoint_ms")
+    slowest = F.coalesce(F.max(metric["checkpoint_duration_ms"]), F.lit(0.0)).alias(
+        "checkpoint_duration_ms")
     observed = df.observe(f"weir:{uid}", *sums, slowest, F.count(metric).alias("subtasks"))
     return observed.filter(metric.isNull()).drop(METRICS)

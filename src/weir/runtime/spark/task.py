@@ -303,9 +303,9 @@ class _Task:
         return {
             **self.counts, "late_records": self.counts["late"], "dead_letters": len(self.dead),
             "state_entries": stats.entries if stats else 0,
-            "state_bytes": stats.bytes if stats else 0,
-            "checkpoint_bytes": stats.new_bytes if stats else 0,
-            "checkpoint_ms": self.buffers.get("snapshot_ms", 0.0),
+            "state_size": stats.bytes if stats else 0,
+            "checkpointed_size": stats.new_bytes if stats else 0,
+            "checkpoint_duration_ms": self.buffers.get("snapshot_ms", 0.0),
             "restored": int(self.restored),
         }
 
