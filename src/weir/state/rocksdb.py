@@ -37,11 +37,11 @@ from weir.state.backend import (
 )
 from weir.state.keycontext import KeyContext
 from weir.state.keygroups import KeyGroupRange
+from weir.state.rocksdb_map_table import RocksMapTable
 from weir.state.rocksdb_options import RocksDBMemory, db_options, open_db, shared_memory_usage
 from weir.state.rocksdb_tables import (
     EntryWriter,
     RocksListTable,
-    RocksMapTable,
     RocksValueTable,
     count_keys,
 )

@@ -18,7 +18,8 @@ that reads RocksDB other than by one key — key iteration, full snapshots, nati
 checkpoints, compaction, restores — flushes first (the backend calls :meth:`flush`),
 so RocksDB is the state whenever anything else looks at it; an asynchronous snapshot
 (``frozen_sources``) instead lays a copy of the dirty entries over a RocksDB snapshot.
-Map states read and write RocksDB directly: their reads are prefix scans.
+Map states read and write RocksDB directly: their reads are prefix scans
+(:mod:`weir.state.rocksdb_map_table`).
 
 **Whole tables.** A miss costs a RocksDB get even for a key RocksDB does not hold (every
 key's first record), and a restored subtask (on Spark: each time a subtask's task runs in
@@ -47,7 +48,7 @@ list state, and a dict lookup per write on a map state:
 * anything else scans the column family (an entry costs about a tenth of a get):
   the first count after a table was made, restored or written without an entry cache
   (``cache_entries`` 0), and a count kept at more cost since the last count than
-  half a scan (:data:`_GET_COST` entries a get or a seek) — the count is given up
+  half a scan (:data:`GET_COST` entries a get or a seek) — the count is given up
   then, so a kept count never costs much more than the scan it saves.
 """
 
@@ -59,26 +60,23 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from weir.api.serializers import Serializer
-from weir.api.state import ListState, MapState, ValueState
+from weir.api.state import ListState, ValueState
 from weir.errors import StateError
 from weir.state._hashcore import RocksPointCore, RocksValueCore
 from weir.state.backend import (
     EntryFilter,
     ListTable,
-    MapTable,
     ValueTable,
-    decode_checked,
-    encode_checked,
     frame,
     frame_append,
     frame_items,
-    split_map_key,
     unframe,
 )
 from weir.state.keycontext import KeyContext
 from weir.state.rocksdb_changes import ChangeRecord
 
-__all__ = ["EntryWriter", "RocksListTable", "RocksMapTable", "RocksValueTable", "successor"]
+__all__ = ["GET_COST", "EntryWriter", "RocksListTable", "RocksTable", "RocksValueTable",
+           "count_budget", "count_keys", "successor"]
 
 #: writes a table's dirty entries (None: delete) to its column family in one batch
 EntryWriter = Callable[[dict[bytes, bytes | None]], None]
@@ -90,7 +88,7 @@ _MISSING: Any = object()
 _ESTIMATE_SLACK = 4
 #: what a RocksDB get, or a seek, costs in entries a scan reads (measured 6-10: a get
 #: 1.5-6 µs, a scanned entry 0.16-2 µs, the more versions per key the more)
-_GET_COST = 8
+GET_COST = 8
 #: the least a count may cost to keep between two counts, in scanned entries
 _MIN_BUDGET = 4096
 
@@ -100,7 +98,7 @@ def count_keys(cf: Any) -> int:
     return sum(1 for _ in cf.keys())  # noqa: SIM118 - an Rdict is not iterable
 
 
-def _budget(count: int) -> int:
+def count_budget(count: int) -> int:
     """What keeping a count of ``count`` entries may cost between two counts, in
     scanned entries, before it is given up for a scan: half a scan."""
     return max(_MIN_BUDGET, count // 2)
@@ -114,7 +112,7 @@ def successor(prefix: bytes) -> bytes | None:
     return stripped[:-1] + bytes([stripped[-1] + 1])
 
 
-class _RocksTable(ChangeRecord):
+class RocksTable(ChangeRecord):
     def __init__(self, name: str, ctx: KeyContext, cf: Any, serializer: Serializer[Any]):
         self.name = name
         self._ctx = ctx
@@ -183,7 +181,7 @@ class _RocksTable(ChangeRecord):
         raise NotImplementedError
 
 
-class _PointTable(RocksPointCore, _RocksTable):
+class _PointTable(RocksPointCore, RocksTable):
     """A state with one stored entry per key, read and written through the entry
     cache (see the module's docstring). Its fields are slots of ``RocksPointCore``
     (``_rockscore.c``), which the value state's C fast path reads."""
@@ -311,8 +309,8 @@ class _PointTable(RocksPointCore, _RocksTable):
         written): one multi-get says which keys RocksDB holds now."""
         count = self._count
         assert count is not None
-        self._count_spent += _GET_COST * len(batch)
-        if self._count_spent > _budget(count):
+        self._count_spent += GET_COST * len(batch)
+        if self._count_spent > count_budget(count):
             self._count = None  # the next entry_count scans: cheaper than the gets
             return
         before = self._cf.get(list(batch))
@@ -491,163 +489,3 @@ class RocksListTable(_PointTable, ListTable, ListState[Any]):
             self._store(key, frame((self._encode(v) for v in values), self._inline))
         else:
             self._store(key, None)
-
-
-class RocksMapTable(_RocksTable, MapTable, MapState[Any, Any]):
-    is_map = True
-
-    def __init__(
-        self,
-        name: str,
-        ctx: KeyContext,
-        cf: Any,
-        key_serializer: Serializer[Any],
-        serializer: Serializer[Any],
-    ):
-        super().__init__(name, ctx, cf, serializer)
-        self._key_serializer = key_serializer
-        #: the entries of the state when it was last counted (None: not known), and
-        #: per key written since, its number of entries before its first write (None
-        #: exactly when the count is not known); see "Counting entries"
-        self._count: int | None = None
-        self._before: dict[bytes, int] | None = None
-        #: what the first writes' prefix scans may still cost before the count is given
-        #: up (in scanned entries)
-        self._count_budget = 0
-
-    def _user_key(self, user_key: Any) -> bytes:
-        return encode_checked(self.name, self._key_serializer, user_key)
-
-    def get(self, user_key: Any, default: Any = None) -> Any:
-        data = self._cf.get(self._current() + self._user_key(user_key))
-        return default if data is None else self._decode(data)
-
-    def put(self, user_key: Any, value: Any) -> None:
-        key = self._current()
-        before = self._before  # (inline: the hot write)
-        if before is not None and key not in before:
-            self._first_write(key)
-        self._cf.put(key + self._user_key(user_key), self._encode(value))
-        if self._touched is not None:  # (inline: the hot write)
-            self._touched.add(key)
-
-    def _will_write(self, key: bytes) -> None:
-        """Call before writing any entry of prefixed key ``key``."""
-        before = self._before
-        if before is not None and key not in before:
-            self._first_write(key)
-
-    def _first_write(self, key: bytes, entries: int | None = None) -> None:
-        """Keep ``key``'s number of entries before its first write since the count
-        (``entries`` if known), or give the kept count up once it cost its budget."""
-        before = self._before
-        assert before is not None
-        if entries is None:
-            entries = self._prefix_count(key)
-        # (its count now, at the next entry_count, costs about as much again)
-        self._count_budget -= 2 * (_GET_COST + entries)
-        if self._count_budget < 0:
-            self._count = self._before = None  # the next entry_count scans
-            return
-        before[key] = entries
-
-    def _prefix_count(self, prefix: bytes) -> int:
-        it = self._cf.iter()
-        it.seek(prefix)
-        n = 0
-        while it.valid() and it.key().startswith(prefix):
-            n += 1
-            it.next()
-        return n
-
-    def entry_count(self) -> int:
-        before, count = self._before, self._count
-        if before is None or count is None:
-            count = count_keys(self._cf)
-        else:
-            count += sum(self._prefix_count(key) - n for key, n in before.items())
-        self._count, self._before = count, {}
-        self._count_budget = _budget(count)
-        return count
-
-    def drop_cache(self) -> None:
-        # (RocksDB was written around the table, or replaced: count again)
-        self._count = self._before = None
-
-    def stored(self, key: bytes, data: bytes | None) -> None:
-        # (a compaction filter rewrote or deleted an entry RocksDB held)
-        if data is None and self._before is not None and self._count is not None:
-            primary = split_map_key(key)[0]
-            if primary not in self._before:  # (else its recount sees the delete)
-                self._count -= 1
-
-    def remove(self, user_key: Any) -> None:
-        self.remove_at(self._current(), user_key)
-
-    def contains(self, user_key: Any) -> bool:
-        return self._cf.get(self._current() + self._user_key(user_key)) is not None
-
-    def items(self) -> Iterator[tuple[Any, Any]]:
-        return iter(self.items_at(self._current()))
-
-    def is_empty(self) -> bool:
-        prefix = self._current()
-        return next(self._scan(prefix), None) is None
-
-    def clear(self) -> None:
-        self.clear_at(self._current())
-
-    def clear_at(self, key: bytes) -> None:
-        self._will_write(key)
-        self._touch(key)
-        end = successor(key)
-        if end is None:
-            for composite, _ in list(self._scan(key)):
-                self._cf.delete(composite)
-        else:
-            self._cf.delete_range(key, end)
-
-    def keys_snapshot(self) -> list[bytes]:
-        out: list[bytes] = []
-        last = None
-        for composite in self._cf.keys():  # noqa: SIM118 - Rdict iteration is not raw-mode safe
-            if last is not None and composite.startswith(last):
-                continue
-            last = split_map_key(composite)[0]
-            out.append(last)
-        return out
-
-    def _state_key(self, stored_key: bytes) -> bytes:
-        return split_map_key(stored_key)[0]
-
-    def filter_at(self, key: bytes, keep: EntryFilter) -> int:
-        dropped = 0
-        entries = list(self._scan(key))
-        for composite, data in entries:
-            if keep(composite, data) is None:
-                if not dropped and self._before is not None and key not in self._before:
-                    self._first_write(key, len(entries))
-                self._cf.delete(composite)
-                self._touch(key)
-                dropped += 1
-        return dropped
-
-    def items_at(self, key: bytes) -> list[tuple[Any, Any]]:
-        n = len(key)
-        name, kser, decode = self.name, self._key_serializer, self._decode
-        return [
-            (decode_checked(name, kser, composite[n:]), decode(data))
-            for composite, data in self._scan(key)
-        ]
-
-    def remove_at(self, key: bytes, user_key: Any) -> None:
-        composite = key + self._user_key(user_key)
-        self._will_write(key)
-        self._cf.delete(composite)
-        self._touch(key)
-
-    def put_at(self, key: bytes, user_key: Any, value: Any) -> None:
-        composite, data = key + self._user_key(user_key), self._encode(value)
-        self._will_write(key)
-        self._cf.put(composite, data)
-        self._touch(key)
