@@ -18,7 +18,7 @@ from continuous_helpers import Count, Running, by_value, check_exactly_once, key
 from weir import connectors as wc
 from weir.api.checkpointing import CheckpointConfig, SnapshotStrategy
 from weir.checkpoint.format import KeyedChangelogHandle, KeyedIncrementalHandle
-from weir.connectors.stream import SequenceSource, read_stream_sink
+from weir.connectors.stream import FileSink, SequenceSource, read_stream_sink
 from weir.runtime.continuous.graph import JobGraph
 from weir.runtime.continuous.master import LocalJob
 from weir.state.rocksdb_options import RocksDBMemory
@@ -304,3 +304,25 @@ def test_a_record_goes_on_as_soon_as_its_task_is_idle_not_after_the_buffer_timeo
     LocalJob(graph, CheckpointConfig()).run(timeout_s=120)
     assert seen.read_text() == ("yes" if flush_when_idle else "no")
     assert arrived.exists()  # (the end of input sends it in any case)
+
+
+@pytest.mark.parametrize("retained", [1, 5])
+def test_the_environment_keeps_the_number_of_checkpoints_configured(
+    tmp_path: Path, retained: int
+) -> None:
+    """``CheckpointConfig(retained=N)`` (Flink's ``state.checkpoints.num-retained``) on
+    the continuous runtime: once the job is done, its storage holds exactly the ``N``
+    newest completed checkpoints."""
+    env = weir.stream.StreamEnvironment(weir.JobConfig(
+        tmp_path / "chk", parallelism=2, max_parallelism=32,
+        checkpointing=CheckpointConfig(interval=20, retained=retained)))
+    (env.from_source(SequenceSource(60_000, 40_000), uid="numbers")  # (1.5 s)
+        .key_by(lambda v: v % 50)
+        .process(Count(), uid="count")
+        .sink_to(FileSink(tmp_path / "out"), uid="sink"))
+    result = env.execute("count", timeout="120 s")
+    assert len(result.completed) > retained  # (more completed than are kept)
+    kept = sorted(int(p.parent.name.removeprefix("chk-"))
+                  for p in (tmp_path / "chk").glob("chk-*/_metadata"))
+    assert kept == result.completed[-retained:]
+    check_exactly_once(tmp_path, 60_000)

@@ -27,7 +27,7 @@
     ├── OwnershipError              a checkpoint storage is owned by another running run
     │   └── FencedError             this run lost the storage to a newer owner
     ├── TaskPlacementError          a Spark task got rows of key groups it does not own
-    ├── RestartsExhaustedError      a supervised query failed and its restart strategy gives up
+    ├── RestartsExhaustedError      a supervised query or job failed; its restart strategy gives up
     ├── ChannelError                a continuous-runtime channel failed: peer gone, bad secret,
     │                               malformed frame
     ├── UserFunctionError           a user's function raised: its exception first, then the
@@ -206,8 +206,9 @@ class TaskPlacementError(WeirError):
 
 
 class RestartsExhaustedError(WeirError):
-    """A supervised streaming query (:func:`weir.spark.supervise`) failed once more than
-    its restart strategy allows; chained from the query's last error."""
+    """A supervised streaming query (:func:`weir.spark.supervise`) or continuous job
+    (:func:`weir.stream.supervise`) failed once more than its restart strategy allows;
+    chained from the last error."""
 
 
 class ChannelError(WeirError):

@@ -55,6 +55,7 @@ import re
 import socket
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,7 +72,7 @@ from weir.errors import (
     WeirError,
 )
 
-__all__ = ["JobOwnership", "RestorePoint", "new_savepoint_directory"]
+__all__ = ["JobOwnership", "RestorePoint", "new_savepoint_directory", "storage_state"]
 
 log = logging.getLogger("weir.checkpoint")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -272,42 +273,27 @@ class JobOwnership:
             f"one another checkpoint_storage (to start from that job's state, pass "
             f"restore_from=<a savepoint of it>)")
 
+    def _load(self, url: str) -> CompletedCheckpoint:
+        """A checkpoint or savepoint the storage's history names, opened with the
+        storage's options."""
+        return load_checkpoint(url, storage_options=self.storage.storage_options)
+
     def _current(self, head: Claim | None) -> RestorePoint:
-        """The storage's current state (see the module doc)."""
-        if head is not None and self.lineage.discarded(head):
-            return RestorePoint(None, f"empty state (run {head.query} was cancelled and "
-                                      f"deleted its checkpoints)")
-        stopped = None if head is None else self.lineage.record(head, "released").get(
-            "savepoint")
-        if isinstance(stopped, str):  # (its output is committed: go on from it)
-            found = load_checkpoint(stopped)
-            return RestorePoint(found, f"the savepoint run {head.query if head else None} "
-                                       f"stopped with ({found.url})")
-        mine = self._newest(None if head is None else head.token)
-        if mine is not None:
-            return RestorePoint(mine, f"checkpoint {mine.checkpoint_id} ({mine.url})")
-        if head is not None and head.source is not None and head.source_note == EXPLICIT:
-            return RestorePoint(load_checkpoint(head.source), f"restore_from {head.source} "
-                                f"(given to run {head.query})")
-        # the newest checkpoint of any owner: output of checkpoints up to it may be
-        # committed, and restoring it commits its own transactions once more at most
-        newest = self._newest(None)
-        if newest is not None:
-            return RestorePoint(newest, f"checkpoint {newest.checkpoint_id} ({newest.url})")
-        if head is not None and head.source is not None:
-            return RestorePoint(load_checkpoint(head.source), head.source_note)
+        """The storage's current state (see the module doc; :func:`storage_state`),
+        verified; none where the last run completed a checkpoint is an error."""
+        start = storage_state(self.lineage, head, self._newest, self._load)
+        if start.checkpoint is not None or head is None or self.lineage.discarded(head):
+            return start
         last = self._recorded(head, "last_completed", 0)
         if last:
             raise CorruptCheckpointError(
-                f"job {self.job!r}: run {head.query if head else None} completed "
-                f"checkpoint {last} in {self.storage.url}, but no completed checkpoint is "
-                f"there any more (deleted by hand, or by a lifecycle rule?). weir does not "
-                f"start from empty state by itself: its sinks committed that output. "
-                f"Restore the checkpoints, start from a savepoint with "
-                f"restore_from=<savepoint>, or start afresh with a new checkpoint_storage "
-                f"and new sink outputs")
-        return RestorePoint(None, "empty state" if head is None else
-                            f"empty state (run {head.query} completed no checkpoint)")
+                f"job {self.job!r}: run {head.query} completed checkpoint {last} in "
+                f"{self.storage.url}, but no completed checkpoint is there any more "
+                f"(deleted by hand, or by a lifecycle rule?). weir does not start from "
+                f"empty state by itself: its sinks committed that output. Restore the "
+                f"checkpoints, start from a savepoint with restore_from=<savepoint>, or "
+                f"start afresh with a new checkpoint_storage and new sink outputs")
+        return start
 
     def _newest(self, token: int | None) -> CompletedCheckpoint | None:
         """The newest completed checkpoint written under claim ``token`` (None: by any
@@ -408,3 +394,40 @@ class JobOwnership:
         except (OSError, CheckpointError) as exc:
             log.warning("weir: job %r: releasing %s failed (%s); the next run takes it "
                         "over once this driver is gone", self.job, self.storage.url, exc)
+
+
+def storage_state(
+    lineage: Lineage, head: Claim | None,
+    newest: Callable[[int | None], CompletedCheckpoint | None],
+    load: Callable[[str], CompletedCheckpoint],
+) -> RestorePoint:
+    """A job's checkpoint storage's current state (see the module doc): what its next
+    run restores, and what the state processor reads of the storage's root — the
+    savepoint the last run (``head``) stopped with, else that run's newest completed
+    checkpoint, else the savepoint it was given (``restore_from``), else the newest
+    completed checkpoint of any run, else what the run started from; empty after a
+    cancel that deleted the checkpoints. ``newest(token)`` is the newest completed
+    checkpoint under claim ``token`` (None: any), ``load(url)`` opens a savepoint."""
+    if head is not None and lineage.discarded(head):
+        return RestorePoint(None, f"empty state (run {head.query} was cancelled and "
+                                  f"deleted its checkpoints)")
+    stopped = None if head is None else lineage.record(head, "released").get("savepoint")
+    if isinstance(stopped, str):  # (its output is committed: go on from it)
+        found = load(stopped)
+        return RestorePoint(found, f"the savepoint run {head.query if head else None} "
+                                   f"stopped with ({found.url})")
+    mine = newest(None if head is None else head.token)
+    if mine is not None:
+        return RestorePoint(mine, f"checkpoint {mine.checkpoint_id} ({mine.url})")
+    if head is not None and head.source is not None and head.source_note == EXPLICIT:
+        return RestorePoint(load(head.source), f"restore_from {head.source} "
+                                               f"(given to run {head.query})")
+    # the newest checkpoint of any owner: output of checkpoints up to it may be
+    # committed, and restoring it commits its own transactions once more at most
+    anyone = newest(None)
+    if anyone is not None:
+        return RestorePoint(anyone, f"checkpoint {anyone.checkpoint_id} ({anyone.url})")
+    if head is not None and head.source is not None:
+        return RestorePoint(load(head.source), head.source_note)
+    return RestorePoint(None, "empty state" if head is None else
+                        f"empty state (run {head.query} completed no checkpoint)")

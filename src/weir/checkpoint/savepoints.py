@@ -1,6 +1,7 @@
-"""Savepoints of Spark stages: a completed checkpoint rewritten in the canonical,
-self-contained savepoint format (the same format ``weir.checkpoint.take_savepoint``
-writes, so a savepoint restores on any runtime, backend and parallelism).
+"""Savepoints of completed checkpoints (Spark stages', continuous jobs'): a completed
+checkpoint rewritten in the canonical, self-contained savepoint format (the same format
+``weir.checkpoint.take_savepoint`` writes, so a savepoint restores on any runtime,
+backend and parallelism).
 
 Full-format state is re-encoded as it is; an incremental RocksDB part is opened from
 its native files and read out in canonical key order.
@@ -14,6 +15,7 @@ import shutil
 import time
 from typing import Any
 
+from weir.checkpoint.channel_state import ChannelStateHandle
 from weir.checkpoint.coordinator import CompletedCheckpoint, PendingCheckpoint
 from weir.checkpoint.format import (
     METADATA_FILE,
@@ -31,7 +33,8 @@ from weir.state.keyed import KeyedStateStore
 from weir.state.rocksdb import RocksDBKeyedStateBackend
 from weir.state.snapshot import KeyedStateSnapshot, OperatorSubtaskSnapshot
 
-__all__ = ["canonical_keyed", "copy_subtask", "spark_offsets", "write_savepoint"]
+__all__ = ["canonical_keyed", "copy_channel_state", "copy_subtask", "spark_offsets",
+           "write_savepoint"]
 
 
 def canonical_keyed(keyed: KeyedStateSnapshot, owner: str) -> KeyedStateSnapshot:
@@ -81,9 +84,10 @@ def write_savepoint(
     """Write the operators of ``checkpoints`` (one per stage) as one savepoint into the
     directory ``target``; its URL. Each stage's Spark positions (and
     ``stage_positions[uid]``, e.g. Spark's source offsets) are kept under
-    ``source_positions["spark_stages"][uid]``. Nothing is left in ``target`` if it
-    fails: on a local disk the savepoint is written next to it and renamed into place;
-    elsewhere what was written is deleted."""
+    ``source_positions["spark_stages"][uid]``; a continuous job's checkpoint keeps its
+    source positions, the records it had in flight (unaligned) and its job lineage.
+    Nothing is left in ``target`` if it fails: on a local disk the savepoint is written
+    next to it and renamed into place; elsewhere what was written is deleted."""
     return write_new_directory(
         target, lambda storage: _write(checkpoints, storage, stage_positions or {}),
         storage_options=storage_options)
@@ -98,8 +102,18 @@ def _write(
         first.checkpoint_id, first.trigger_timestamp_ms, CheckpointKind.SAVEPOINT, storage, ""
     )
     stages: dict[str, Any] = {}
+    kept: dict[str, Any] = {}  # (source positions of checkpoints that are not Spark's)
+    spark = bool(stage_positions) or any(
+        {"spark", "spark_stages"} & set(c.metadata.source_positions) for c in checkpoints)
+    owner: dict[str, Any] = {}  # (the job lineage: its sinks accept the savepoint)
+    channels: dict[str, ChannelStateHandle] = {}
     for completed in checkpoints:
         meta = completed.metadata
+        if not spark:
+            kept.update(meta.source_positions)
+        if meta.owner.get("lineage"):
+            owner = {"lineage": meta.owner["lineage"]}
+        channels.update(copy_channel_state(completed, storage))
         for uid, op in sorted(meta.operators.items()):
             if uid in stages:
                 raise CheckpointError(f"operator {uid!r} appears in two checkpoints")
@@ -108,12 +122,15 @@ def _write(
             stages[uid] = {**dict(own or {}), **stage_positions.get(uid, {})}
             for handle in op.subtasks:
                 copy_subtask(completed, uid, op, handle, storage, pending)
-    positions_out: dict[str, Any] = {"spark_stages": stages}
-    if len(stages) == 1:
-        positions_out["spark"] = next(iter(stages.values()))
+    positions_out: dict[str, Any] = kept
+    if spark:
+        positions_out = {"spark_stages": stages}
+        if len(stages) == 1:
+            positions_out["spark"] = next(iter(stages.values()))
     done = CheckpointMetadata(
         first.checkpoint_id, CheckpointKind.SAVEPOINT, first.trigger_timestamp_ms,
         int(time.time() * 1000), pending._operators(), positions_out,
+        channel_state=channels, owner=owner,
     )
     storage.write(METADATA_FILE, encode_metadata(done))
 
@@ -134,3 +151,20 @@ def copy_subtask(
     prefix = f"{uid_dir(uid)}/{i}-savepoint"
     written = write_snapshot(own, storage, prefix, handle.key_group_range)
     pending.acknowledge(uid, op.parallelism, op.max_parallelism, written)
+
+
+def copy_channel_state(completed: CompletedCheckpoint, storage: CheckpointStorage
+                       ) -> dict[str, ChannelStateHandle]:
+    """The records ``completed`` (an unaligned checkpoint of the continuous runtime) had
+    in flight, its channel-state files copied into the savepoint ``storage``: its
+    sources' positions are past them, so a savepoint without them would lose them."""
+    out = {}
+    for vertex, handle in sorted(completed.metadata.channel_state.items()):
+        files = {}
+        for subtask, ref in sorted(handle.subtasks.items()):
+            data = completed.storage.read(
+                ref, f"{completed.url}: channel state of {vertex}[{subtask}]")
+            files[subtask] = storage.write(
+                f"_channels/{uid_dir(vertex)}/{subtask}-savepoint.channels", data)
+        out[vertex] = ChannelStateHandle(vertex, handle.parallelism, files)
+    return out

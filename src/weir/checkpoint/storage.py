@@ -159,6 +159,10 @@ class CheckpointStorage:
         else:
             root = fs._strip_protocol(url)
         self.url = url
+        #: what the filesystem was opened with (may hold credentials: never in a repr,
+        #: a log line or metadata); the checkpoints and savepoints a protocol restores
+        #: from the storage are opened with them too
+        self.storage_options: dict[str, Any] = dict(storage_options or {})
         self.fs: Any = fs
         self.root: str = root.rstrip("/") or "/"
         # fsync only on a plain local filesystem (wrappers do their own flushing)

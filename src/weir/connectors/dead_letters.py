@@ -232,11 +232,14 @@ class _StorageWriter(SinkWriter[Any]):
 class StorageDeadLetters(Sink[Any]):
     """The continuous runtime's default dead-letter sink: JSON lines under
     ``<storage>/dead-letter/`` of the checkpoint storage ``url``, exactly-once, deleted
-    after ``retention_ms`` (see the module doc)."""
+    after ``retention_ms`` (see the module doc), opened with the job's
+    ``storage_options`` (in the task processes too: they travel in the job graph)."""
 
-    def __init__(self, url: str, retention_ms: int) -> None:
+    def __init__(self, url: str, retention_ms: int,
+                 storage_options: dict[str, Any] | None = None) -> None:
         self.url = url
         self.retention_ms = retention_ms
+        self._storage_options = storage_options
         self._storages: dict[str, CheckpointStorage] = {}
         #: (in a task) the subtask writing, and checkpoints completed since it opened
         self._subtask: int | None = None
@@ -245,11 +248,15 @@ class StorageDeadLetters(Sink[Any]):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_storages": {}}  # (filesystems stay where they were made)
 
+    def __repr__(self) -> str:  # (never the options: they may hold credentials)
+        return f"{type(self).__name__}({self.url!r})"
+
     def storage(self, url: str) -> CheckpointStorage:
         """The checkpoint storage at ``url`` (one object per URL in a process)."""
         found = self._storages.get(url)
         if found is None:
-            found = self._storages[url] = CheckpointStorage(url)
+            found = self._storages[url] = CheckpointStorage(
+                url, storage_options=self._storage_options)
         return found
 
     def writer(self, context: SinkContext) -> SinkWriter[Any]:

@@ -3,8 +3,14 @@ of a :class:`~weir.CheckpointCoordinator`, or a Spark stage's ``checkpoint_locat
 
 * a directory with ``_metadata`` (or the ``_metadata`` file): that checkpoint or
   savepoint;
-* a coordinator's root (``chk-<id>`` directories): its latest completed checkpoint, or
-  ``checkpoint_id``;
+* a coordinator's root (``chk-<id>`` directories): its current state, or checkpoint
+  ``checkpoint_id``. The current state of a continuous job's checkpoint storage (its
+  claims: ``weir.checkpoint.protocol``) is what the job's next run restores: the
+  savepoint the last run stopped with, else that run's newest completed checkpoint,
+  else the savepoint it was given (``restore_from``), else the newest completed
+  checkpoint of any run — none after a cancel that deleted the checkpoints. Elsewhere
+  (the harness's coordinator, storages of earlier releases), its newest completed
+  checkpoint;
 * a Spark ``checkpoint_location`` (``stages/<uid-dir>``, ``weir.checkpoint.epochs``):
   per stage (or only ``uid``'s), its current state — the newest completed batch of the
   query that owns it, or the checkpoint or savepoint it was started from — or batch
@@ -21,6 +27,7 @@ from weir.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoi
 from weir.checkpoint.epochs import EpochStore, lineage_state
 from weir.checkpoint.format import METADATA_FILE
 from weir.checkpoint.ownership import Lineage
+from weir.checkpoint.protocol import storage_state
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import ConfigurationError, NoCheckpointError
 
@@ -64,15 +71,41 @@ def locate(
             raise NoCheckpointError(
                 f"{path} has no completed checkpoint {checkpoint_id} (completed: "
                 f"{[c.checkpoint_id for c in done]})")
+        note = f"checkpoint {chosen.checkpoint_id} at {chosen.url}"
     else:
-        chosen = done[-1] if done else None
+        chosen, note = _storage_state(storage, done, storage_options)
     if chosen is None:
         raise NoCheckpointError(
             f"{path} holds no completed checkpoint (no {METADATA_FILE}, no completed "
             f"chk-<id> directory, no stages/): give a checkpoint or savepoint directory, a "
-            f"checkpoint storage root or a Spark stage's checkpoint_location")
-    return _only(uid, {u: chosen for u in chosen.metadata.operators}, path,
-                 f"checkpoint {chosen.checkpoint_id} at {chosen.url}")
+            f"checkpoint storage root or a Spark stage's checkpoint_location" if not note
+            else f"{path} holds no state: {note}")
+    return _only(uid, {u: chosen for u in chosen.metadata.operators}, path, note)
+
+
+def _storage_state(storage: CheckpointStorage, done: list[CompletedCheckpoint],
+                   storage_options: dict[str, Any] | None
+                   ) -> tuple[CompletedCheckpoint | None, str]:
+    """The current state of the coordinator root ``storage`` whose completed checkpoints
+    are ``done`` (see the module doc: the restore decision of the checkpoint protocol,
+    :func:`weir.checkpoint.protocol.storage_state`, without verifying the files — the
+    reader reads each through its checksum), and what it is ("" for none)."""
+
+    def newest(token: int | None) -> CompletedCheckpoint | None:
+        chain = [c for c in done if token is None or c.metadata.owner.get("token") == token]
+        return chain[-1] if chain else None
+
+    def load(url: str) -> CompletedCheckpoint:
+        return load_checkpoint(url, storage_options=storage_options, verify=False)
+
+    lineage = Lineage(storage)
+    head = lineage.head()
+    found = storage_state(lineage, head, newest, load)
+    if found.checkpoint is None:
+        return None, "" if head is None else found.note
+    chosen = found.checkpoint
+    return chosen, f"{chosen.kind.value} {chosen.checkpoint_id} at {chosen.url}" + (
+        "" if head is None else f": {found.note}")
 
 
 def _only(uid: str | None, found: dict[str, CompletedCheckpoint], path: str,

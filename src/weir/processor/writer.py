@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from weir.api.descriptors import ListStateDescriptor, MapStateDescriptor, StateDescriptor
 from weir.api.serializers import Serializer
+from weir.checkpoint.channel_state import ChannelStateHandle
 from weir.checkpoint.coordinator import CompletedCheckpoint, PendingCheckpoint
 from weir.checkpoint.format import (
     CheckpointKind,
@@ -29,7 +30,7 @@ from weir.checkpoint.format import (
     uid_dir,
 )
 from weir.checkpoint.publish import write_new_directory
-from weir.checkpoint.savepoints import canonical_keyed, copy_subtask
+from weir.checkpoint.savepoints import canonical_keyed, copy_channel_state, copy_subtask
 from weir.checkpoint.storage import CheckpointStorage
 from weir.checkpoint.subtask_files import write_snapshot
 from weir.errors import ConfigurationError
@@ -94,9 +95,12 @@ def write_savepoint(
     name in ``descriptors`` (the one the job registers: its kind, serializers and
     TTL), or else as ``base`` stores it.
 
-    With ``base`` (a savepoint, checkpoint or checkpoint location), the result is
-    ``base`` rewritten: its other operators and ``uid``'s states not given here are
-    copied as they are, the given ones replaced or added; ``max_parallelism`` and by
+    With ``base`` (a savepoint, checkpoint, a checkpoint storage root — a continuous
+    job's: its current state, what its next run would restore — or a Spark checkpoint
+    location), the result is ``base`` rewritten: its other operators and ``uid``'s
+    states not given here are copied as they are, the given ones replaced or added, and
+    so are the records an unaligned checkpoint had in flight (replayed on restore, as
+    from ``base`` itself); ``max_parallelism`` and by
     default ``parallelism`` are ``base``'s. Without it, ``max_parallelism`` is
     required (it can never change afterwards) and ``parallelism`` defaults to 1 (any
     parallelism restores it).
@@ -151,7 +155,10 @@ def write_savepoint(
             pending.acknowledge(uid, parallelism, max_parallelism, handle)
         positions: dict[str, Any] = {}
         owner: dict[str, Any] = {}  # (the base's job lineage: its sinks accept the result)
+        channels: dict[str, ChannelStateHandle] = {}
         if located is not None:
+            for completed in {c.url: c for c in located.checkpoints.values()}.values():
+                channels.update(copy_channel_state(completed, storage))
             for other, completed in sorted(located.checkpoints.items()):
                 positions.update(completed.metadata.source_positions)
                 if completed.metadata.owner.get("lineage"):
@@ -163,7 +170,7 @@ def write_savepoint(
                     copy_subtask(completed, other, op, handle, storage, pending)
         storage.write("_metadata", encode_metadata(CheckpointMetadata(
             checkpoint_id, CheckpointKind.SAVEPOINT, now, int(time.time() * 1000),
-            pending._operators(), positions, owner=owner)))
+            pending._operators(), positions, channel_state=channels, owner=owner)))
 
     return write_new_directory(str(target), write, storage_options=storage_options)
 

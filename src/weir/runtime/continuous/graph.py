@@ -27,7 +27,7 @@ import enum
 import math
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from weir.api.watermarks import WatermarkStrategy
@@ -255,6 +255,16 @@ class JobGraph:
     #: random part, so runs sort by when they started
     run_id: str = dataclasses.field(default_factory=lambda: (
         f"{int(time.time() * 1000):013d}{uuid.uuid4().hex[:6]}"))
+    #: the fsspec options of the checkpoint storage, of ``restore_from`` and of savepoint
+    #: targets (``JobConfig.storage_options``; None: none). They may hold credentials:
+    #: they travel to the tasks in the graph file (in the driver's private work
+    #: directory) and never into a repr, a log line or checkpoint metadata
+    storage_options: dict[str, Any] | None = dataclasses.field(
+        default=None, repr=False, compare=False)
+    #: changelog snapshots: a keyed task materializes its whole state at least this
+    #: often (``CheckpointConfig.materialization_interval``; set from the job's
+    #: CheckpointConfig)
+    materialization_interval_ms: int = 600_000
 
     def __post_init__(self) -> None:
         # every setting is checked here, in the driver, before any task process starts:
@@ -272,7 +282,14 @@ class JobGraph:
                                                               RocksDBMemory):
             raise ConfigurationError(f"{where}: rocksdb_memory must be a weir.RocksDBMemory "
                                      f"or None, got {type(self.rocksdb_memory).__name__}")
-        _check_ints(self, (("source_batch", 1), ("aligned_timeout_ms", 0)), f"{where}: ")
+        _check_ints(self, (("source_batch", 1), ("aligned_timeout_ms", 0),
+                           ("materialization_interval_ms", 0)), f"{where}: ")
+        if self.storage_options is not None:
+            if not isinstance(self.storage_options, Mapping):
+                raise ConfigurationError(f"{where}: storage_options must be a mapping (fsspec "
+                                         f"options) or None, got "
+                                         f"{type(self.storage_options).__name__}")
+            object.__setattr__(self, "storage_options", dict(self.storage_options))
         heartbeat = self.heartbeat_timeout_s
         if not _finite(heartbeat, 0, strict=True):
             raise ConfigurationError(f"{where}: heartbeat_timeout_s must be a finite number "

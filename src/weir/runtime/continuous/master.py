@@ -58,6 +58,7 @@ the job was restarting after, if any.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -123,8 +124,10 @@ class LocalJob(CheckpointRounds):
         #: waits between attempts (default: until the delay passed or a cancel)
         self.sleep: Callable[[float], Any] = sleep or self._cancel.wait
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"weir-{graph.job}-"))
+        self._made_workdir = workdir is None  # (private to this user: mkdtemp's 0700)
         # (no side effect before the storage is claimed: clean-up only by its owner)
         self.coordinator = CheckpointCoordinator(graph.checkpoint_storage, retained=retained,
+                                                 storage_options=graph.storage_options,
                                                  clean_up=False)
         #: the run's claim on the checkpoint storage, and what it restores
         self.ownership = JobOwnership(self.coordinator, graph.job, graph.run_id,
@@ -208,6 +211,7 @@ class LocalJob(CheckpointRounds):
                     self.coordinator.discard_all(still_owner=self.ownership.holds)
                     discarded = True
         finally:
+            self._remove_graph_file()
             self.ownership.release(discarded=discarded)
             self._fail_commands(f"job {self.graph.job!r} ended")
             self.queries.set_running(False, f"job {self.graph.job!r} ended")
@@ -224,7 +228,7 @@ class LocalJob(CheckpointRounds):
         :meth:`run` claims unless this was called before."""
         if self.ownership.start is not None:
             return
-        start = self.ownership.claim(self.restore_from)
+        start = self.ownership.claim(self.restore_from, self.graph.storage_options)
         try:
             if start.checkpoint is not None:
                 start.checkpoint.check_operators(
@@ -334,7 +338,8 @@ class LocalJob(CheckpointRounds):
         graph = dataclasses.replace(
             self.graph, at_least_once=config.mode is CheckpointingMode.AT_LEAST_ONCE,
             unaligned=config.unaligned, aligned_timeout_ms=config.aligned_timeout_ms,
-            snapshot=config.snapshot_for(self.graph.state_backend).value)
+            snapshot=config.snapshot_for(self.graph.state_backend).value,
+            materialization_interval_ms=config.materialization_interval_ms)
         pickled: bytes = cloudpickle.dumps(graph)  # type: ignore[no-untyped-call]
         job_env = {"WEIR_JOB_SECRET": secret.hex(),
                    "WEIR_COORDINATOR": f"{server.address[0]}:{server.address[1]}"}
@@ -343,14 +348,23 @@ class LocalJob(CheckpointRounds):
             self._procs.update(self.launcher.launch(
                 pickled, job_env, list(self.graph.tasks()), self.graph.job, self.attempt,
                 lambda task, message: inbox.put((task, message)), self.graph.checkpoint_storage,
-                self._sink_locations()))
+                self._sink_locations(), storage_options=self.graph.storage_options))
             return
+        self.workdir.mkdir(mode=0o700, exist_ok=True)
         graph_file = self.workdir / "graph.pickle"
         graph_file.write_bytes(pickled)
         env = {**os.environ, **job_env}
         for vertex, subtask in self.graph.tasks():
             self._procs[(vertex, subtask)] = zygote.launch(
                 [str(graph_file), vertex, str(subtask), str(self.attempt)], env)
+
+    def _remove_graph_file(self) -> None:
+        """Delete the graph file (the job's functions and storage options) once no task
+        runs, and the work directory if this job made it."""
+        with contextlib.suppress(OSError):
+            (self.workdir / "graph.pickle").unlink(missing_ok=True)
+            if self._made_workdir:
+                self.workdir.rmdir()
 
     def _sink_locations(self) -> tuple[tuple[str, str], ...]:
         """(uid, location) of every place the job's sinks write (``Sink.locations``)."""

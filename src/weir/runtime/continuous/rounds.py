@@ -124,7 +124,8 @@ class CheckpointRounds:
             try:
                 pending = (self.coordinator.trigger(decision.timestamp_ms) if command is None
                            else self.coordinator.trigger_savepoint(
-                               new_savepoint_directory(command.target, self.graph.job),
+                               new_savepoint_directory(command.target, self.graph.job,
+                                                       self.graph.storage_options),
                                timestamp_ms=decision.timestamp_ms, fresh_directory=True))
             except (OSError, WeirError) as exc:  # (a savepoint's target)
                 assert command is not None

@@ -139,18 +139,20 @@ class SparkLauncher:
 
     def launch(self, graph: bytes, env: dict[str, str], tasks: list[TaskId], job: str,
                attempt: int, report: Callable[[TaskId, dict[str, Any]], None],
-               storage: str, sinks: tuple[tuple[str, str], ...] = ()
+               storage: str, sinks: tuple[tuple[str, str], ...] = (), *,
+               storage_options: dict[str, Any] | None = None
                ) -> dict[TaskId, SparkStage]:
         """Submit the stage running ``tasks`` (``graph``: the pickled job graph; ``env``:
         the coordinator's address and the job's secret; ``storage``: the checkpoint
-        storage's URL, and ``sinks``: (sink uid, location) pairs, which every task checks
-        it shares); the stage's handle per task.
+        storage's URL, opened with ``storage_options``, and ``sinks``: (sink uid,
+        location) pairs, which every task checks it shares); the stage's handle per
+        task.
         A stage that fails on Spark's side is reported through ``report`` as the
         failure of the first task (``fatal`` when restarting cannot help)."""
         self.await_slots(len(tasks), job, tasks)
-        probe = _Probe(storage, sinks)
+        probe = _Probe(storage, sinks, storage_options)
         stage = SparkStage(self.sc, _task_runner(graph, env, tasks, attempt, self.local,
-                                                 storage, probe.name, sinks),
+                                                 storage, probe.name, sinks, storage_options),
                            len(tasks), tasks[0], job, attempt, report, probe.remove)
         return dict.fromkeys(tasks, stage)
 
@@ -159,9 +161,10 @@ class _Probe:
     """A file the driver writes into the checkpoint storage and every sink location for
     the tasks to find."""
 
-    def __init__(self, storage: str, sinks: tuple[tuple[str, str], ...] = ()) -> None:
+    def __init__(self, storage: str, sinks: tuple[tuple[str, str], ...] = (),
+                 storage_options: dict[str, Any] | None = None) -> None:
         self.name = f"_weir-probe-{uuid.uuid4().hex}"
-        self._storages = [CheckpointStorage(storage)]
+        self._storages = [CheckpointStorage(storage, storage_options=storage_options)]
         self._storages += [CheckpointStorage(location) for _, location in sinks]
         for written in self._storages:
             written.write(self.name, b"written by the driver of a continuous job")
@@ -265,11 +268,14 @@ def _cause(exc: BaseException) -> str:
 
 def _task_runner(graph: bytes, env: dict[str, str], tasks: list[TaskId], attempt: int,
                  local: bool, storage: str, probe: str,
-                 sinks: tuple[tuple[str, str], ...] = ()
+                 sinks: tuple[tuple[str, str], ...] = (),
+                 storage_options: dict[str, Any] | None = None
                  ) -> Callable[[Iterator[Any]], Iterator[int]]:
     """The function of the stage's partitions: partition ``i`` runs weir task ``i``
     (listening on loopback when ``local``, else on its executor's address), once it
-    found the driver's ``probe`` file in the checkpoint ``storage``."""
+    found the driver's ``probe`` file in the checkpoint ``storage`` (opened with
+    ``storage_options``, which travel with the function as the job's secret does in
+    ``env``)."""
 
     def run(_: Iterator[Any]) -> Iterator[int]:
         from pyspark import BarrierTaskContext
@@ -279,7 +285,7 @@ def _task_runner(graph: bytes, env: dict[str, str], tasks: list[TaskId], attempt
         vertex, subtask = tasks[partition]
         host = "127.0.0.1" if local else (
             context.getTaskInfos()[partition].address.rsplit(":", 1)[0].strip("[]"))
-        if not CheckpointStorage(storage).exists(probe):
+        if not CheckpointStorage(storage, storage_options=storage_options).exists(probe):
             raise ConfigurationError(
                 f"checkpoint storage {storage} is not shared between the driver and the "
                 f"executor on {host} (task {vertex}[{subtask}] does not see the file "

@@ -86,15 +86,34 @@ from weir.runtime.continuous.wire import Kind
 from weir.runtime.operator import KeyedOperator
 
 #: changelog checkpoints of keyed tasks: materialize once the deltas hold 8 times the
-#: base (a restore reads at most about 9 times the state; Flink materializes every 10
-#: minutes, whatever the changelog holds by then). At 1 s checkpoints a hot state
+#: base (a restore reads at most about 9 times the state), and at least every
+#: ``CheckpointConfig.materialization_interval`` (Flink's: every 10 minutes, whatever
+#: the changelog holds by then; :func:`changelog_policy`). At 1 s checkpoints a hot state
 #: changes most of its keys per delta, and a materialization's CPU per second is its
 #: cost per key times the keys changed per second, divided by this ratio, whatever the
 #: state's size: at 1x (every second or third checkpoint) full scans cost RocksDB 10%
 #: of its CPU, at 4x 3.4% (py-spy, 200,000 keys)
 CHANGELOG_POLICY = ChangelogPolicy(size_ratio=8.0)
 
-__all__ = ["Task", "task_address"]
+
+def changelog_policy(graph: JobGraph) -> ChangelogPolicy:
+    """The changelog policy of ``graph``'s keyed tasks: :data:`CHANGELOG_POLICY` with the
+    job's materialization interval."""
+    return dataclasses.replace(CHANGELOG_POLICY,
+                               interval_ms=graph.materialization_interval_ms)
+
+__all__ = ["Task", "report_failure", "task_address"]
+
+
+def report_failure(control: ControlClient, exc: BaseException) -> bool:
+    """Report ``exc`` (being handled: its traceback goes with it) to the coordinator;
+    whether the report was sent (False: the control connection is gone)."""
+    try:
+        control.send({"kind": "failed", "error": f"{type(exc).__name__}: {exc}",
+                      "trace": traceback.format_exc()})
+    except ChannelError:
+        return False
+    return True
 
 
 def with_alignment(handle: SubtaskStateHandle, alignment_ms: float | None
@@ -120,7 +139,7 @@ class Task:
         self.vertex = graph.vertex(vertex_id)
         self.name = f"{vertex_id}[{subtask}]"
         self.control = control
-        self.storage = CheckpointStorage(graph.checkpoint_storage)
+        self.storage = self.open_storage(graph.checkpoint_storage)
         self.chain = OperatorChain(graph, self.vertex, subtask)
         self.inputs = graph.inputs(vertex_id)
         self.checkpointers: list[SubtaskCheckpointer] = []
@@ -145,6 +164,11 @@ class Task:
 
     # -- set-up
 
+    def open_storage(self, url: str) -> CheckpointStorage:
+        """The storage at ``url`` (the job's checkpoint storage, a checkpoint or savepoint
+        to restore, a savepoint's target), opened with the job's storage options."""
+        return CheckpointStorage(url, storage_options=self.graph.storage_options)
+
     def listen(self, secret: bytes, host: str = "127.0.0.1"
                ) -> tuple[ChannelServer, InputGate] | None:
         """The input gate (on a new channel server listening on ``host``) of a task with
@@ -165,9 +189,10 @@ class Task:
     def _open(self, start: dict[str, Any], secret: bytes) -> None:
         """Restore and open the chain, open the sinks' writers and the outputs."""
         url = start.get("restore")
-        completed = load_checkpoint(CheckpointStorage(url)) if url is not None else None
+        completed = load_checkpoint(self.open_storage(url)) if url is not None else None
         if completed is not None and self.inputs:
             self._replay = replay_records(completed, self.graph, self.vertex.id, self.subtask)
+        policy = changelog_policy(self.graph)
         for op in self.chain.stateful:
             assert op.core is not None
             if completed is not None:
@@ -178,7 +203,7 @@ class Task:
             # a checkpoint may be aborted while the job goes on: a changelog extends
             # only checkpoints known complete
             self.checkpointers.append(SubtaskCheckpointer(
-                op.core, self.storage, mode=mode, changelog=CHANGELOG_POLICY,
+                op.core, self.storage, mode=mode, changelog=policy,
                 confirmed_only=True))
         p = self.vertex.parallelism
         # the job's lineage, decided by the driver (weir.checkpoint.protocol): every sink
@@ -275,7 +300,7 @@ class Task:
             started = self._handler.alignment_started
         elif self._handler is not None:
             aligned_s = self._handler.last_alignment
-        target = None if barrier.savepoint is None else CheckpointStorage(barrier.savepoint)
+        target = None if barrier.savepoint is None else self.open_storage(barrier.savepoint)
         pending: list[tuple[SubtaskCheckpointer, PendingSnapshot]] = [
             (c, c.snapshot(cid, barrier.timestamp_ms, target=target,
                            savepoint=target is not None)) for c in self.checkpointers]
@@ -304,9 +329,12 @@ class Task:
                     for c, p in pending]
                 self.control.send(message)
             except Exception as exc:  # the upload failed: decline, the job goes on
-                self.control.send({"kind": "decline", "id": cid,
-                                   "reason": "CHECKPOINT_ASYNC_EXCEPTION",
-                                   "error": f"{type(exc).__name__}: {exc}"})
+                # (unless the control connection is gone — this attempt is ending and
+                # the coordinator knows — so there is no one to tell)
+                with contextlib.suppress(ChannelError):
+                    self.control.send({"kind": "decline", "id": cid,
+                                       "reason": "CHECKPOINT_ASYNC_EXCEPTION",
+                                       "error": f"{type(exc).__name__}: {exc}"})
 
         threading.Thread(target=counted(ack), name=f"ack {cid}", daemon=True).start()
 
@@ -355,11 +383,10 @@ class Task:
                 outs=self.outs, watermark=self.watermark,
                 backpressured_ns=self.backpressured_ns)})
 
-    def fail(self, exc: BaseException) -> None:
-        """Report a failure (else the coordinator sees the connection drop)."""
-        with contextlib.suppress(ChannelError):
-            self.control.send({"kind": "failed", "error": f"{type(exc).__name__}: {exc}",
-                               "trace": traceback.format_exc()})
+    def fail(self, exc: BaseException) -> bool:
+        """Report a failure (else the coordinator sees the connection drop); whether
+        the report was sent (:func:`report_failure`)."""
+        return report_failure(self.control, exc)
 
     def forward_event(self, event: dict[str, Any]) -> None:
         """Send a watermark or idleness event on every output channel."""

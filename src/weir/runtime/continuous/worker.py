@@ -12,8 +12,12 @@ launched the job (the user's functions travel by value).
 The task registers (a task with inputs with the address of its input gate), waits for the
 coordinator's ``start`` (the data addresses of every task, the checkpoint to restore),
 and runs until it finishes, fails (reported, exit status 1) or loses the coordinator.
-A task that stops because a channel or the coordinator went away (the failure is
-another task's) says so in one line instead of a traceback. The process is named
+A task that fails reports its exception with its traceback to the coordinator, which
+hands it to the program that runs the job (``JobFailedError``, chained from it), and
+says so in one line on its stderr instead of printing the traceback too — one wall of
+text per failed attempt of every restart; only a failure it could not report is
+printed in full. A task that stops because a channel or the coordinator went away (the
+failure is another task's) says so in one line as well. The process is named
 ``weir <vertex>[<subtask>]`` (``ps``, ``/proc/<pid>/comm``; 15 bytes).
 """
 
@@ -27,7 +31,7 @@ from weir.errors import ChannelError
 from weir.runtime.continuous.control import ControlClient
 from weir.runtime.continuous.graph import JobGraph
 from weir.runtime.continuous.processes import name_process
-from weir.runtime.continuous.task import Task
+from weir.runtime.continuous.task import Task, report_failure
 
 
 def main(argv: list[str]) -> int:
@@ -56,18 +60,37 @@ def run(graph: JobGraph, vertex: str, subtask: int, attempt: int) -> int:
             raise RuntimeError(f"expected start from the coordinator, got {start!r}")
         task.run(start, secret, None if listening is None else listening[1])
     except BaseException as exc:
-        if task is not None:
-            task.fail(exc)
-        if not isinstance(exc, ChannelError):
+        reported = task.fail(exc) if task is not None else report_failure(control, exc)
+        where = f"weir: task {vertex}[{subtask}] (attempt {attempt})"
+        if isinstance(exc, ChannelError):
+            # a peer or the coordinator went away: the job's failure is elsewhere, so one
+            # line, not a traceback
+            _say(f"{where} stops: {_first_line(exc)}")
+            return 1
+        if not reported:  # nobody else has it: the traceback is printed here
             raise
-        # a peer or the coordinator went away: the job's failure is elsewhere, so one
-        # line, not a traceback
-        print(f"weir: task {vertex}[{subtask}] (attempt {attempt}) stops: "
-              f"{str(exc).splitlines()[0]}", file=sys.stderr)
+        # the driver has the error and its traceback, and gives them to the program
+        # that runs the job: one line here, not a traceback per failed attempt
+        _say(f"{where} failed: {type(exc).__name__}: {_first_line(exc)} (reported to the "
+             f"job's driver)")
         return 1
     finally:
         control.close()
     return 0
+
+
+def _say(line: str) -> None:
+    """Write ``line`` to stderr in one piece (one write: not split by the lines other
+    processes of the job write to the same stderr at the same time)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def _first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of ``exc``'s message, at most ``limit`` characters."""
+    lines = str(exc).splitlines()
+    line = lines[0] if lines else ""
+    return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
 if __name__ == "__main__":

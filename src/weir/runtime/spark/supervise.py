@@ -5,7 +5,9 @@ exception ends it. :func:`supervise` plays Flink's job-level restart: it starts 
 waits for it, and when it fails asks the :class:`~weir.api.restart.RestartStrategy`
 whether and when to start it again. A restarted query with the same Spark
 ``checkpointLocation`` resumes from its last committed batch (and weir's stages from
-that batch's checkpoint), so a restart replays at most the failed batch.
+that batch's checkpoint), so a restart replays at most the failed batch. The restart
+loop — the tracker, the delay, the WARNING, giving up — is the one both runtimes share
+(:mod:`weir.runtime.supervision`; the continuous runtime's driver: ``weir.stream.supervise``).
 
 A query that failed because a weir function raised (Spark's error holds a
 :class:`~weir.errors.UserFunctionError`, the task's report of it) is restarted like any
@@ -29,21 +31,20 @@ from collections.abc import Callable
 from typing import Any
 
 from weir.api.restart import RestartStrategy
-from weir.errors import ConfigurationError, RestartsExhaustedError, UserFunctionError
+from weir.errors import ConfigurationError, UserFunctionError
 from weir.runtime.spark.lifecycle import finish
 from weir.runtime.spark.listener import COMPLETIONS
+from weir.runtime.supervision import FLINK_DEFAULT, check_strategy, restart_loop
 
 __all__ = ["report_failures_once", "supervise"]
 
 log = logging.getLogger("weir")
 
-_FLINK_DEFAULT = RestartStrategy.exponential_delay()
-
 
 def supervise(
     start_query: Callable[[], Any],
     *,
-    restart: RestartStrategy = _FLINK_DEFAULT,
+    restart: RestartStrategy = FLINK_DEFAULT,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     rng: random.Random | None = None,
@@ -73,54 +74,42 @@ def supervise(
     reuses a DataFrame built by :func:`weir.spark.process` once; after a run that ended
     without error, :func:`weir.spark.finish` completes the checkpoint of its last batch
     (its errors propagate)."""
-    if not isinstance(restart, RestartStrategy):
-        raise ConfigurationError(f"restart must be a RestartStrategy (RestartStrategy."
-                                 f"fixed_delay(), exponential_delay(), ...), got {restart!r}")
+    check_strategy(restart)
     if poll_s is not None and not poll_s > 0:
         raise ConfigurationError(f"poll_s must be seconds > 0 or None, got {poll_s!r}")
-    tracker = restart.tracker(rng)
     label = f"started by {getattr(start_query, '__qualname__', repr(start_query))}"
-    while True:
-        query = None
+    running: list[Any] = [None]  # the query of the current run
+
+    def run() -> Any:
+        nonlocal label
+        running[0] = None
+        query = running[0] = start_query()
+        label = _label(query)
         try:
-            try:
-                query = start_query()
-                label = _label(query)
-                error = _wait(query, poll_s)
-            except Exception as exc:
-                error = exc
-            if error is None:
-                finish(query)
-                return tracker.restarts
-            if query is not None:
-                _settle(query, label)
-            user = UserFunctionError.from_error(error)
-            delay = tracker.on_failure(clock())
-            if delay is None:
-                fix = ("Fix the cause (the error this one is chained from) and start the "
-                       "query again: with the same checkpointLocation it resumes from its "
-                       "last committed batch; or supervise it with a more lenient restart "
-                       "strategy (RestartStrategy.fixed_delay, failure_rate or "
-                       "exponential_delay)")
-                if user is not None:  # the user's exception first, chained from it
-                    raise RestartsExhaustedError(
-                        f"{str(user).splitlines()[0]}: streaming query {label} failed after "
-                        f"{tracker.restarts} restart(s) and its restart strategy {restart} "
-                        f"allows no more. {fix}") from user
-                raise RestartsExhaustedError(
-                    f"streaming query {label} failed after {tracker.restarts} restart(s) and "
-                    f"its restart strategy {restart} allows no more: {_first_line(error)}. "
-                    f"{fix}"
-                ) from error
-            log.warning("weir: streaming query %s failed; restart %d (%s) in %.3g s: %s",
-                        label, tracker.restarts, restart, delay,
-                        _first_line(user if user is not None else error))
-            sleep(delay)
-        except KeyboardInterrupt:
-            if query is not None:
-                with contextlib.suppress(Exception):
-                    query.stop()
+            error = _wait(query, poll_s)
+        except Exception:
+            _settle(query, label)
             raise
+        if error is not None:
+            _settle(query, label)
+            raise error
+        return query
+
+    try:
+        restarts, query = restart_loop(
+            run, restart=restart, what=lambda: f"streaming query {label}",
+            fix=("Fix the cause (the error this one is chained from) and start the query "
+                 "again: with the same checkpointLocation it resumes from its last "
+                 "committed batch; or supervise it with a more lenient restart strategy "
+                 "(RestartStrategy.fixed_delay, failure_rate or exponential_delay)"),
+            clock=clock, sleep=sleep, rng=rng, named=UserFunctionError.from_error)
+        finish(query)
+    except KeyboardInterrupt:
+        if running[0] is not None:
+            with contextlib.suppress(Exception):
+                running[0].stop()
+        raise
+    return restarts
 
 
 def _wait(query: Any, poll_s: float | None) -> BaseException | None:
@@ -151,27 +140,6 @@ def _label(query: Any) -> str:
     except Exception:
         return repr(query)
     return f"{name!r} (id {query_id})" if name else f"(id {query_id})"
-
-
-def _first_line(error: BaseException) -> str:
-    """The error's type and the first line of its message. A Python traceback that
-    message ends in (an error raised in ``foreachBatch`` or in a Python task, reported
-    by Spark) is replaced by the line of the exception raised."""
-    lines = str(error).splitlines()
-    first = next((line.strip() for line in lines if line.strip()), "")
-    if first.endswith(_TRACEBACK):
-        raised, in_traceback = None, True
-        for line in lines[1:]:
-            if line.rstrip().endswith(_TRACEBACK):
-                in_traceback = True
-            elif in_traceback and line.strip() and not line[0].isspace():
-                raised, in_traceback = line.strip(), False  # the last one: the outermost
-        if raised is not None:
-            first = first[: -len(_TRACEBACK)] + raised
-    return f"{type(error).__name__}: {first}"
-
-
-_TRACEBACK = "Traceback (most recent call last):"
 
 
 #: Spark's log lines that repeat a task's failure which the driver reports anyway
