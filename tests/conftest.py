@@ -54,3 +54,26 @@ def rocksdb_tmp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Pat
     monkeypatch.setattr(tempfile, "tempdir", str(base))
     yield base
     shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A real Kafka-protocol broker (noida-db) on a free loopback port for this test
+    process (:mod:`kafka_support`); tests make their own topics (``create_topic``)."""
+    from kafka_support import Broker
+
+    broker = Broker(tmp_path_factory.mktemp("kafka") / "data")
+    broker.start()
+    yield broker
+    broker.close()
+
+
+@pytest.fixture
+def own_kafka(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A broker of the test's own, for tests that stop or restart it."""
+    from kafka_support import Broker
+
+    broker = Broker(tmp_path / "kafka-data")
+    broker.start()
+    yield broker
+    broker.close()

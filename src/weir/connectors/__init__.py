@@ -7,6 +7,8 @@
   (rows of a SQLite table, one column per field), their readers
   :func:`read_stream_sink` and :func:`read_sqlite_stream_sink`, and the idempotent
   :class:`CollectSink` for tests and small results (:mod:`weir.connectors.collect`);
+  Kafka in and out, exactly-once: :class:`KafkaSource`, :class:`KafkaSink` with a
+  :class:`DeliveryGuarantee`, and :func:`read_kafka` (:mod:`weir.connectors.kafka`);
   and what a source or sink of your own implements (:class:`Source`,
   :class:`SourceReader`, :class:`Sink`, :class:`SinkWriter`, :class:`SinkContext`; the
   contract in :mod:`weir.api.connectors`).
@@ -33,6 +35,13 @@ from typing import TYPE_CHECKING, Any
 from weir.api.connectors import Sink, SinkContext, SinkWriter, Source, SourceReader
 from weir.connectors.collect import CollectSink
 from weir.connectors.file_source import FileSource
+from weir.connectors.kafka import (
+    DeliveryGuarantee,
+    KafkaRecord,
+    KafkaSink,
+    KafkaSource,
+    read_kafka,
+)
 from weir.connectors.sqlite_stream import SqliteSink, read_sqlite_stream_sink
 from weir.connectors.stream import FileSink, SequenceSource, read_stream_sink
 
@@ -98,10 +107,15 @@ __all__ = [
     "Source",
     "SourceReader",
     "CollectSink",
+    "DeliveryGuarantee",
     "FileSink",
     "FileSource",
+    "KafkaRecord",
+    "KafkaSink",
+    "KafkaSource",
     "SequenceSource",
     "SqliteSink",
+    "read_kafka",
     "read_sqlite_stream_sink",
     "read_stream_sink",
     "FILE_SINK_NAME",

@@ -1,0 +1,510 @@
+"""Kafka in and out on the continuous runtime (Flink's ``KafkaSource`` / ``KafkaSink``),
+with ``confluent-kafka`` (librdkafka) and nothing but standard Kafka client semantics:
+it runs against Apache Kafka, Redpanda or any broker speaking the protocol.
+
+**The source** (:class:`KafkaSource`) splits the topics' partitions across its
+subtasks (partition ``i`` of the sorted list to subtask ``i mod p``); each split's next
+offset is the reader's position, so it goes into every checkpoint and a restore
+resumes exactly there — a restore at another parallelism redistributes the splits.
+Where a fresh start begins is ``starting_offsets``: ``"earliest"``, ``"latest"``,
+``"committed"`` (the consumer group's, else earliest) or a dict
+``{(topic, partition): offset}`` (other partitions: earliest). ``bounded=True`` stops each
+split at the end offset it had when the job started (what tests and backfills use).
+It reads with ``isolation.level=read_committed``: records of open or aborted
+transactions are never seen. Records are ``(key, value)`` bytes, or what
+``deserializer`` makes of a :class:`KafkaRecord` (topic, partition, offset, timestamp,
+key, value, headers).
+
+**The sink** (:class:`KafkaSink`) has Flink's three guarantees:
+
+* ``NONE`` — records are handed to the producer, nothing waits;
+* ``AT_LEAST_ONCE`` — the producer is flushed at every checkpoint's barrier: a
+  completed checkpoint's records are all acknowledged by the broker (a restore may
+  send some again);
+* ``EXACTLY_ONCE`` — a Kafka transaction per subtask per checkpoint. Flink streams
+  records into the transaction and, after a crash, *resumes* it in another producer
+  to commit it (setting the dead producer's id and epoch by reflection on the Java
+  client). librdkafka cannot resume another producer's transaction, so weir keeps the
+  transaction's records in the checkpoint instead (the committable: a write-ahead
+  log) and, once the checkpoint completes, writes them in one transaction under the
+  transactional id ``<transactional_id_prefix>-<subtask>`` together with a *marker*:
+  the consumer group ``<transactional_id_prefix>-<subtask>`` commits, in the same
+  transaction (``send_offsets_to_transaction``), offset = checkpoint id with the run's
+  id as metadata. A commit after a failure first fences every earlier producer of
+  that transactional id (``init_transactions``: an open transaction of a dead one is
+  aborted, never left to block ``read_committed`` readers), then reads the marker and
+  skips a checkpoint whose transaction is committed already: so every checkpoint's
+  records become visible exactly once, whatever fails when. Records are visible to
+  ``read_committed`` readers when their checkpoint completes (as in Flink).
+
+  Transactions are open only while a completed checkpoint's records are written,
+  so ``transaction.timeout.ms`` (default 60 s; at most the broker's
+  ``transaction.max.timeout.ms``) needs to cover only that, not the checkpoint
+  interval as in Flink. What it costs: the checkpoint holds the records written since
+  the one before (in the sink's union state: a restore hands every subtask all of
+  them; each commits the ones of its own subtask index modulo the new parallelism).
+
+Both take extra client settings as ``properties`` (librdkafka's names, e.g.
+``{"security.protocol": "SSL"}``).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from weir.api.connectors import Sink, SinkContext, SinkWriter, Source, SourceReader
+from weir.connectors.kafka_transactions import (
+    TIMEOUT_S,
+    TransactionalSlots,
+    kafka_client,
+    produce,
+)
+from weir.errors import ConfigurationError, SinkError, SourceError
+
+__all__ = ["DeliveryGuarantee", "KafkaRecord", "KafkaSink", "KafkaSource", "read_kafka"]
+
+class DeliveryGuarantee(enum.StrEnum):
+    """What a :class:`KafkaSink` promises (Flink's ``DeliveryGuarantee``)."""
+
+    NONE = "none"
+    AT_LEAST_ONCE = "at-least-once"
+    EXACTLY_ONCE = "exactly-once"
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaRecord:
+    """One record read from Kafka, as a :class:`KafkaSource`'s ``deserializer`` sees it."""
+
+    topic: str
+    partition: int
+    offset: int
+    #: the record's timestamp (ms since the epoch; None if the broker gave none)
+    timestamp: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+
+def _plain(record: KafkaRecord) -> Any:
+    return (record.key, record.value)
+
+
+def _record_of(message: Any) -> KafkaRecord:
+    kind, ts = message.timestamp()
+    return KafkaRecord(message.topic(), message.partition(), message.offset(),
+                       ts if kind != 0 and ts >= 0 else None, message.key(), message.value(),
+                       tuple(message.headers() or ()))
+
+
+def _check_servers(bootstrap_servers: object, what: str) -> str:
+    if isinstance(bootstrap_servers, list | tuple):
+        bootstrap_servers = ",".join(str(s) for s in bootstrap_servers)
+    if not isinstance(bootstrap_servers, str) or not bootstrap_servers:
+        raise ConfigurationError(f"{what}: bootstrap_servers must be 'host:port[,...]', got "
+                                 f"{bootstrap_servers!r}")
+    return bootstrap_servers
+
+
+# ----------------------------------------------------------------------------- source
+
+
+class KafkaSource(Source[Any]):
+    """Records of Kafka topics (see the module doc)."""
+
+    def __init__(
+        self, bootstrap_servers: str | Sequence[str], topics: str | Sequence[str] | re.Pattern[str],
+        *, group_id: str | None = None,
+        starting_offsets: str | dict[tuple[str, int], int] = "earliest",
+        bounded: bool = False, deserializer: Callable[[KafkaRecord], Any] | None = None,
+        properties: dict[str, Any] | None = None,
+    ) -> None:
+        self.bootstrap_servers = _check_servers(bootstrap_servers, "KafkaSource")
+        if isinstance(topics, str):
+            topics = [topics]
+        if not isinstance(topics, re.Pattern) and (
+                not topics or not all(isinstance(t, str) and t for t in topics)):
+            raise ConfigurationError(f"KafkaSource: topics must be topic names or a "
+                                     f"re.Pattern, got {topics!r}")
+        self.topics: list[str] | re.Pattern[str] = (
+            topics if isinstance(topics, re.Pattern) else list(topics))
+        if not (starting_offsets in ("earliest", "latest", "committed")
+                or isinstance(starting_offsets, dict)):
+            raise ConfigurationError(
+                f"KafkaSource: starting_offsets must be 'earliest', 'latest', 'committed' "
+                f"or {{(topic, partition): offset}}, got {starting_offsets!r}")
+        if starting_offsets == "committed" and not group_id:
+            raise ConfigurationError("KafkaSource: starting_offsets='committed' needs the "
+                                     "group_id whose offsets to start from")
+        self.group_id = group_id
+        self.starting_offsets = starting_offsets
+        self.bounded = bounded
+        self.deserializer = deserializer or _plain
+        self.properties = dict(properties or {})
+
+    def __repr__(self) -> str:
+        return f"KafkaSource({self.bootstrap_servers!r}, {self.topics!r})"
+
+    def _consumer(self) -> Any:
+        config = {"bootstrap.servers": self.bootstrap_servers,
+                  "group.id": self.group_id or f"weir-source-{uuid.uuid4().hex}",
+                  "enable.auto.commit": False, "enable.auto.offset.store": False,
+                  "isolation.level": "read_committed", "enable.partition.eof": False,
+                  **self.properties,
+                  # a split's offset out of range (deleted by retention, a broker that
+                  # lost data) is an error, never a silent jump to another offset
+                  "auto.offset.reset": "error"}
+        return kafka_client().Consumer(config)
+
+    def partitions(self, consumer: Any) -> list[tuple[str, int]]:
+        """Every (topic, partition) of the source's topics, sorted."""
+        found = consumer.list_topics(timeout=TIMEOUT_S).topics
+        if isinstance(self.topics, re.Pattern):
+            names = sorted(t for t in found if self.topics.fullmatch(t))
+        else:
+            missing = [t for t in self.topics if t not in found or found[t].error is not None]
+            if missing:
+                raise SourceError(f"KafkaSource: topics {missing} do not exist on "
+                                  f"{self.bootstrap_servers}; create them first")
+            names = sorted(self.topics)
+        return [(t, p) for t in names for p in sorted(found[t].partitions)]
+
+    def reader(self, subtask: int, parallelism: int, positions: list[Any] | None
+               ) -> SourceReader[Any]:
+        consumer = self._consumer()
+        try:
+            if positions is None:
+                splits = [tp for i, tp in enumerate(self.partitions(consumer))
+                          if i % parallelism == subtask]
+                positions = self._start(consumer, splits)
+            return _KafkaReader(self, consumer, [list(p) for p in positions])
+        except BaseException:
+            consumer.close()
+            raise
+
+    def _start(self, consumer: Any, splits: list[tuple[str, int]]) -> list[list[Any]]:
+        """[topic, partition, next offset, end offset or None] of each split."""
+        kafka = kafka_client()
+        out = []
+        committed = {}
+        if self.starting_offsets == "committed" and splits:
+            for tp in consumer.committed([kafka.TopicPartition(t, p) for t, p in splits],
+                                         timeout=TIMEOUT_S):
+                if tp.offset >= 0:
+                    committed[(tp.topic, tp.partition)] = tp.offset
+        for topic, partition in splits:
+            low, high = consumer.get_watermark_offsets(
+                kafka.TopicPartition(topic, partition), timeout=TIMEOUT_S, cached=False)
+            if self.starting_offsets == "latest":
+                start = high
+            elif isinstance(self.starting_offsets, dict):
+                start = self.starting_offsets.get((topic, partition), low)
+            else:
+                start = committed.get((topic, partition), low)
+            out.append([topic, partition, max(low, int(start)),
+                        high if self.bounded else None])
+        return out
+
+
+class _KafkaReader(SourceReader[Any]):
+    def __init__(self, source: KafkaSource, consumer: Any, positions: list[list[Any]]
+                 ) -> None:
+        self.source, self.consumer = source, consumer
+        self._kafka = kafka_client()
+        #: (topic, partition) -> [topic, partition, next offset, end or None]
+        self._splits = {(p[0], int(p[1])): p for p in positions}
+        live = [p for p in positions if not self._done(p)]
+        if live:
+            consumer.assign([self._kafka.TopicPartition(t, int(p), int(o))
+                             for t, p, o, _ in live])
+
+    @staticmethod
+    def _done(split: list[Any]) -> bool:
+        return split[3] is not None and split[2] >= split[3]
+
+    def poll(self, max_records: int) -> list[Any] | None:
+        splits = self._splits.values()
+        if self.source.bounded and all(self._done(s) for s in splits):
+            return None
+        if not any(not self._done(s) for s in splits):
+            return []  # (no split here: an idle reader of an unbounded source)
+        messages = self.consumer.consume(num_messages=max(1, max_records), timeout=0.05)
+        out = []
+        deserialize = self.source.deserializer
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() == self._kafka.KafkaError._PARTITION_EOF:
+                    continue
+                raise SourceError(
+                    f"KafkaSource {self.source.bootstrap_servers}, {message.topic()}"
+                    f"[{message.partition()}]: {error} (an offset out of range: its records "
+                    f"were deleted by retention or lost by the broker; to skip them, "
+                    f"restore from a savepoint rewritten with other offsets)")
+            split = self._splits[(message.topic(), message.partition())]
+            if split[3] is not None and message.offset() >= split[3]:
+                continue  # (past the end of a bounded split)
+            split[2] = message.offset() + 1
+            out.append(deserialize(_record_of(message)))
+        if not messages:  # (control records move the position without a message)
+            self._catch_up()
+        return out
+
+    def _catch_up(self) -> None:
+        """Take each bounded split's position from the consumer (past transaction markers)
+        and stop reading the splits at their end."""
+        bounded = [s for s in self._splits.values() if s[3] is not None and not self._done(s)]
+        if not bounded:
+            return
+        for tp in self.consumer.position([self._kafka.TopicPartition(s[0], int(s[1]))
+                                          for s in bounded]):
+            split = self._splits[(tp.topic, tp.partition)]
+            if tp.offset >= 0 and tp.offset > split[2]:
+                split[2] = tp.offset
+        done = [s for s in bounded if self._done(s)]
+        if done:
+            self.consumer.incremental_unassign(
+                [self._kafka.TopicPartition(s[0], int(s[1])) for s in done])
+
+    def positions(self) -> list[Any]:
+        return [list(p) for p in self._splits.values()]
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+# ------------------------------------------------------------------------------- sink
+
+
+def _encode_record(record: Any) -> tuple[bytes | None, bytes | None]:
+    """A record as (key, value) bytes: a (key, value) pair, or a value."""
+    def as_bytes(part: Any) -> bytes | None:
+        if part is None or isinstance(part, bytes):
+            return part
+        if isinstance(part, str):
+            return part.encode()
+        raise SinkError(f"KafkaSink: a key or value must be bytes, str or None, got "
+                        f"{type(part).__name__} (give serializer= to encode records)")
+
+    if isinstance(record, tuple | list) and len(record) == 2:
+        return as_bytes(record[0]), as_bytes(record[1])
+    return None, as_bytes(record)
+
+
+class KafkaSink(Sink[Any]):
+    """Records into a Kafka topic (see the module doc)."""
+
+    def __init__(
+        self, bootstrap_servers: str | Sequence[str], topic: str, *,
+        delivery_guarantee: DeliveryGuarantee | str = DeliveryGuarantee.EXACTLY_ONCE,
+        transactional_id_prefix: str | None = None,
+        serializer: Callable[[Any], tuple[bytes | None, bytes | None]] | None = None,
+        properties: dict[str, Any] | None = None,
+    ) -> None:
+        self.bootstrap_servers = _check_servers(bootstrap_servers, "KafkaSink")
+        if not isinstance(topic, str) or not topic:
+            raise ConfigurationError(f"KafkaSink: topic must be a topic name, got {topic!r}")
+        try:
+            self.delivery_guarantee = DeliveryGuarantee(delivery_guarantee)
+        except ValueError:
+            raise ConfigurationError(
+                f"KafkaSink: delivery_guarantee must be one of "
+                f"{[g.value for g in DeliveryGuarantee]}, got {delivery_guarantee!r}") from None
+        if self.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE and not (
+                isinstance(transactional_id_prefix, str) and transactional_id_prefix):
+            raise ConfigurationError(
+                "KafkaSink(delivery_guarantee=EXACTLY_ONCE) needs transactional_id_prefix: "
+                "a name unique to this sink among every application writing to the "
+                "cluster (as Flink's setTransactionalIdPrefix): its transactions and "
+                "markers are named after it")
+        timeout = (properties or {}).get("transaction.timeout.ms")
+        if timeout is not None and int(timeout) < 1_000:
+            raise ConfigurationError(
+                f"KafkaSink: transaction.timeout.ms={timeout} is too short to write a "
+                f"checkpoint's records in one transaction (at least 1000; default 60000)")
+        self.topic = topic
+        self.transactional_id_prefix = transactional_id_prefix
+        self.serializer = serializer or _encode_record
+        self.properties = dict(properties or {})
+        self._context: SinkContext | None = None
+        self._transactions: TransactionalSlots | None = None
+
+    def __repr__(self) -> str:
+        return (f"KafkaSink({self.bootstrap_servers!r}, {self.topic!r}, "
+                f"{self.delivery_guarantee.value})")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_transactions": None, "_context": None}
+
+    def _producer_config(self) -> dict[str, Any]:
+        return {"bootstrap.servers": self.bootstrap_servers, "linger.ms": 5,
+                "enable.idempotence": self.delivery_guarantee is not DeliveryGuarantee.NONE,
+                **self.properties}
+
+    def claim(self, context: SinkContext) -> None:
+        self._context = context
+
+    def writer(self, context: SinkContext) -> SinkWriter[Any]:
+        self._context = context
+        if self.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE:
+            return _WriteAheadWriter(self, context)
+        return _DirectWriter(self, context)
+
+    # -- exactly-once: committables are {"origin", "run", "checkpoint", "records"}
+
+    def transactional_id(self, origin: int) -> str:
+        """The transactional id (and marker group) of subtask ``origin``'s commits."""
+        return f"{self.transactional_id_prefix}-{origin}"
+
+    @property
+    def _slots(self) -> TransactionalSlots:
+        if self._transactions is None:
+            self._transactions = TransactionalSlots(
+                self.bootstrap_servers, self.topic, str(self.transactional_id_prefix),
+                self._producer_config())
+        return self._transactions
+
+    def commit(self, committables: list[Any]) -> None:
+        """Write each checkpoint's records in one transaction with its marker, in
+        checkpoint order per subtask; a checkpoint whose marker is committed already is
+        skipped (idempotent: :mod:`weir.connectors.kafka_transactions`)."""
+        for c in sorted(committables, key=lambda c: (c["origin"], c["run"], c["checkpoint"])):
+            self._slots.write_once(int(c["origin"]), str(c["run"]), int(c["checkpoint"]),
+                                   msgpack.unpackb(c["records"], use_list=False))
+
+    def commit_after_recovery(self, committables: list[Any]) -> None:
+        """Commit the recovered committables of the subtasks whose index is this one's
+        modulo the parallelism (the sink's state is a union: every subtask gets all)."""
+        context = self._context
+        if context is None:
+            raise SinkError("KafkaSink: commit_after_recovery before claim")
+        self.commit([c for c in committables
+                     if int(c["origin"]) % context.parallelism == context.subtask])
+
+    def abort_attempts(self, context: SinkContext, keep: list[Any]) -> None:
+        """Fence every earlier producer of this subtask's transactional id (aborting an
+        open transaction of it): nothing else of an earlier attempt is left open."""
+        if self.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE:
+            self._slots.producer(context.subtask)
+
+
+class _WriteAheadWriter(SinkWriter[Any]):
+    """Exactly-once: a checkpoint's records, kept until the checkpoint completes."""
+
+    def __init__(self, sink: KafkaSink, context: SinkContext) -> None:
+        self.sink, self.context = sink, context
+        self._records: list[tuple[bytes | None, bytes | None]] = []
+
+    def write(self, record: Any) -> None:
+        self._records.append(self.sink.serializer(record))
+
+    def prepare_commit(self, checkpoint_id: int) -> Any:
+        if not self._records:
+            return None
+        records, self._records = self._records, []
+        return {"origin": self.context.subtask, "run": self.context.run_id,
+                "checkpoint": checkpoint_id, "records": msgpack.packb(records)}
+
+
+class _DirectWriter(SinkWriter[Any]):
+    """NONE and AT_LEAST_ONCE: straight to the producer (flushed at every barrier for
+    at-least-once)."""
+
+    def __init__(self, sink: KafkaSink, context: SinkContext) -> None:
+        self.sink = sink
+        self.producer = kafka_client().Producer(sink._producer_config())
+        self._errors: list[str] = []
+
+    def _delivered(self, error: Any, _message: Any) -> None:
+        if error is not None:
+            self._errors.append(str(error))
+
+    def write(self, record: Any) -> None:
+        key, value = self.sink.serializer(record)
+        produce(self.producer, self.sink.topic, key, value, self._delivered)
+        self.producer.poll(0)
+
+    def prepare_commit(self, checkpoint_id: int) -> Any:
+        if self.sink.delivery_guarantee is DeliveryGuarantee.AT_LEAST_ONCE:
+            left = self.producer.flush(TIMEOUT_S)
+            if left or self._errors:
+                raise SinkError(f"KafkaSink {self.sink.topic!r}: at checkpoint "
+                                f"{checkpoint_id}, {left} records not acknowledged and "
+                                f"{len(self._errors)} refused: {self._errors[:3]}")
+        return None
+
+    def close(self) -> None:
+        self.producer.flush(TIMEOUT_S)
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def read_kafka(bootstrap_servers: str, topic: str, *,
+               isolation_level: str = "read_committed", timeout_s: float = 60.0,
+               properties: dict[str, Any] | None = None) -> list[KafkaRecord]:
+    """Every record of ``topic`` up to its current end (committed ones only, by
+    default), partition by partition in offset order. A transaction left open holds
+    ``read_committed`` readers back: after ``timeout_s`` that is a SourceError."""
+
+    kafka = kafka_client()
+    consumer = kafka.Consumer({"bootstrap.servers": bootstrap_servers,
+                               "group.id": f"weir-read-{uuid.uuid4().hex}",
+                               "enable.auto.commit": False,
+                               "isolation.level": isolation_level, **(properties or {})})
+    try:
+        meta = _topic_metadata(consumer, topic, time.monotonic() + timeout_s)
+        if meta.error is not None:
+            raise SourceError(f"read_kafka: topic {topic!r}: {meta.error}")
+        ends = {}
+        for partition in sorted(meta.partitions):
+            low, high = consumer.get_watermark_offsets(
+                kafka.TopicPartition(topic, partition), timeout=TIMEOUT_S, cached=False)
+            if high > low:
+                ends[partition] = (low, high)
+        out: list[KafkaRecord] = []
+        if not ends:
+            return out
+        consumer.assign([kafka.TopicPartition(topic, p, low) for p, (low, _) in ends.items()])
+        remaining = set(ends)
+        deadline = time.monotonic() + timeout_s
+        while remaining:
+            if time.monotonic() > deadline:
+                raise SourceError(
+                    f"read_kafka: partitions {sorted(remaining)} of {topic!r} did not reach "
+                    f"their end in {timeout_s:.0f} s: an open transaction holds their last "
+                    f"stable offset back")
+            messages = consumer.consume(num_messages=10_000, timeout=0.2)
+            for message in messages:
+                if message.error() is None:
+                    out.append(_record_of(message))
+            positions = consumer.position([kafka.TopicPartition(topic, p) for p in remaining])
+            remaining = {tp.partition for tp in positions if tp.offset < ends[tp.partition][1]}
+        out.sort(key=lambda r: (r.partition, r.offset))
+        return out
+    finally:
+        consumer.close()
+
+
+def _topic_metadata(consumer: Any, topic: str, deadline: float) -> Any:
+    """``topic``'s metadata, asked again while the broker cannot be reached (until
+    ``deadline``, ``time.monotonic()``)."""
+
+    kafka = kafka_client()
+    while True:
+        try:
+            return consumer.list_topics(topic, timeout=TIMEOUT_S).topics[topic]
+        except kafka.KafkaException as exc:
+            retriable = exc.args and exc.args[0].code() in (
+                kafka.KafkaError._TRANSPORT, kafka.KafkaError._TIMED_OUT,
+                kafka.KafkaError._ALL_BROKERS_DOWN)
+            if not retriable or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
