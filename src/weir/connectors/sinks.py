@@ -179,6 +179,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from weir.connectors.files import FilesDataSource
+from weir.connectors.kafka_spark import KafkaDataSource
 from weir.connectors.sqlite import SqliteDataSource
 
 if TYPE_CHECKING:
@@ -190,6 +191,8 @@ __all__ = ["register_sinks"]
 
 
 def register_sinks(spark: SparkSession) -> None:
-    """Register ``weir-files`` and ``weir-sqlite`` with ``spark`` (once per session)."""
+    """Register ``weir-files``, ``weir-sqlite`` and ``weir-kafka``
+    (:mod:`weir.connectors.kafka_spark`) with ``spark`` (once per session)."""
     spark.dataSource.register(FilesDataSource)
     spark.dataSource.register(SqliteDataSource)
+    spark.dataSource.register(KafkaDataSource)

@@ -1,10 +1,11 @@
 """The connectors of the Spark (micro-batch) runtime (:mod:`weir.spark`): exactly-once
 sinks as PySpark Python data sources. :func:`register_sinks` makes
 ``df.writeStream.format("weir-files")`` (:class:`FilesDataSource`: JSON-lines files, a
-directory per batch) and ``format("weir-sqlite")`` (:class:`SqliteDataSource`: rows of
-a SQLite table) available; :func:`read_file_sink` and :func:`read_sqlite_sink` read
-what they committed. Options, on-disk layout and the exactly-once argument are in
-:mod:`weir.connectors.sinks`.
+directory per batch), ``format("weir-sqlite")`` (:class:`SqliteDataSource`: rows of
+a SQLite table) and ``format("weir-kafka")`` (:class:`KafkaDataSource`: a Kafka topic,
+exactly-once per batch id; :mod:`weir.connectors.kafka_spark`) available;
+:func:`read_file_sink` and :func:`read_sqlite_sink` read what they committed. Options,
+on-disk layout and the exactly-once argument are in :mod:`weir.connectors.sinks`.
 
 The continuous runtime's sources and sinks are in :mod:`weir.connectors.stream`.
 Importing this module imports ``pyspark.sql``."""
@@ -19,6 +20,7 @@ from weir.connectors.files import (
     committed_file_batches,
     read_file_sink,
 )
+from weir.connectors.kafka_spark import KAFKA_SINK_NAME, KafkaDataSource
 from weir.connectors.sinks import register_sinks
 from weir.connectors.sqlite import (
     SQLiteCommitMessage,
@@ -30,10 +32,12 @@ from weir.connectors.sqlite import (
 
 __all__ = [
     "FILE_SINK_NAME",
+    "KAFKA_SINK_NAME",
     "SQLITE_SINK_NAME",
     "FileCommitMessage",
     "FileSinkWriter",
     "FilesDataSource",
+    "KafkaDataSource",
     "SQLiteCommitMessage",
     "SQLiteSinkWriter",
     "SqliteDataSource",
