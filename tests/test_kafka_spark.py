@@ -1,5 +1,5 @@
-"""``weir-kafka``: the micro-batch runtime's exactly-once Kafka sink, on real Spark
-against a real broker (noida-db). A weir stage counts per key and writes each count
+"""``weir-kafka``: the micro-batch runtime's Kafka source and exactly-once Kafka sink,
+on real Spark against a real broker (noida-db). A weir stage counts per key and writes each count
 to Kafka; the oracle: every input record once in the ``read_committed`` output (L, D)
 and each key's counts 1..k (M). The replay test fails a batch after one of its tasks
 has committed its transaction: the restarted query replays the batch with the same id
@@ -120,4 +120,56 @@ def test_a_batch_replayed_after_a_failure_writes_each_partition_once(
     counts = ldm(kafka.bootstrap, topic, 1_200)
     print(f"L={counts[0]} D={counts[1]} M={counts[2]} | failures injected=1 "
           f"(after {first - 400} of batch 1's records were committed)")
+    assert counts == (0, 0, 0)
+
+
+def test_kafka_in_a_keyed_count_kafka_out_on_spark(
+    spark: Any, tmp_path: Path, kafka: Broker
+) -> None:
+    """``spark.readStream.format("weir-kafka")`` → a weir stage → ``weir-kafka``, in
+    batches of at most 500 offsets, stopped and started again halfway: every record's
+    count once (L = D = M = 0), the restarted query going on from Spark's offsets."""
+    from confluent_kafka import Producer
+
+    by_value()
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    weir.connectors.spark.register_sinks(spark)
+    source, sink = create_topic(kafka.bootstrap, 3), create_topic(kafka.bootstrap, 2)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+
+    def produce(records: list[dict[str, Any]]) -> None:
+        for r in records:
+            producer.produce(source, key=r["key"].encode(), value=json.dumps(r).encode())
+        assert producer.flush(30) == 0
+
+    def run() -> None:
+        config = weir.JobConfig(tmp_path / "weir", parallelism=2)
+        raw = (spark.readStream.format("weir-kafka")
+               .option("kafka.bootstrap.servers", kafka.bootstrap).option("subscribe", source)
+               .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", 500)
+               .load())
+        events = raw.selectExpr("CAST(value AS STRING) AS json").selectExpr(
+            "get_json_object(json, '$.key') AS key",
+            "CAST(get_json_object(json, '$.seq') AS BIGINT) AS seq")
+        counts = weir.spark.process(events, "key", Count(),
+                                    "key string, seq long, n long, subtask int", "count", config)
+        query = (counts.selectExpr("key", "to_json(struct(key, seq, n)) AS value")
+                 .writeStream.format("weir-kafka")
+                 .option("kafka.bootstrap.servers", kafka.bootstrap).option("topic", sink)
+                 .option("checkpointLocation", str(tmp_path / "spark"))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination()
+        weir.spark.finish(query)
+        # (maxOffsetsPerTrigger: 1,200 records in three batches, not one)
+        assert sum(1 for p in query.recentProgress if p.numInputRows) >= 3
+
+    produce(keyed_records(0, 1_200, KEYS))
+    run()
+    assert len(read_kafka(kafka.bootstrap, sink)) == 1_200
+    produce(keyed_records(1_200, 1_200, KEYS))
+    run()
+    counts = ldm(kafka.bootstrap, sink, 2_400)
+    print(f"L={counts[0]} D={counts[1]} M={counts[2]} | restarts of the query=1")
     assert counts == (0, 0, 0)

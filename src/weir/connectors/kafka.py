@@ -51,6 +51,7 @@ Both take extra client settings as ``properties`` (librdkafka's names, e.g.
 from __future__ import annotations
 
 import enum
+import importlib
 import re
 import time
 import uuid
@@ -199,18 +200,42 @@ class KafkaSource(Source[Any]):
                                          timeout=TIMEOUT_S):
                 if tp.offset >= 0:
                     committed[(tp.topic, tp.partition)] = tp.offset
+        bounds = offset_bounds(self.bootstrap_servers, splits, self.properties)
         for topic, partition in splits:
-            low, high = consumer.get_watermark_offsets(
-                kafka.TopicPartition(topic, partition), timeout=TIMEOUT_S, cached=False)
+            low, stable = bounds[(topic, partition)]
             if self.starting_offsets == "latest":
-                start = high
+                start = stable
             elif isinstance(self.starting_offsets, dict):
                 start = self.starting_offsets.get((topic, partition), low)
             else:
                 start = committed.get((topic, partition), low)
             out.append([topic, partition, max(low, int(start)),
-                        high if self.bounded else None])
+                        stable if self.bounded else None])
         return out
+
+
+def offset_bounds(bootstrap_servers: str, partitions: Sequence[tuple[str, int]],
+                  properties: dict[str, Any] | None = None
+                  ) -> dict[tuple[str, int], tuple[int, int]]:
+    """Each partition's (first offset, last stable offset): the LSO, not the high
+    watermark — a ``read_committed`` reader gets nothing past it, and records of a
+    transaction still open there may yet be aborted (one admin call for all)."""
+    if not partitions:
+        return {}
+    kafka = kafka_client()
+    admin_module: Any = importlib.import_module("confluent_kafka.admin")
+    AdminClient, OffsetSpec = admin_module.AdminClient, admin_module.OffsetSpec
+    auth = {k: v for k, v in (properties or {}).items()
+            if k.startswith(("security.", "sasl.", "ssl."))}
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, **auth})
+    out: dict[tuple[str, int], list[int]] = {tp: [0, 0] for tp in partitions}
+    for index, spec in ((0, OffsetSpec.earliest()), (1, OffsetSpec.latest())):
+        asked = admin.list_offsets(
+            {kafka.TopicPartition(t, p): spec for t, p in partitions},
+            isolation_level=kafka.IsolationLevel.READ_COMMITTED, request_timeout=TIMEOUT_S)
+        for tp, future in asked.items():
+            out[(tp.topic, tp.partition)][index] = int(future.result().offset)
+    return {tp: (low, high) for tp, (low, high) in out.items()}
 
 
 class _KafkaReader(SourceReader[Any]):

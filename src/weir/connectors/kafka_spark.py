@@ -1,8 +1,25 @@
-"""``weir-kafka``: an exactly-once Kafka sink for Spark Structured Streaming (the
-micro-batch runtime), a PySpark Python data source — PySpark's own Kafka sink needs
-JVM jars from outside the package registries, and is at-least-once.
+"""``weir-kafka``: Kafka in and out for Spark Structured Streaming (the micro-batch
+runtime), a PySpark Python data source — PySpark's own Kafka connector needs JVM jars
+from outside the package registries (and its sink is at-least-once).
 
-Registered by :func:`weir.connectors.spark.register_sinks`; then::
+**Reading**, with Spark's Kafka option names and columns::
+
+    events = (spark.readStream.format("weir-kafka")
+              .option("kafka.bootstrap.servers", "broker:9092")
+              .option("subscribe", "payments")          # topics, comma-separated
+              .option("startingOffsets", "earliest")    # or latest, or JSON
+              .option("maxOffsetsPerTrigger", 10000)    # optional
+              .load())
+
+Columns ``key``, ``value`` (binary), ``topic``, ``partition``, ``offset``,
+``timestamp``, ``timestampType`` — Spark's. Offsets are Spark's own: a batch's end
+offsets go into Spark's offset log before it runs, so a replay reads exactly the same
+records. Reads with ``isolation.level=read_committed`` and ends each batch at the
+partitions' last stable offsets (records of open transactions wait; of aborted ones
+never appear). ``startingOffsets`` as JSON: ``{"topic": {"0": 23, "1": -2}}`` (-2:
+earliest, -1: latest). Partitions are those of the topics when the query starts.
+
+**Writing**, registered by :func:`weir.connectors.spark.register_sinks`; then::
 
     (df.selectExpr("CAST(key AS STRING) AS key", "to_json(struct(*)) AS value")
        .writeStream.format("weir-kafka")
@@ -35,21 +52,45 @@ subtask ``i``, and a subtask's output is a function of its input and state).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import datetime as dt
+import json
+import time
+import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCommitMessage
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 
 from weir.connectors.common import _task_info
-from weir.connectors.kafka_transactions import TransactionalSlots
-from weir.errors import SinkError
+from weir.connectors.kafka import offset_bounds
+from weir.connectors.kafka_transactions import TIMEOUT_S, TransactionalSlots, kafka_client
+from weir.errors import ConfigurationError, SinkError, SourceError
 
 if TYPE_CHECKING:
     from pyspark.sql import Row
     from pyspark.sql.types import StructType
 
-__all__ = ["KAFKA_SINK_NAME", "KafkaCommitMessage", "KafkaDataSource", "KafkaStreamWriter"]
+__all__ = ["KAFKA_SINK_NAME", "KafkaCommitMessage", "KafkaDataSource", "KafkaStreamReader",
+           "KafkaStreamWriter"]
+
+#: how long a read may make no progress before it fails (seconds)
+_STALL_S = 120.0
+#: the columns a ``weir-kafka`` stream has (Spark's Kafka source's, without headers)
+SCHEMA = ("key binary, value binary, topic string, partition int, offset long, "
+          "timestamp timestamp, timestampType int")
 
 KAFKA_SINK_NAME = "weir-kafka"
 
@@ -128,14 +169,184 @@ def _required(options: Any, name: str) -> str:
     return str(value)
 
 
+@dataclass(frozen=True)
+class KafkaRange(InputPartition):
+    """The records of one partition a batch reads: offsets ``start`` up to ``end``."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+def _client_options(options: Any) -> dict[str, Any]:
+    """The ``kafka.*`` options but the bootstrap servers, as librdkafka settings."""
+    return {k.removeprefix("kafka."): v for k, v in options.items()
+            if k.lower().startswith("kafka.") and k.lower() != "kafka.bootstrap.servers"}
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """The stream reader of :class:`KafkaDataSource` (see the module doc):
+    ``maxOffsetsPerTrigger`` as Spark's read limit, and ``trigger(availableNow=True)``
+    reading, in as many batches as the limit makes, what was there when it started."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.bootstrap_servers = _required(options, "kafka.bootstrap.servers")
+        topics = options.get("subscribe")
+        if not topics:
+            raise ConfigurationError(f"{KAFKA_SINK_NAME} source: option 'subscribe' (the "
+                                     f"topics, comma-separated) is missing")
+        self.topics = sorted(t.strip() for t in topics.split(",") if t.strip())
+        self.starting = options.get("startingOffsets") or options.get(
+            "startingoffsets") or "latest"
+        limit = options.get("maxOffsetsPerTrigger") or options.get("maxoffsetspertrigger")
+        self.max_offsets = int(limit) if limit else None
+        self.client = _client_options(options)
+        self._partitions: list[tuple[str, int]] | None = None
+        #: trigger(availableNow=True): the offsets the query reads up to
+        self._target: dict[tuple[str, int], int] | None = None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Record the partitions' last stable offsets: the query ends there."""
+        self._target = {tp: stable for tp, (_, stable) in self._bounds().items()}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """``maxOffsetsPerTrigger`` records a batch, or everything available."""
+        return ReadAllAvailable() if self.max_offsets is None else ReadMaxRows(self.max_offsets)
+
+    def _all(self) -> list[tuple[str, int]]:
+        if self._partitions is None:
+            consumer = kafka_client().Consumer({"bootstrap.servers": self.bootstrap_servers,
+                                                "group.id": f"weir-{uuid.uuid4().hex}",
+                                                **self.client})
+            try:
+                found = consumer.list_topics(timeout=TIMEOUT_S).topics
+            finally:
+                consumer.close()
+            missing = [t for t in self.topics if t not in found or found[t].error is not None]
+            if missing:
+                raise SourceError(f"{KAFKA_SINK_NAME} source: topics {missing} do not exist "
+                                  f"on {self.bootstrap_servers}")
+            self._partitions = [(t, p) for t in self.topics for p in sorted(found[t].partitions)]
+        return self._partitions
+
+    def _bounds(self) -> dict[tuple[str, int], tuple[int, int]]:
+        return offset_bounds(self.bootstrap_servers, self._all(), self.client)
+
+    def initialOffset(self) -> dict[str, Any]:
+        """Where a new query starts: ``startingOffsets``."""
+        bounds = self._bounds()
+        given: dict[str, Any] = {}
+        if self.starting not in ("earliest", "latest"):
+            try:
+                given = json.loads(self.starting)
+            except ValueError:
+                raise ConfigurationError(
+                    f"{KAFKA_SINK_NAME} source: startingOffsets must be earliest, latest or "
+                    f"JSON such as {{\"topic\": {{\"0\": 23}}}}, got {self.starting!r}"
+                ) from None
+        out: dict[str, Any] = {}
+        for (topic, partition), (low, stable) in bounds.items():
+            wanted = given.get(topic, {}).get(str(partition), -2 if self.starting ==
+                                              "earliest" or given else -1)
+            offset = low if wanted == -2 else stable if wanted == -1 else int(wanted)
+            out.setdefault(topic, {})[str(partition)] = max(low, offset)
+        return out
+
+    def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None
+                     ) -> dict[str, Any]:
+        """The partitions' last stable offsets (with ``trigger(availableNow=True)``: at
+        most the ones it started at), at most ``limit`` records past ``start`` (shared
+        by the partitions in proportion to their lag)."""
+        ends = ({tp: stable for tp, (_, stable) in self._bounds().items()}
+                if self._target is None else dict(self._target))
+        most = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        if most is not None and start is not None:
+            begin = {tp: int(start.get(tp[0], {}).get(str(tp[1]), end))
+                     for tp, end in ends.items()}
+            lag = {tp: max(0, ends[tp] - begin[tp]) for tp in ends}
+            total = sum(lag.values())
+            if total > most:
+                share = {tp: lag[tp] * most // total for tp in ends}
+                for tp in sorted(ends, key=lambda t: -lag[t]):  # (the rounding's rest)
+                    if sum(share.values()) >= most:
+                        break
+                    share[tp] += 1 if share[tp] < lag[tp] else 0
+                for tp in ends:
+                    ends[tp] = begin[tp] + share[tp]
+        out: dict[str, Any] = {}
+        for (topic, partition), end in ends.items():
+            out.setdefault(topic, {})[str(partition)] = end
+        return out
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[KafkaRange]:
+        """One input partition per Kafka partition with records between the two."""
+        out = []
+        for topic, ends in sorted(end.items()):
+            for partition, stop in sorted(ends.items(), key=lambda e: int(e[0])):
+                begin = int(start.get(topic, {}).get(partition, stop))
+                if int(stop) > begin:
+                    out.append(KafkaRange(topic, int(partition), begin, int(stop)))
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        """The records of one range (on an executor)."""
+        assert isinstance(partition, KafkaRange)
+        kafka = kafka_client()
+        consumer = kafka.Consumer({"bootstrap.servers": self.bootstrap_servers,
+                                   "group.id": f"weir-{uuid.uuid4().hex}",
+                                   "enable.auto.commit": False,
+                                   "isolation.level": "read_committed",
+                                   **self.client, "auto.offset.reset": "error"})
+        try:
+            tp = kafka.TopicPartition(partition.topic, partition.partition, partition.start)
+            consumer.assign([tp])
+            position = partition.start
+            stalled = time.monotonic() + _STALL_S
+            while position < partition.end:
+                if time.monotonic() > stalled:
+                    raise SourceError(
+                        f"{KAFKA_SINK_NAME} source, {partition.topic}[{partition.partition}]: "
+                        f"no progress at offset {position} (of {partition.start}.."
+                        f"{partition.end}) for {_STALL_S:.0f} s: is the broker reachable?")
+                for message in consumer.consume(num_messages=10_000, timeout=0.2):
+                    error = message.error()
+                    if error is not None:
+                        raise SourceError(f"{KAFKA_SINK_NAME} source, {partition.topic}"
+                                          f"[{partition.partition}]: {error}")
+                    if message.offset() >= partition.end:
+                        continue
+                    kind, ts = message.timestamp()
+                    yield (message.key(), message.value(), message.topic(),
+                           message.partition(), message.offset(),
+                           dt.datetime.fromtimestamp(ts / 1000) if kind and ts >= 0 else None,
+                           int(kind))
+                (found,) = consumer.position([tp])
+                if found.offset > position:
+                    position, stalled = found.offset, time.monotonic() + _STALL_S
+        finally:
+            consumer.close()
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to do: Spark's offset and commit logs are the source's positions."""
+
+
 class KafkaDataSource(DataSource):
-    """``weir-kafka``: an exactly-once Kafka sink of the micro-batch runtime (see the
-    module doc)."""
+    """``weir-kafka``: Kafka in and out for the micro-batch runtime, exactly-once out
+    (see the module doc)."""
 
     @classmethod
     def name(cls) -> str:
         """The format name, ``"weir-kafka"``."""
         return KAFKA_SINK_NAME
+
+    def schema(self) -> str:
+        """The columns of a ``weir-kafka`` stream (Spark's Kafka source's)."""
+        return SCHEMA
+
+    def streamReader(self, schema: StructType) -> KafkaStreamReader:
+        """The stream reader (Spark calls this on the driver)."""
+        return KafkaStreamReader(dict(self.options))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> KafkaStreamWriter:
         """The writer of one micro-batch (Spark calls this on the driver)."""
