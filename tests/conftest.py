@@ -77,3 +77,17 @@ def own_kafka(tmp_path: Path):  # type: ignore[no-untyped-def]
     broker.start()
     yield broker
     broker.close()
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A real S3-compatible server (SeaweedFS ``weed mini``) on free loopback ports for
+    this test process (:mod:`s3_support`); tests use their own prefixes of its bucket
+    (``seaweed.url()``) with ``seaweed.storage_options``."""
+    from s3_support import SeaweedS3
+
+    server = SeaweedS3(tmp_path_factory.mktemp("seaweed") / "data")
+    server.start()
+    yield server
+    server.close()
+    server.wipe()

@@ -347,9 +347,9 @@ class EpochStore:
 
     def record_spark_checkpoint(self, query: str, root: str) -> None:
         """Remember where query ``query`` keeps Spark's checkpoint (its offset log)."""
-        storage = self.query_storage(query)
-        if not storage.exists(SPARK_FILE):
-            storage.write(SPARK_FILE, json.dumps({"checkpoint": root}).encode())
+        # compare-and-set (the first record stands), never exists-then-write
+        self.query_storage(query).create_exclusive(
+            SPARK_FILE, json.dumps({"checkpoint": root}).encode())
 
     def spark_checkpoint(self, query: str) -> str | None:
         """Spark's checkpoint location of ``query``, if the driver recorded it."""

@@ -258,12 +258,11 @@ class Lineage:
         without retained checkpoints): the next owner starts from empty state.
         ``facts``: what the owner records of its end (a continuous job: ``next_id``,
         ``last_completed``, the ``savepoint`` it stopped with)."""
-        path = f"{self._name(token)}.released"
-        if not self.stage.exists(path):
-            doc: dict[str, Any] = {**(facts or {}), "ms": wall_ms()}
-            if discarded:
-                doc["discarded"] = True
-            self.stage.write(path, json.dumps(doc).encode())
+        doc: dict[str, Any] = {**(facts or {}), "ms": wall_ms()}
+        if discarded:
+            doc["discarded"] = True
+        # compare-and-set, never exists-then-write: the first release stands
+        self.stage.create_exclusive(f"{self._name(token)}.released", json.dumps(doc).encode())
 
     def record(self, claim: Claim, what: str) -> dict[str, Any]:
         """The claim's ``.released`` or ``.alive`` record ({} if absent or unreadable)."""

@@ -143,6 +143,25 @@ class FileRef:
         return FileRef(path, size, digest)
 
 
+def _precondition_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it wraps) is an object store's refused precondition:
+    S3's ``PreconditionFailed``/HTTP 412 (s3fs raises ``FileExistsError`` only when the
+    reply names ``If-None-Match``; otherwise an ``OSError`` caused by botocore's error)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        response = getattr(cause, "response", None)
+        if isinstance(response, dict):
+            error = response.get("Error") or {}
+            meta = response.get("ResponseMetadata") or {}
+            if error.get("Code") in ("PreconditionFailed", "412") or meta.get(
+                    "HTTPStatusCode") == 412:
+                return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
 class CheckpointStorage:
     """Files of checkpoints and savepoints under one root URL."""
 
@@ -191,6 +210,7 @@ class CheckpointStorage:
         sub.url = self.url.rstrip("/") + "/" + relative
         sub.fs = self.fs
         sub.root = self.full_path(relative)
+        sub.storage_options = self.storage_options
         sub._local = self._local
         return sub
 
@@ -241,7 +261,9 @@ class CheckpointStorage:
 
         A local filesystem links a fully written, fsynced temporary file to the name
         (``link`` fails if the name exists); other filesystems open the name in
-        exclusive-create mode (``"xb"``: ``If-None-Match: *`` on S3)."""
+        exclusive-create mode (``"xb"``: ``If-None-Match: *`` on S3; its only
+        precondition, so a refused one — HTTP 412, which some S3-compatible servers, e.g.
+        SeaweedFS, send without naming the condition — means the object exists)."""
         final = self.full_path(relative)
         _count(_WRITES, 1, _WRITE_BYTES, len(data))
         try:
@@ -252,6 +274,10 @@ class CheckpointStorage:
                         f.write(data)
                 except FileExistsError:
                     return False
+                except OSError as exc:
+                    if _precondition_failed(exc):
+                        return False
+                    raise
                 return True
             if os.path.lexists(final):
                 return False
@@ -285,7 +311,20 @@ class CheckpointStorage:
                 f"of the checkpoint storage"
             ) from exc
 
+    def _fresh(self, path: str) -> None:
+        """Drop what the filesystem remembers of listings of ``path`` and its parents
+        before a question about what exists: fsspec's object stores (s3fs) answer
+        ``exists``/``ls``/``info`` from listings cached by this process, which miss what
+        other processes wrote since — a stale "absent" would break fencing (a newer
+        claim unseen) and retention. The storage never trusts such a cache."""
+        if self._local:
+            return
+        invalidate = getattr(self.fs, "invalidate_cache", None)
+        if invalidate is not None:
+            invalidate(path)
+
     def _forget(self, path: str) -> None:
+        self._fresh(path)
         try:
             if self.fs.exists(path):
                 self.fs.rm(path)
@@ -296,6 +335,7 @@ class CheckpointStorage:
         """Remove a file (or a directory tree); missing is fine."""
         path = self.full_path(relative)
         _count(_DELETES)
+        self._fresh(path)
         try:
             if self.fs.exists(path):
                 self.fs.rm(path, recursive=recursive)
@@ -363,12 +403,15 @@ class CheckpointStorage:
     def exists(self, relative: str) -> bool:
         """Whether a file or directory exists."""
         _count(_EXISTS)
-        return bool(self.fs.exists(self.full_path(relative)))
+        path = self.full_path(relative)
+        self._fresh(path)
+        return bool(self.fs.exists(path))
 
     def list_dir(self, relative: str = "") -> list[str]:
         """Names directly under ``relative`` (empty if it does not exist)."""
         path = self.full_path(relative)
         _count(_LISTS)
+        self._fresh(path)
         try:
             entries = self.fs.ls(path, detail=False)
         except FileNotFoundError:
@@ -384,6 +427,7 @@ class CheckpointStorage:
         """Every file under ``relative``, as paths relative to the root."""
         base = self.full_path(relative)
         _count(_LISTS)
+        self._fresh(base)
         try:
             found = self.fs.find(base)
         except FileNotFoundError:

@@ -75,7 +75,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from weir.connectors.common import _task_info
-from weir.connectors.kafka import offset_bounds
+from weir.connectors.kafka_offsets import offset_bounds
 from weir.connectors.kafka_transactions import TIMEOUT_S, TransactionalSlots, kafka_client
 from weir.errors import ConfigurationError, SinkError, SourceError
 
