@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup java compiler chromium demo test docs soak lint bench-state-ops bench-checkpoint bench-query-state bench-spark bench-large-state bench-continuous peers clean
+.PHONY: setup java compiler chromium demo test docs soak lint bench-state-ops bench-checkpoint bench-checkpoint-s3 bench-query-state bench-spark bench-large-state bench-continuous peers clean
 
 setup: java compiler chromium $(STAMP)
 
@@ -77,6 +77,10 @@ bench-state-ops: setup
 
 bench-checkpoint: setup
 	$(PY) -m bench.checkpoint
+
+# checkpoints on S3 (a SeaweedFS server of the dev extras, on loopback) vs local disk
+bench-checkpoint-s3: setup
+	$(PY) -m bench.checkpoint_s3
 
 bench-query-state: setup
 	$(PY) -m bench.query_state
