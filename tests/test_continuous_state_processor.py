@@ -187,13 +187,11 @@ def test_a_storage_stopped_with_a_savepoint_means_that_savepoint(tmp_path: Path)
     assert check_continued(read_stream_sink(tmp_path / "out"), n, before, 1_000) == (0, 0, 0)
 
 
-def test_records_in_flight_of_an_unaligned_checkpoint_survive_the_rewrite(
-    tmp_path: Path
-) -> None:
+def cancelled_with_records_in_flight(tmp_path: Path, n: int
+                                     ) -> tuple[str, Any, dict[int, int]]:
     """A backpressured job (tiny buffers, a slow function) with unaligned checkpoints,
-    cancelled with its checkpoints retained: the newest holds records in flight; its
-    rewrite keeps them, and the job restored from it loses none."""
-    n = 30_000
+    cancelled with its checkpoints retained once two hold records in flight: its
+    storage root, its newest checkpoint (holding records in flight) and its counts."""
     client = env_of(tmp_path, SequenceSource(n), SlowCount(), channels=TINY,
                     checkpointing=CheckpointConfig(interval=50, unaligned=True,
                                                    retain_on_cancel=True)
@@ -205,7 +203,17 @@ def test_records_in_flight_of_an_unaligned_checkpoint_survive_the_rewrite(
     root = str(tmp_path / "chk")
     base = weir.read_state(root).checkpoint("count")
     assert base.metadata.channel_state, "the newest checkpoint holds no records in flight"
-    before = counts_of(weir.read_state(root))
+    return root, base, counts_of(weir.read_state(root))
+
+
+def test_records_in_flight_of_an_unaligned_checkpoint_survive_the_rewrite(
+    tmp_path: Path
+) -> None:
+    """A backpressured job (tiny buffers, a slow function) with unaligned checkpoints,
+    cancelled with its checkpoints retained: the newest holds records in flight; its
+    rewrite keeps them, and the job restored from it loses none."""
+    n = 30_000
+    root, base, before = cancelled_with_records_in_flight(tmp_path, n)
 
     savepoint = rewrite_counts(tmp_path, root, 1_000)
     copied = load_checkpoint(savepoint).metadata.channel_state
@@ -227,18 +235,7 @@ def test_weir_savepoint_create_of_a_continuous_storage_restores_exactly_once(
     from weir.cli import app
 
     n = 30_000
-    client = env_of(tmp_path, SequenceSource(n), SlowCount(), channels=TINY,
-                    checkpointing=CheckpointConfig(interval=50, unaligned=True,
-                                                   retain_on_cancel=True)
-                    ).execute_async("unaligned")
-    wait_for(client, "a checkpoint with records in flight", lambda: sum(
-        1 for s in client.checkpoints() if s.status.name == "COMPLETED"
-        and s.channel_state_bytes) >= 2)
-    client.cancel()
-    root = str(tmp_path / "chk")
-    base = weir.read_state(root).checkpoint("count")
-    assert base.metadata.channel_state, "the newest checkpoint holds no records in flight"
-    before = counts_of(weir.read_state(root))
+    root, base, before = cancelled_with_records_in_flight(tmp_path, n)
 
     made = CliRunner().invoke(app, ["savepoint", "create", root, str(tmp_path / "sp")])
     assert made.exit_code == 0, made.output
