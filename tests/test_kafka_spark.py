@@ -34,14 +34,24 @@ KEYS = 40
 
 class FailOnce(Count):
     """Count, failing its task once at the record with ``seq == at`` (a token file:
-    the replay goes past it)."""
+    the replay goes past it) — once ``topic`` holds more than ``after`` records, so the
+    batch's other task has committed its part when this one fails (else Spark may
+    cancel that task first, and nothing of the batch is committed to replay)."""
 
-    def __init__(self, token: str, at: int) -> None:
+    def __init__(self, token: str, at: int, bootstrap: str = "", topic: str = "",
+                 after: int = 0) -> None:
         self.token, self.at = token, at
+        self.bootstrap, self.topic, self.after = bootstrap, topic, after
 
     def process_element(self, value: dict[str, Any], ctx: Any) -> Any:
         if value["seq"] == self.at and os.path.exists(self.token):
             os.remove(self.token)
+            import time
+
+            deadline = time.monotonic() + 60
+            while (self.topic and time.monotonic() < deadline
+                   and len(read_kafka(self.bootstrap, self.topic)) <= self.after):
+                time.sleep(0.1)
             raise RuntimeError(f"injected failure at seq {self.at}")
         yield from super().process_element(value, ctx)
 
@@ -107,7 +117,8 @@ def test_a_batch_replayed_after_a_failure_writes_each_partition_once(
     victim = next(r["seq"] for r in keyed_records(400, 400, KEYS)
                   if assign_key_to_parallel_operator(
                       r["key"], compute_default_max_parallelism(2), 2) == 1)
-    query = start(spark, tmp_path, kafka.bootstrap, topic, FailOnce(str(token), victim))
+    query = start(spark, tmp_path, kafka.bootstrap, topic,
+                  FailOnce(str(token), victim, kafka.bootstrap, topic, after=400))
     with pytest.raises(Exception, match="injected failure"):
         query.awaitTermination()
     query.stop()
