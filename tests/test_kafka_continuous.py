@@ -26,6 +26,8 @@ from weir.connectors.kafka import DeliveryGuarantee, KafkaRecord, KafkaSink, Kaf
 from weir.stream import CheckpointConfig, RestartStrategy, StreamEnvironment
 
 KEYS = 50
+#: records of the kill tests (1 ms each on two subtasks: about 4 s of work)
+KILL_N = 8_000
 
 
 @pytest.fixture(autouse=True)
@@ -116,12 +118,15 @@ def run_with_a_kill(tmp_path: Path, bootstrap: str, source: str, sink: str, *,
                     ) -> Any:
     """The job (SlowCount), task ``victim`` (subtask 1) killed with SIGKILL after two
     completed checkpoints; the job's result."""
-    client = job(tmp_path, bootstrap, source, sink, function=SlowCount(),
-                 guarantee=guarantee).execute_async("kafka", timeout="180 s")
+    client = job(tmp_path, bootstrap, source, sink, function=SlowerCount(),
+                 guarantee=guarantee, channels=TINY  # (little in flight: barriers soon)
+                 ).execute_async("kafka", timeout="180 s")
     wait_for(client, "two checkpoints", lambda: completed(client) >= 2)
     running = client._job
     wait_for(client, f"task {victim}[1]", lambda: (victim, 1) in running._procs)
+    committed = len(read_kafka(bootstrap, sink))
     running._procs[(victim, 1)].kill()  # (SIGKILL)
+    assert committed < KILL_N  # (killed with output still to come)
     return client.wait(180)
 
 
@@ -129,7 +134,7 @@ def run_with_a_kill(tmp_path: Path, bootstrap: str, source: str, sink: str, *,
 def test_a_task_killed_with_sigkill_restarts_and_the_output_stays_exactly_once(
     tmp_path: Path, kafka: Broker, victim: str
 ) -> None:
-    n = 20_000
+    n = KILL_N
     source, sink = create_topic(kafka.bootstrap, 4), create_topic(kafka.bootstrap, 3)
     produce(kafka.bootstrap, source, n)
     result = run_with_a_kill(tmp_path, kafka.bootstrap, source, sink, victim=victim)
@@ -140,7 +145,7 @@ def test_a_task_killed_with_sigkill_restarts_and_the_output_stays_exactly_once(
 
 
 def test_at_least_once_loses_nothing_across_a_kill(tmp_path: Path, kafka: Broker) -> None:
-    n = 20_000
+    n = KILL_N
     source, sink = create_topic(kafka.bootstrap, 4), create_topic(kafka.bootstrap, 3)
     produce(kafka.bootstrap, source, n)
     result = run_with_a_kill(tmp_path, kafka.bootstrap, source, sink, victim="count",
