@@ -49,6 +49,23 @@ def by_value(module: ModuleType) -> None:
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
+#: the keys of ``Count`` (n % 50)
+KEYS = 50
+
+
+def lost_duplicated_wrong(out: list[Any], n: int) -> tuple[int, int, int]:
+    """L, D and M of ``Count``'s [key, n, count] rows over ``0 .. n-1``: every number
+    once; each key's counts 1..n/50."""
+    numbers = Counter(r[1] for r in out)
+    lost = len(set(range(n)) - set(numbers))
+    duplicated = sum(c - 1 for c in numbers.values() if c > 1)
+    per_key: dict[int, list[int]] = {}
+    for key, _, count in out:
+        per_key.setdefault(key, []).append(count)
+    wrong = sum(sorted(per_key.get(k, [])) != list(range(1, n // KEYS + 1)) for k in range(KEYS))
+    return lost, duplicated, wrong
+
+
 def check_exactly_once(tmp_path: Path, n: int) -> None:
     """``Count`` over ``0 .. n-1`` into ``tmp_path/out`` with checkpoints in
     ``tmp_path/chk``: every number once in the output, every key's counts 1..n/50, the

@@ -31,10 +31,11 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SeaweedS3", "free_port_pair"]
+__all__ = ["SeaweedS3", "free_port_pair", "moto_s3"]
 
 WEED = Path(sys.executable).parent / "weed"
 KEY = "weir-test-key"
@@ -184,3 +185,26 @@ def _session_alive(sid: int) -> bool:
         if fields[0] != "Z" and int(fields[3]) == sid:
             return True
     return False
+
+
+@contextlib.contextmanager
+def moto_s3(bucket: str) -> Iterator[str]:
+    """A moto S3 server on 127.0.0.1 (ephemeral port) holding ``bucket``: its endpoint."""
+    import logging
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        assert host == "127.0.0.1"
+        endpoint = f"http://{host}:{port}"
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                     aws_access_key_id="testing", aws_secret_access_key="testing",
+                     ).create_bucket(Bucket=bucket)
+        yield endpoint
+    finally:
+        server.stop()

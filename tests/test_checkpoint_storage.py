@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import operator
 import os
 import pickle
@@ -199,23 +198,10 @@ def _loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="module")
 def moto_endpoint() -> Iterator[str]:
     """A moto S3 server on 127.0.0.1 (ephemeral port) holding one bucket."""
-    import boto3
-    from moto.server import ThreadedMotoServer
+    from s3_support import moto_s3
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        assert host == "127.0.0.1"
-        endpoint = f"http://{host}:{port}"
-        boto3.client(
-            "s3", endpoint_url=endpoint, region_name="us-east-1",
-            aws_access_key_id="testing", aws_secret_access_key="testing",
-        ).create_bucket(Bucket=BUCKET)
+    with moto_s3(BUCKET) as endpoint:
         yield endpoint
-    finally:
-        server.stop()
 
 
 @dataclass

@@ -35,7 +35,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,7 @@ import pytest
 from pyspark import cloudpickle
 
 import weir
-from continuous_helpers import Count, Running, by_value, completed, wait_for
+from continuous_helpers import Count, Running, by_value, completed, lost_duplicated_wrong, wait_for
 from weir.checkpoint.coordinator import load_checkpoint
 from weir.checkpoint.ownership import Lineage
 from weir.checkpoint.storage import CheckpointStorage
@@ -126,18 +125,6 @@ def counting_job(tmp_path: Path, n: int, *, rate: float | None = 5_000,
         .process(Count(), uid="count")
         .sink_to(FileSink(tmp_path / "out"), uid="sink"))
     return env
-
-
-def lost_duplicated_wrong(out: list[list[int]], n: int) -> tuple[int, int, int]:
-    """L, D and M against the oracle: every number once; each key's counts 1..n/50."""
-    numbers = Counter(r[1] for r in out)
-    lost = len(set(range(n)) - set(numbers))
-    duplicated = sum(c - 1 for c in numbers.values() if c > 1)
-    per_key: dict[int, list[int]] = {}
-    for key, _, count in out:
-        per_key.setdefault(key, []).append(count)
-    wrong = sum(sorted(per_key.get(k, [])) != list(range(1, n // KEYS + 1)) for k in range(KEYS))
-    return lost, duplicated, wrong
 
 
 def committed(tmp_path: Path) -> list[Path]:

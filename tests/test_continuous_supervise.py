@@ -16,7 +16,6 @@ import logging
 import random
 import re
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ import pytest
 
 import weir
 import weir.stream
-from continuous_helpers import Count, by_value
+from continuous_helpers import Count, by_value, lost_duplicated_wrong
 from weir.connectors import FileSink, SequenceSource, read_stream_sink
 from weir.errors import ConfigurationError, JobFailedError, RestartsExhaustedError
 from weir.stream import CheckpointConfig, JobResult, RestartStrategy, StreamEnvironment
@@ -56,18 +55,6 @@ class FailingCount(Count):
             else:
                 raise RuntimeError(f"injected failure at {value}")
         yield from super().process_element(value, ctx)
-
-
-def lost_duplicated_wrong(out: list[list[int]], n: int) -> tuple[int, int, int]:
-    """L, D and M against the oracle: every number once; each key's counts 1..n/50."""
-    numbers = Counter(r[1] for r in out)
-    lost = len(set(range(n)) - set(numbers))
-    duplicated = sum(c - 1 for c in numbers.values() if c > 1)
-    per_key: dict[int, list[int]] = {}
-    for key, _, count in out:
-        per_key.setdefault(key, []).append(count)
-    wrong = sum(sorted(per_key.get(k, [])) != list(range(1, n // KEYS + 1)) for k in range(KEYS))
-    return lost, duplicated, wrong
 
 
 @pytest.mark.parametrize("backend", ["hashmap", "rocksdb"])

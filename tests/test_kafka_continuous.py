@@ -13,14 +13,13 @@ import json
 import signal
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import weir
-from continuous_helpers import TINY, Count, by_value, completed, wait_for
+from continuous_helpers import TINY, Count, by_value, completed, lost_duplicated_wrong, wait_for
 from kafka_support import Broker, create_topic
 from weir.connectors.kafka import DeliveryGuarantee, KafkaRecord, KafkaSink, KafkaSource, read_kafka
 from weir.stream import CheckpointConfig, RestartStrategy, StreamEnvironment
@@ -89,16 +88,8 @@ def job(tmp_path: Path, bootstrap: str, source_topic: str, sink_topic: str, *,
 
 def ldm(bootstrap: str, topic: str, n: int) -> tuple[int, int, int]:
     """L, D and M of the committed output (see the module doc)."""
-    rows = [json.loads(r.value or b"") for r in read_kafka(bootstrap, topic)]
-    numbers = Counter(r[1] for r in rows)
-    lost = len(set(range(n)) - set(numbers))
-    duplicated = sum(c - 1 for c in numbers.values() if c > 1)
-    per_key: dict[int, list[int]] = {}
-    for key, _, count in rows:
-        per_key.setdefault(key, []).append(count)
-    wrong = sum(sorted(per_key.get(k, [])) != list(range(1, n // KEYS + 1))
-                for k in range(KEYS))
-    return lost, duplicated, wrong
+    return lost_duplicated_wrong([json.loads(r.value or b"") for r in read_kafka(bootstrap, topic)],
+                                 n)
 
 
 def test_kafka_to_a_keyed_count_to_kafka_is_exactly_once(tmp_path: Path, kafka: Broker

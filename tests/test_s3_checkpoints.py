@@ -7,7 +7,6 @@ checkpoints it wrote. Never mocks: every request goes to a server on 127.0.0.1."
 
 from __future__ import annotations
 
-import logging
 import sys
 import threading
 import uuid
@@ -36,21 +35,10 @@ def _by_value() -> None:
 @pytest.fixture(scope="module")
 def moto_server() -> Iterator[str]:
     """A moto S3 server on 127.0.0.1 (ephemeral port) holding one bucket."""
-    import boto3
-    from moto.server import ThreadedMotoServer
+    from s3_support import moto_s3
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                     aws_access_key_id="testing", aws_secret_access_key="testing",
-                     ).create_bucket(Bucket=MOTO_BUCKET)
+    with moto_s3(MOTO_BUCKET) as endpoint:
         yield endpoint
-    finally:
-        server.stop()
 
 
 @pytest.fixture(params=["seaweedfs", "moto"])
