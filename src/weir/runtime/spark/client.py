@@ -125,12 +125,8 @@ class JobClient:
 def _stage_metrics(uid: str, progress: Any, values: dict[str, Any]) -> TaskMetrics:
     """One stage's observed metrics of one batch as :class:`TaskMetrics`."""
     seconds = max(float(getattr(progress, "batchDuration", 0) or 0), 1.0) / 1000
-    started = getattr(progress, "timestamp", None)
-    try:
-        at_ms = int(datetime.fromisoformat(str(started).replace("Z", "+00:00"))
-                    .timestamp() * 1000)
-    except ValueError:
-        at_ms = 0
+    # (Spark's progress timestamp is ISO-8601 UTC, "...Z"; anything else is an error)
+    at_ms = int(datetime.fromisoformat(str(progress.timestamp)).timestamp() * 1000)
     count = {name: int(values.get(name, 0) or 0) for name in (
         "records", "outputs", "late_records", "dead_letters", "timers_fired",
         "state_entries", "state_size", "checkpointed_size", "subtasks", "restored")}
