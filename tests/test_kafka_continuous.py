@@ -180,12 +180,6 @@ class SlowerCount(Count):
         yield from super().process_element(value, ctx)
 
 
-@pytest.mark.skip(reason=(
-    "open defect (issue 40): after a broker restart in the middle of the output, the "
-    "transactions committed afterwards commit their markers but their records stay "
-    "invisible to read_committed readers (L=12,832 of 20,000); a restart followed by "
-    "a transaction on its own works, so noida-db's transaction state across a restart "
-    "is suspected, not yet shown"))
 def test_a_broker_restart_mid_run_keeps_the_output_exactly_once(
     tmp_path: Path, own_kafka: Broker
 ) -> None:
@@ -193,7 +187,9 @@ def test_a_broker_restart_mid_run_keeps_the_output_exactly_once(
     consumers and the sink's producers reconnect, and the output stays exactly once.
     The restart falls between two checkpoints' commits (checkpoints every 3 s, the
     restart 0.3 s after one completes): noida-db wedges a transactional id whose commit
-    it was finishing when it stopped (see kafka_support), which Apache Kafka does not."""
+    it was finishing when it stopped (see kafka_support), which Apache Kafka does not.
+    (It found librdkafka's hang in send_offsets_to_transaction after a broker went away:
+    L=12,832 of 20,000 — a hung transaction held the output's last stable offset back.)"""
     n = 20_000
     source, sink = create_topic(own_kafka.bootstrap, 4), create_topic(own_kafka.bootstrap, 3)
     produce(own_kafka.bootstrap, source, n)
@@ -245,6 +241,41 @@ def test_a_committed_checkpoint_is_never_written_twice(kafka: Broker) -> None:
     later_run = committable_of(again, 0, "run-b", 1, [b"d"])  # (a later run: ids anew)
     again.commit([later_run, second])
     assert [r.value for r in read_kafka(kafka.bootstrap, topic)] == [b"a", b"b", b"c", b"d"]
+
+
+def test_a_sink_producer_outlives_a_broker_restart_between_two_commits(
+    own_kafka: Broker
+) -> None:
+    """librdkafka 2.16 waits forever in send_offsets_to_transaction once the broker it
+    cached as group coordinator went away (confluentinc/librdkafka#5456, #5511): a
+    producer that saw the broker go is replaced before its next transaction."""
+    topic = create_topic(own_kafka.bootstrap, 2)
+    sink = sink_of(own_kafka.bootstrap, topic)
+    sink.commit([committable_of(sink, 0, "run-a", 1, [b"a"])])
+    own_kafka.restart(signal.SIGTERM)
+    started = time.monotonic()
+    sink.commit([committable_of(sink, 0, "run-a", 2, [b"b"])])
+    assert time.monotonic() - started < sink._slots.watchdog_s
+    assert [r.value for r in read_kafka(own_kafka.bootstrap, topic)] == [b"a", b"b"]
+
+
+def test_a_call_that_never_returns_fails_the_commit_and_drops_the_producer(
+    kafka: Broker
+) -> None:
+    """The watchdog over librdkafka's hang: the write fails with a SinkError naming the
+    transactional id, and the next write uses a new producer (fencing the stuck one)."""
+    from weir.errors import SinkError
+
+    topic = create_topic(kafka.bootstrap, 1)
+    sink = sink_of(kafka.bootstrap, topic)
+    slots = sink._slots
+    slots.watchdog_s = 0.2
+    stuck = slots.producer(0)
+    with pytest.raises(SinkError, match=f"{slots.transactional_id(0)}.*did not return"):
+        slots._bounded(0, lambda: time.sleep(1), "send_offsets_to_transaction")
+    assert slots.producer(0) is not stuck
+    sink.commit([committable_of(sink, 0, "run-a", 1, [b"a"])])
+    assert [r.value for r in read_kafka(kafka.bootstrap, topic)] == [b"a"]
 
 
 def test_a_dead_producers_open_transaction_is_aborted_not_left_to_block_readers(

@@ -12,10 +12,21 @@ Spark query id) as metadata — atomic with the records, read back with
 id (``init_transactions``: an open transaction of a dead or zombie one is aborted, so it
 never holds ``read_committed`` readers back and never commits late). A unit is written
 only if ``(run, sequence)`` is above the marker's: units of a slot are written in that
-order (runs are named so that a later run sorts after an earlier one)."""
+order (runs are named so that a later run sorts after an earlier one).
+
+Two defences against librdkafka (2.16) hanging in ``send_offsets_to_transaction`` past its
+timeout once a broker it knew went away (confluentinc/librdkafka#5456 and #5511: the
+group coordinator stays cached as a decommissioned broker after a re-bootstrap, and the
+call waits for it forever — seen here after a broker restart): a slot's producer that
+reported a broker error (``error_cb``) since its last transaction is replaced by a new
+one before the next (which fences it: nothing is open between two units), and the call
+is bounded by a watchdog, past which the slot's producer is dropped and the write fails
+with :class:`~weir.errors.SinkError` (the task fails; its retry fences the stuck
+transaction, so it never holds ``read_committed`` readers back)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -27,6 +38,9 @@ __all__ = ["TIMEOUT_S", "TransactionalSlots", "kafka_client", "produce"]
 #: within a continuous task's heartbeat timeout (50 s), so a broker that does not answer
 #: fails the task (and the job restarts) rather than making it look hung
 TIMEOUT_S = 10.0
+
+#: librdkafka issues whose hang the watchdog of :meth:`TransactionalSlots.write_once` bounds
+_HANG = "confluentinc/librdkafka#5456, #5511"
 
 
 def kafka_client() -> Any:
@@ -59,6 +73,9 @@ class TransactionalSlots:
         self.bootstrap_servers, self.topic, self.prefix = bootstrap_servers, topic, prefix
         self.producer_config = producer_config
         self._producers: dict[int, Any] = {}
+        self._troubled: set[int] = set()  # (slots whose producer reported a broker error)
+        #: how long a call that librdkafka may never return from is waited for
+        self.watchdog_s = 2 * TIMEOUT_S
 
     def transactional_id(self, slot: int) -> str:
         """The transactional id, and marker group, of ``slot``."""
@@ -68,12 +85,45 @@ class TransactionalSlots:
         """``slot``'s producer; made on first use, fencing every earlier one of its
         transactional id (an open transaction of it is aborted)."""
         producer = self._producers.get(slot)
-        if producer is None:
-            producer = kafka_client().Producer({**self.producer_config,
-                                                "transactional.id": self.transactional_id(slot)})
+        if producer is not None:
+            producer.poll(0)  # (serves error_cb: a broker error since the last unit?)
+            if slot in self._troubled:
+                producer = self._producers.pop(slot)  # (replaced: the new one fences it)
+        if slot not in self._producers:
+            self._troubled.discard(slot)
+            producer = kafka_client().Producer({
+                **self.producer_config, "transactional.id": self.transactional_id(slot),
+                "error_cb": self._error_callback(slot)})
             producer.init_transactions(TIMEOUT_S)
             self._producers[slot] = producer
-        return producer
+        return self._producers[slot]
+
+    def _error_callback(self, slot: int) -> Callable[[Any], None]:
+        chained = self.producer_config.get("error_cb")
+
+        def on_error(error: Any) -> None:
+            self._troubled.add(slot)
+            if chained is not None:
+                chained(error)
+        return on_error
+
+    def _bounded(self, slot: int, call: Callable[[], None], what: str) -> None:
+        """``call()``, but fail after :attr:`watchdog_s` if it has not returned (the
+        librdkafka hang of the module doc): the slot's producer is dropped."""
+        outcome: list[BaseException | None] = []
+        thread = threading.Thread(target=lambda: outcome.append(_run(call)), daemon=True,
+                                  name=f"weir-kafka-{what}")
+        thread.start()
+        thread.join(self.watchdog_s)
+        if not outcome:
+            self._producers.pop(slot, None)
+            raise SinkError(
+                f"Kafka topic {self.topic!r}: {what} of transactional id "
+                f"{self.transactional_id(slot)!r} did not return in {self.watchdog_s:g} s "
+                f"(librdkafka hangs there after a broker went away: {_HANG}); its "
+                f"producer is dropped, and the retry fences its open transaction")
+        if outcome[0] is not None:
+            raise outcome[0]
 
     def _group(self, slot: int) -> Any:
         auth = {k: v for k, v in self.producer_config.items()
@@ -112,15 +162,27 @@ class TransactionalSlots:
             producer.begin_transaction()
             for key, value in records:
                 produce(producer, self.topic, key, value, delivered)
-            producer.send_offsets_to_transaction(
-                [kafka.TopicPartition(self.topic, 0, sequence, run)],
-                group.consumer_group_metadata(), TIMEOUT_S)
+            marker = [kafka.TopicPartition(self.topic, 0, sequence, run)]
+            metadata = group.consumer_group_metadata()
+            self._bounded(slot, lambda: producer.send_offsets_to_transaction(
+                marker, metadata, TIMEOUT_S), "send_offsets_to_transaction")
             producer.flush(TIMEOUT_S)
             if errors:
                 producer.abort_transaction(TIMEOUT_S)
                 raise SinkError(f"Kafka topic {self.topic!r}: the records of {run} "
                                 f"{sequence} (slot {slot}) were refused: {errors[:3]}")
             producer.commit_transaction(TIMEOUT_S)
+        except BaseException:
+            self._producers.pop(slot, None)  # (its transaction may be open: fenced next)
+            raise
         finally:
             group.close()
         return True
+
+
+def _run(call: Callable[[], None]) -> BaseException | None:
+    try:
+        call()
+    except BaseException as exc:  # (handed to the caller's thread)
+        return exc
+    return None
