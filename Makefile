@@ -43,9 +43,11 @@ demo: setup
 	$(PY) -m weir.examples.fraud_demo
 
 # Two test processes (pytest-xdist), each with its own SparkSession: a test waits on a
-# JVM, a subprocess or a timer most of the time, so two share the 2 cores of CI.
+# JVM, a subprocess or a timer most of the time, so two share the 2 cores of CI. The
+# long runs go first (tests/conftest.py) and an idle process steals queued tests from
+# the other (worksteal): both end at about the same time.
 test: setup
-	$(PY) -m pytest -q -n 2 --durations=30
+	$(PY) -m pytest -q -n 2 --dist worksteal --durations=30
 
 # The user guide and the API reference (mkdocs.yml, docs/) into site/, in strict mode: a
 # broken link, anchor or cross-reference fails the build (make test builds it too:

@@ -13,6 +13,13 @@ import pytest
 BACKENDS = ("hashmap", "rocksdb")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long runs (marked ``slow``) first: ``make test`` shares tests out between two
+    processes that steal work from each other (``--dist worksteal``), so a long run
+    started last would leave one process running it alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     """The name of a state backend; tests using it run once per backend."""

@@ -123,6 +123,7 @@ def test_fraud_detector_alerts_equal_its_oracle() -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.slow  # (a fault run of its own driver: started first)
 def test_make_demo_survives_kill_9_exactly_once(tmp_path: Path) -> None:
     """``make demo`` end to end, smaller: Spark job killed with SIGKILL in the middle
     of a batch, restarted from its checkpoints, verified against the oracle."""

@@ -184,3 +184,36 @@ def test_kafka_in_a_keyed_count_kafka_out_on_spark(
     counts = ldm(kafka.bootstrap, sink, 2_400)
     print(f"L={counts[0]} D={counts[1]} M={counts[2]} | restarts of the query=1")
     assert counts == (0, 0, 0)
+
+
+def test_the_source_gives_spark_kafka_columns_and_headers_on_request(
+    spark: Any, tmp_path: Path, kafka: Broker
+) -> None:
+    """Spark's Kafka columns, and ``headers`` (array of key/value structs) with
+    ``includeHeaders=true``, as Spark's own Kafka source; without it, no such column."""
+    from confluent_kafka import Producer
+
+    weir.connectors.spark.register_sinks(spark)
+    topic = create_topic(kafka.bootstrap, 1)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+    producer.produce(topic, key=b"k", value=b"v", headers=[("trace", b"t-1"), ("n", b"2")])
+    assert producer.flush(30) == 0
+
+    def read(name: str, **options: str) -> list[Any]:
+        reader = (spark.readStream.format("weir-kafka")
+                  .option("kafka.bootstrap.servers", kafka.bootstrap)
+                  .option("subscribe", topic).option("startingOffsets", "earliest"))
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        query = (reader.load().writeStream.format("memory").queryName(name)
+                 .option("checkpointLocation", str(tmp_path / name))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination()
+        return spark.sql(f"SELECT * FROM {name}").collect()
+
+    (plain,) = read("kafka_plain")
+    assert (plain.key, plain.value, plain.topic, plain.partition, plain.offset) == (
+        b"k", b"v", topic, 0, 0)
+    assert "headers" not in plain.asDict()
+    (row,) = read("kafka_headers", includeHeaders="true")
+    assert [(h.key, bytes(h.value)) for h in row.headers] == [("trace", b"t-1"), ("n", b"2")]

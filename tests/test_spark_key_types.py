@@ -594,6 +594,7 @@ print(os.path.exists(MARKER), sorted(o & ((1 << 33) - 1) for o in orders) == lis
 
 
 @pytest.mark.spark
+@pytest.mark.slow  # (its own JVM: started first)
 def test_a_retried_task_numbers_its_rows_from_zero_again(tmp_path: Path) -> None:
     """The Java UDF's row count lives in the deserialized plan of one task attempt: a
     task that fails after numbering 100 rows is retried, and the retry numbers its

@@ -88,9 +88,20 @@ __all__ = ["KAFKA_SINK_NAME", "KafkaCommitMessage", "KafkaDataSource", "KafkaStr
 
 #: how long a read may make no progress before it fails (seconds)
 _STALL_S = 120.0
-#: the columns a ``weir-kafka`` stream has (Spark's Kafka source's, without headers)
+#: the columns a ``weir-kafka`` stream has (Spark's Kafka source's)
 SCHEMA = ("key binary, value binary, topic string, partition int, offset long, "
           "timestamp timestamp, timestampType int")
+#: and with ``includeHeaders=true`` (Spark's option), the records' headers
+HEADERS = "headers array<struct<key: string, value: binary>>"
+
+
+def _flag(options: Any, name: str) -> bool:
+    """A boolean option (Spark's spelling, any case of its name)."""
+    value = options.get(name, options.get(name.lower(), "false"))
+    if str(value).lower() not in ("true", "false"):
+        raise ConfigurationError(f"{KAFKA_SINK_NAME}: option {name!r} must be true or "
+                                 f"false, got {value!r}")
+    return str(value).lower() == "true"
 
 KAFKA_SINK_NAME = "weir-kafka"
 
@@ -202,6 +213,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         limit = options.get("maxOffsetsPerTrigger") or options.get("maxoffsetspertrigger")
         self.max_offsets = int(limit) if limit else None
         self.client = _client_options(options)
+        self.headers = _flag(options, "includeHeaders")
         self._partitions: list[tuple[str, int]] | None = None
         #: trigger(availableNow=True): the offsets the query reads up to
         self._target: dict[tuple[str, int], int] | None = None
@@ -317,10 +329,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     if message.offset() >= partition.end:
                         continue
                     kind, ts = message.timestamp()
-                    yield (message.key(), message.value(), message.topic(),
+                    row: tuple[Any, ...] = (message.key(), message.value(), message.topic(),
                            message.partition(), message.offset(),
                            dt.datetime.fromtimestamp(ts / 1000) if kind and ts >= 0 else None,
                            int(kind))
+                    if self.headers:
+                        row += ([(k, v) for k, v in message.headers() or ()],)
+                    yield row
                 (found,) = consumer.position([tp])
                 if found.offset > position:
                     position, stalled = found.offset, time.monotonic() + _STALL_S
@@ -341,8 +356,9 @@ class KafkaDataSource(DataSource):
         return KAFKA_SINK_NAME
 
     def schema(self) -> str:
-        """The columns of a ``weir-kafka`` stream (Spark's Kafka source's)."""
-        return SCHEMA
+        """The columns of a ``weir-kafka`` stream (Spark's Kafka source's; ``headers``
+        with ``includeHeaders=true``)."""
+        return f"{SCHEMA}, {HEADERS}" if _flag(self.options, "includeHeaders") else SCHEMA
 
     def streamReader(self, schema: StructType) -> KafkaStreamReader:
         """The stream reader (Spark calls this on the driver)."""
