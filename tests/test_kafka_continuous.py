@@ -20,7 +20,7 @@ import pytest
 
 import weir
 from continuous_helpers import TINY, Count, by_value, completed, lost_duplicated_wrong, wait_for
-from kafka_support import Broker, create_topic
+from kafka_support import Broker, create_topic, produce
 from weir.connectors.kafka import DeliveryGuarantee, KafkaRecord, KafkaSink, KafkaSource, read_kafka
 from weir.stream import CheckpointConfig, RestartStrategy, StreamEnvironment
 
@@ -32,22 +32,6 @@ KILL_N = 8_000
 @pytest.fixture(autouse=True)
 def _by_value() -> None:
     by_value(sys.modules[__name__])
-
-
-def produce(bootstrap: str, topic: str, n: int) -> None:
-    """The numbers 0 .. n-1 into ``topic``, keyed by n % 50 (so a key's numbers are in
-    one partition, in order)."""
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
-    for i in range(n):
-        while True:
-            try:
-                producer.produce(topic, key=str(i % KEYS).encode(), value=str(i).encode())
-                break
-            except BufferError:
-                producer.poll(0.05)
-    assert producer.flush(60) == 0
 
 
 def number(record: KafkaRecord) -> int:

@@ -28,6 +28,7 @@ place to write: :class:`SinkContext` gives the run's id and the sink's uid.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -50,6 +51,36 @@ class SourceReader(ABC, Generic[T]):
     def positions(self) -> list[Any]:
         """Where each of its positions stands now (checkpointed; restored by even
         split, or by union for a source with ``union_positions``)."""
+
+    def live_splits(self) -> list[Hashable] | None:
+        """The splits the reader reads now (not those at their end), for per-split
+        watermarks; a reader that returns a list implements :meth:`poll_splits` too.
+        Called as the source task starts and at every watermark check. Default: None,
+        the reader does not tell splits apart (one watermark for all it reads)."""
+        return None
+
+    def poll_splits(self, max_records: int) -> list[tuple[Hashable, list[T]]] | None:
+        """As :meth:`poll`, with the records grouped by their split: ``[(split,
+        records), ...]``, each group in the split's order ([] if no record is ready
+        now; None once every position is exhausted). Used instead of :meth:`poll` when
+        :meth:`live_splits` is not None and the job has a watermark strategy. Default:
+        :meth:`poll`'s records as one group of the split None."""
+        records = self.poll(max_records)
+        if records is None:
+            return None
+        return [(None, records)] if records else []
+
+    def snapshot_positions(self, checkpoint_id: int) -> list[Any]:
+        """The positions checkpoint ``checkpoint_id`` holds, taken at its trigger
+        (Flink's ``snapshotState``); a reader that acts on the checkpoint's completion
+        keeps what it needs under the id. Default: :meth:`positions`."""
+        return self.positions()
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` completed (called in the source task's thread,
+        between polls; not for a savepoint of a running job). An error raised here
+        fails the task: a reader whose action is best effort logs it instead. Default:
+        nothing."""
 
     def close(self) -> None:
         """Release what the reader holds."""

@@ -40,6 +40,7 @@ from weir.connectors.kafka import (
     KafkaRecord,
     KafkaSink,
     KafkaSource,
+    StartingTimestamp,
     read_kafka,
 )
 from weir.connectors.sqlite_stream import SqliteSink, read_sqlite_stream_sink
@@ -113,6 +114,7 @@ __all__ = [
     "KafkaRecord",
     "KafkaSink",
     "KafkaSource",
+    "StartingTimestamp",
     "SequenceSource",
     "SqliteSink",
     "read_kafka",

@@ -2,18 +2,14 @@
 with ``confluent-kafka`` (librdkafka) and nothing but standard Kafka client semantics:
 it runs against Apache Kafka, Redpanda or any broker speaking the protocol.
 
-**The source** (:class:`KafkaSource`) splits the topics' partitions across its
-subtasks (partition ``i`` of the sorted list to subtask ``i mod p``); each split's next
-offset is the reader's position, so it goes into every checkpoint and a restore
-resumes exactly there — a restore at another parallelism redistributes the splits.
-Where a fresh start begins is ``starting_offsets``: ``"earliest"``, ``"latest"``,
-``"committed"`` (the consumer group's, else earliest) or a dict
-``{(topic, partition): offset}`` (other partitions: earliest). ``bounded=True`` stops each
-split at the end offset it had when the job started (what tests and backfills use).
-It reads with ``isolation.level=read_committed``: records of open or aborted
-transactions are never seen. Records are ``(key, value)`` bytes, or what
-``deserializer`` makes of a :class:`KafkaRecord` (topic, partition, offset, timestamp,
-key, value, headers).
+**The source** (:class:`KafkaSource`, in :mod:`weir.connectors.kafka_source`) splits
+the topics' partitions across its subtasks, each partition's offset in every
+checkpoint (a restore resumes there, a rescale redistributes them); it starts at the
+earliest, latest, the consumer group's committed offsets, given offsets or a time
+(``KafkaSource.timestamp(ms)``), reads ``read_committed``, optionally bounded; with a
+watermark strategy each partition has its own watermark and idleness (a subtask's
+watermark is the smallest over its partitions), and with a ``group_id`` the offsets of
+every completed checkpoint are committed to the group, for monitoring.
 
 **The sink** (:class:`KafkaSink`) has Flink's three guarantees:
 
@@ -51,24 +47,25 @@ Both take extra client settings as ``properties`` (librdkafka's names, e.g.
 from __future__ import annotations
 
 import enum
-import re
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
 
-from weir.api.connectors import Sink, SinkContext, SinkWriter, Source, SourceReader
-from weir.connectors.kafka_offsets import KafkaRecord, offset_bounds, read_kafka, record_of
+from weir.api.connectors import Sink, SinkContext, SinkWriter
+from weir.connectors.kafka_offsets import KafkaRecord, read_kafka
+from weir.connectors.kafka_source import KafkaSource, StartingTimestamp
+from weir.connectors.kafka_source import check_servers as _check_servers
 from weir.connectors.kafka_transactions import (
     TIMEOUT_S,
     TransactionalSlots,
     kafka_client,
     produce,
 )
-from weir.errors import ConfigurationError, SinkError, SourceError
+from weir.errors import ConfigurationError, SinkError
 
-__all__ = ["DeliveryGuarantee", "KafkaRecord", "KafkaSink", "KafkaSource", "read_kafka"]
+__all__ = ["DeliveryGuarantee", "KafkaRecord", "KafkaSink", "KafkaSource", "StartingTimestamp",
+           "read_kafka"]
 
 class DeliveryGuarantee(enum.StrEnum):
     """What a :class:`KafkaSink` promises (Flink's ``DeliveryGuarantee``)."""
@@ -76,186 +73,6 @@ class DeliveryGuarantee(enum.StrEnum):
     NONE = "none"
     AT_LEAST_ONCE = "at-least-once"
     EXACTLY_ONCE = "exactly-once"
-
-
-def _plain(record: KafkaRecord) -> Any:
-    return (record.key, record.value)
-
-
-def _check_servers(bootstrap_servers: object, what: str) -> str:
-    if isinstance(bootstrap_servers, list | tuple):
-        bootstrap_servers = ",".join(str(s) for s in bootstrap_servers)
-    if not isinstance(bootstrap_servers, str) or not bootstrap_servers:
-        raise ConfigurationError(f"{what}: bootstrap_servers must be 'host:port[,...]', got "
-                                 f"{bootstrap_servers!r}")
-    return bootstrap_servers
-
-
-# ----------------------------------------------------------------------------- source
-
-
-class KafkaSource(Source[Any]):
-    """Records of Kafka topics (see the module doc)."""
-
-    def __init__(
-        self, bootstrap_servers: str | Sequence[str], topics: str | Sequence[str] | re.Pattern[str],
-        *, group_id: str | None = None,
-        starting_offsets: str | dict[tuple[str, int], int] = "earliest",
-        bounded: bool = False, deserializer: Callable[[KafkaRecord], Any] | None = None,
-        properties: dict[str, Any] | None = None,
-    ) -> None:
-        self.bootstrap_servers = _check_servers(bootstrap_servers, "KafkaSource")
-        if isinstance(topics, str):
-            topics = [topics]
-        if not isinstance(topics, re.Pattern) and (
-                not topics or not all(isinstance(t, str) and t for t in topics)):
-            raise ConfigurationError(f"KafkaSource: topics must be topic names or a "
-                                     f"re.Pattern, got {topics!r}")
-        self.topics: list[str] | re.Pattern[str] = (
-            topics if isinstance(topics, re.Pattern) else list(topics))
-        if not (starting_offsets in ("earliest", "latest", "committed")
-                or isinstance(starting_offsets, dict)):
-            raise ConfigurationError(
-                f"KafkaSource: starting_offsets must be 'earliest', 'latest', 'committed' "
-                f"or {{(topic, partition): offset}}, got {starting_offsets!r}")
-        if starting_offsets == "committed" and not group_id:
-            raise ConfigurationError("KafkaSource: starting_offsets='committed' needs the "
-                                     "group_id whose offsets to start from")
-        self.group_id = group_id
-        self.starting_offsets = starting_offsets
-        self.bounded = bounded
-        self.deserializer = deserializer or _plain
-        self.properties = dict(properties or {})
-
-    def __repr__(self) -> str:
-        return f"KafkaSource({self.bootstrap_servers!r}, {self.topics!r})"
-
-    def _consumer(self) -> Any:
-        config = {"bootstrap.servers": self.bootstrap_servers,
-                  "group.id": self.group_id or f"weir-source-{uuid.uuid4().hex}",
-                  "enable.auto.commit": False, "enable.auto.offset.store": False,
-                  "isolation.level": "read_committed", "enable.partition.eof": False,
-                  **self.properties,
-                  # a split's offset out of range (deleted by retention, a broker that
-                  # lost data) is an error, never a silent jump to another offset
-                  "auto.offset.reset": "error"}
-        return kafka_client().Consumer(config)
-
-    def partitions(self, consumer: Any) -> list[tuple[str, int]]:
-        """Every (topic, partition) of the source's topics, sorted."""
-        found = consumer.list_topics(timeout=TIMEOUT_S).topics
-        if isinstance(self.topics, re.Pattern):
-            names = sorted(t for t in found if self.topics.fullmatch(t))
-        else:
-            missing = [t for t in self.topics if t not in found or found[t].error is not None]
-            if missing:
-                raise SourceError(f"KafkaSource: topics {missing} do not exist on "
-                                  f"{self.bootstrap_servers}; create them first")
-            names = sorted(self.topics)
-        return [(t, p) for t in names for p in sorted(found[t].partitions)]
-
-    def reader(self, subtask: int, parallelism: int, positions: list[Any] | None
-               ) -> SourceReader[Any]:
-        consumer = self._consumer()
-        try:
-            if positions is None:
-                splits = [tp for i, tp in enumerate(self.partitions(consumer))
-                          if i % parallelism == subtask]
-                positions = self._start(consumer, splits)
-            return _KafkaReader(self, consumer, [list(p) for p in positions])
-        except BaseException:
-            consumer.close()
-            raise
-
-    def _start(self, consumer: Any, splits: list[tuple[str, int]]) -> list[list[Any]]:
-        """[topic, partition, next offset, end offset or None] of each split."""
-        kafka = kafka_client()
-        out = []
-        committed = {}
-        if self.starting_offsets == "committed" and splits:
-            for tp in consumer.committed([kafka.TopicPartition(t, p) for t, p in splits],
-                                         timeout=TIMEOUT_S):
-                if tp.offset >= 0:
-                    committed[(tp.topic, tp.partition)] = tp.offset
-        bounds = offset_bounds(self.bootstrap_servers, splits, self.properties)
-        for topic, partition in splits:
-            low, stable = bounds[(topic, partition)]
-            if self.starting_offsets == "latest":
-                start = stable
-            elif isinstance(self.starting_offsets, dict):
-                start = self.starting_offsets.get((topic, partition), low)
-            else:
-                start = committed.get((topic, partition), low)
-            out.append([topic, partition, max(low, int(start)),
-                        stable if self.bounded else None])
-        return out
-
-
-class _KafkaReader(SourceReader[Any]):
-    def __init__(self, source: KafkaSource, consumer: Any, positions: list[list[Any]]
-                 ) -> None:
-        self.source, self.consumer = source, consumer
-        self._kafka = kafka_client()
-        #: (topic, partition) -> [topic, partition, next offset, end or None]
-        self._splits = {(p[0], int(p[1])): p for p in positions}
-        live = [p for p in positions if not self._done(p)]
-        if live:
-            consumer.assign([self._kafka.TopicPartition(t, int(p), int(o))
-                             for t, p, o, _ in live])
-
-    @staticmethod
-    def _done(split: list[Any]) -> bool:
-        return split[3] is not None and split[2] >= split[3]
-
-    def poll(self, max_records: int) -> list[Any] | None:
-        splits = self._splits.values()
-        if self.source.bounded and all(self._done(s) for s in splits):
-            return None
-        if not any(not self._done(s) for s in splits):
-            return []  # (no split here: an idle reader of an unbounded source)
-        messages = self.consumer.consume(num_messages=max(1, max_records), timeout=0.05)
-        out = []
-        deserialize = self.source.deserializer
-        for message in messages:
-            error = message.error()
-            if error is not None:
-                if error.code() == self._kafka.KafkaError._PARTITION_EOF:
-                    continue
-                raise SourceError(
-                    f"KafkaSource {self.source.bootstrap_servers}, {message.topic()}"
-                    f"[{message.partition()}]: {error} (an offset out of range: its records "
-                    f"were deleted by retention or lost by the broker; to skip them, "
-                    f"restore from a savepoint rewritten with other offsets)")
-            split = self._splits[(message.topic(), message.partition())]
-            if split[3] is not None and message.offset() >= split[3]:
-                continue  # (past the end of a bounded split)
-            split[2] = message.offset() + 1
-            out.append(deserialize(record_of(message)))
-        if not messages:  # (control records move the position without a message)
-            self._catch_up()
-        return out
-
-    def _catch_up(self) -> None:
-        """Take each bounded split's position from the consumer (past transaction markers)
-        and stop reading the splits at their end."""
-        bounded = [s for s in self._splits.values() if s[3] is not None and not self._done(s)]
-        if not bounded:
-            return
-        for tp in self.consumer.position([self._kafka.TopicPartition(s[0], int(s[1]))
-                                          for s in bounded]):
-            split = self._splits[(tp.topic, tp.partition)]
-            if tp.offset >= 0 and tp.offset > split[2]:
-                split[2] = tp.offset
-        done = [s for s in bounded if self._done(s)]
-        if done:
-            self.consumer.incremental_unassign(
-                [self._kafka.TopicPartition(s[0], int(s[1])) for s in done])
-
-    def positions(self) -> list[Any]:
-        return [list(p) for p in self._splits.values()]
-
-    def close(self) -> None:
-        self.consumer.close()
 
 
 # ------------------------------------------------------------------------------- sink

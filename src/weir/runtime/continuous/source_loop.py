@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any
 
 from weir.runtime.continuous.barriers import Barrier
+from weir.runtime.continuous.split_watermarks import SplitWatermarks
 from weir.runtime.operator_base import MAX_WATERMARK, MIN_WATERMARK
 
 if TYPE_CHECKING:
@@ -25,7 +27,12 @@ def read_source(task: Task) -> None:
     control connection, checkpoint on the coordinator's trigger, end at the source's
     end or on ``stop``. Time the reader had nothing to read (a poll that returned no
     record, and a short wait for a message after it, instead of polling again at once)
-    counts as idle in the task's metrics, as does the time after the source's end."""
+    counts as idle in the task's metrics, as does the time after the source's end.
+
+    With a watermark strategy and a reader that tells its records' splits apart
+    (``live_splits()`` not None), each split has its own watermark and idleness and the
+    task's watermark is the smallest of them (:mod:`.split_watermarks`); otherwise one
+    watermark is generated over all the task reads."""
     source = task.chain.ops[0]
     reader, feed = source.reader, task.chain.after[0]
     strategy = task.chain.watermarks
@@ -36,6 +43,10 @@ def read_source(task: Task) -> None:
     next_watermark = last_record = checked = time.monotonic()  # (checked: the last check)
     idle = False
     starved_until: float | None = None  # (an empty poll: wait for a message until then)
+    live = reader.live_splits() if strategy is not None else None
+    per_split = (None if live is None or strategy is None
+                 else SplitWatermarks(strategy, live, next_watermark))
+    groups: list[tuple[Hashable, list[Any]]] | None = []
 
     def send_watermark(watermark: int) -> None:
         nonlocal sent, idle
@@ -85,7 +96,7 @@ def read_source(task: Task) -> None:
             kind = message["kind"]
             if kind == "trigger":
                 assert source.state is not None
-                source.state.values = reader.positions()
+                source.state.values = reader.snapshot_positions(int(message["id"]))
                 task.checkpoint(Barrier(int(message["id"]), int(message["ts"]),
                                         message.get("savepoint"),
                                         aligned=bool(message.get("aligned"))))
@@ -102,18 +113,26 @@ def read_source(task: Task) -> None:
         if exhausted:
             continue
         polled, polled_ns = time.monotonic(), time.perf_counter_ns()
-        records = reader.poll(batch)
-        if records is not None and not records:  # (a reader's wait in its poll: idle)
+        if per_split is None:
+            records = reader.poll(batch)
+            count = -1 if records is None else len(records)
+        else:
+            records, groups = [], reader.poll_splits(batch)
+            count = -1 if groups is None else sum(len(r) for _, r in groups)
+        if count == 0:  # (a reader's wait in its poll: idle)
             task.idle_ns += time.perf_counter_ns() - polled_ns
             starved_until = polled + STARVED_WAIT_S
-        if records is None:
+        if records is None or groups is None:
             exhausted = True
             end_of_input(drain=True)
             continue
-        if records:
+        if count:
             last_record = time.monotonic()
-            task.records_read += len(records)
-        if stamp is None:
+            task.records_read += count
+        if per_split is not None:
+            assert stamp is not None
+            _read_splits(groups, stamp, feed, per_split, last_record)
+        elif stamp is None:
             for record in records:
                 feed(record, None)
         else:
@@ -126,21 +145,47 @@ def read_source(task: Task) -> None:
                 if ts > largest:
                     largest = ts
                 feed(record, ts)
+        if strategy is not None:
             now = time.monotonic()
-            if strategy is not None and now >= next_watermark:
+            if now >= next_watermark:
                 next_watermark = now + strategy.interval_ms / 1000
-                # never idle at a check with records since the last one: their watermark
-                # goes out first, also from an idle source (which it makes active again;
-                # Flink's WatermarksWithIdleness / IdlenessTimer.checkIfIdle)
-                quiet = strategy.idleness_ms is not None and last_record < checked and (
-                    now - last_record) * 1000 >= strategy.idleness_ms
-                checked = now
+                if per_split is not None:
+                    watermark, quiet = per_split.check(now, reader.live_splits() or ())
+                else:
+                    # never idle at a check with records since the last one: their
+                    # watermark goes out first, also from an idle source (which it makes
+                    # active again; Flink's WatermarksWithIdleness / IdlenessTimer)
+                    quiet = strategy.idleness_ms is not None and last_record < checked and (
+                        now - last_record) * 1000 >= strategy.idleness_ms
+                    checked = now
+                    watermark = (largest - strategy.max_out_of_orderness_ms - 1
+                                 if largest > MIN_WATERMARK else None)
                 if quiet:
                     if not idle:
                         idle = True  # no longer holds event time back downstream
                         task.forward_event({"kind": "idle"})
-                elif largest > MIN_WATERMARK:  # (a watermark ends idleness downstream)
-                    send_watermark(largest - strategy.max_out_of_orderness_ms - 1)
-        if len(records) < batch:  # the reader has no more ready: send what waits
+                elif watermark is not None:  # (a watermark ends idleness downstream)
+                    send_watermark(watermark)
+        if count < batch:  # the reader has no more ready: send what waits
             for out in idle_flush:  # (ChannelConfig.flush_when_idle)
                 out.flush_idle()
+
+
+def _read_splits(groups: list[tuple[Hashable, list[Any]]],
+                 stamp: Callable[[Any], int | None], feed: Callable[[Any, int | None], None],
+                 marks: SplitWatermarks, now: float) -> None:
+    """Stamp and pass on the records of each split, and tell ``marks`` each split's
+    largest timestamp."""
+    for split, records in groups:
+        largest = MIN_WATERMARK
+        for record in records:
+            stamped = stamp(record)
+            if stamped is None:  # no usable time: through without a timestamp
+                feed(record, None)
+                continue
+            ts = int(stamped)
+            if ts > largest:
+                largest = ts
+            feed(record, ts)
+        if records:
+            marks.read(split, largest, now)

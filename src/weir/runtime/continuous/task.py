@@ -366,6 +366,9 @@ class Task:
                     raise SinkError(f"sink {sink.spec.name!r} (subtask {self.subtask}), "
                                     f"checkpoint {cid}: {exc}") from exc
                 sink.committables = [e for e in sink.committables if e[0] > cid]
+            for op in self.chain.all:  # (a source task's reader: Flink's SourceOperator)
+                if op.reader is not None:
+                    op.reader.notify_checkpoint_complete(cid)
         for c in self.checkpointers:
             if kind == "complete":
                 c.notify_checkpoint_complete(cid)
