@@ -61,14 +61,15 @@ docs: setup
 # the continuous runtime over both backends (make test runs one), locally and on a
 # local-cluster (make test: RocksDB), its seeded kill -9 run over 20 seeds (make test
 # runs one), a crash at every write step of a checkpoint (make test: the first of
-# each kind of file), and rescaling from unaligned checkpoints (make test: 2 -> 3).
+# each kind of file), rescaling from unaligned checkpoints (make test: 2 -> 3), and
+# kill -9 of a Python worker under weir-kafka (make test: of the driver).
 soak: setup
 	WEIR_FAULT_SEEDS=0,1,2,3,4,5 $(PY) -m pytest -q -s tests/test_spark_cluster_faults.py
 	WEIR_SOAK=1 $(PY) -m pytest -q tests/test_spark_speculation.py \
 		tests/test_continuous_acceptance.py tests/test_continuous_job.py \
 		tests/test_continuous_kills.py tests/test_checkpoint_faults.py \
 		tests/test_continuous_spark_cluster.py tests/test_unaligned_rescale.py \
-		tests/test_spark_errors.py
+		tests/test_spark_errors.py tests/test_kafka_spark_faults.py
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench
