@@ -7,8 +7,12 @@ waits until the committed output is no longer a whole number of batches).
   again from its checkpoint: Spark replays the batch with the same id and offsets, the
   committed task's marker makes its partition skip, the other one writes;
 * a **Python worker** (the paused task's) is killed: Spark retries the task
-  (``local[2,4]``: four attempts) and the query ends by itself (``make soak``; a Spark
-  driver start-up and the batches take a minute or more on 2 shared cores).
+  (``local[2,4]``: four attempts) and the query ends by itself;
+* the **broker** is restarted (SIGTERM, see kafka_support) and the paused task let go:
+  it reads, writes and commits through the new broker process.
+
+``make test`` runs the driver kill; ``make soak`` all three (a Spark driver start-up
+and the batches take a minute or more on 2 shared cores).
 
 The oracle is test_kafka_continuous's on the ``read_committed`` output: every number's
 count exactly once (L, D) and each key's counts 1..k (M)."""
@@ -58,13 +62,15 @@ def alive(pid: int) -> bool:
         f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
 
 
-VICTIMS = ["driver", "python_worker"] if os.environ.get("WEIR_SOAK") else ["driver"]
+VICTIMS = (["driver", "python_worker", "broker"] if os.environ.get("WEIR_SOAK")
+           else ["driver"])
 
 
 @pytest.mark.parametrize("victim", VICTIMS)
 def test_kill_9_while_half_a_batch_is_committed_keeps_kafka_output_exactly_once(
-    tmp_path: Path, kafka: Broker, victim: str
+    tmp_path: Path, request: pytest.FixtureRequest, victim: str
 ) -> None:
+    kafka: Broker = request.getfixturevalue("own_kafka" if victim == "broker" else "kafka")
     source, sink = create_topic(kafka.bootstrap, 4), create_topic(kafka.bootstrap, 3)
     produce(kafka.bootstrap, source, N)
     first = start(kafka.bootstrap, source, sink, tmp_path, "--pause", str(PAUSE_AT))
@@ -83,6 +89,11 @@ def test_kill_9_while_half_a_batch_is_committed_keeps_kafka_output_exactly_once(
             kills += 1
             second = start(kafka.bootstrap, source, sink, tmp_path)
             assert second.wait(300) == 0
+        elif victim == "broker":
+            kafka.restart(signal.SIGTERM)
+            kills += 1
+            (tmp_path / "go").touch()
+            assert first.wait(300) == 0
         else:
             assert alive(worker)
             os.kill(worker, signal.SIGKILL)
@@ -97,7 +108,7 @@ def test_kill_9_while_half_a_batch_is_committed_keeps_kafka_output_exactly_once(
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
     counts = ldm(kafka.bootstrap, sink, N)
-    print(f"L={counts[0]} D={counts[1]} M={counts[2]} | {victim} kills injected={kills} "
+    print(f"L={counts[0]} D={counts[1]} M={counts[2]} | {victim} faults injected={kills} "
           f"with {committed} of {N} outputs committed ({committed % BATCH} of a batch)")
     assert kills == 1 and committed % BATCH > 0
     assert counts == (0, 0, 0)

@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     spark = (SparkSession.builder.master(master).appName("weir-kafka-faults")
-             .config("spark.ui.enabled", "false")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "2").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     weir.connectors.spark.register_sinks(spark)
