@@ -332,3 +332,74 @@ def test_a_start_at_a_timestamp_begins_at_the_first_record_at_or_after_it(
         kafka.bootstrap, topic, bounded=True, deserializer=value,
         starting_offsets=KafkaSource.timestamp(BASE + 1_045)), "from-time")
     assert sorted(out) == list(range(BASE + 1_050, BASE + 1_100, 10))
+
+
+# ------------------------------------------------ split ownership and partition discovery
+
+
+def test_partitions_go_to_subtasks_by_flinks_rule() -> None:
+    """Flink's ``getSplitOwner``: from a start picked by the topic name's Java hash, a
+    topic's partitions go round the subtasks — each partition has one owner, and a
+    topic's partitions are spread evenly."""
+    from weir.connectors.kafka_source import _java_hash, split_owner
+
+    assert (_java_hash("hello"), _java_hash(""), _java_hash("é€")) == (99162322, 0, 15587)
+    start = ((_java_hash("payments") * 31) & 0x7FFFFFFF) % 3
+    assert [split_owner("payments", p, 3) for p in range(6)] == [
+        (start + p) % 3 for p in range(6)]
+    for parallelism in (1, 2, 5):
+        owners = [split_owner("t", p, parallelism) for p in range(10 * parallelism)]
+        assert sorted(owners.count(s) for s in range(parallelism)) == [10] * parallelism
+
+
+def test_a_restore_at_another_parallelism_gives_each_partition_one_reader(
+    kafka: Broker
+) -> None:
+    """The positions of a checkpoint (every subtask's: union) restored at 3 subtasks:
+    every partition is read by exactly one reader, from its checkpointed offset."""
+    topic = create_topic(kafka.bootstrap, 7)
+    source = KafkaSource(kafka.bootstrap, topic)
+    positions = [[topic, p, 10 + p, None] for p in range(7)]
+    readers = [source.reader(s, 3, [list(p) for p in positions]) for s in range(3)]
+    try:
+        kept = sorted(tuple(p) for r in readers for p in r.positions())
+    finally:
+        for reader in readers:
+            reader.close()
+    assert kept == sorted(tuple(p) for p in positions)
+
+
+def test_an_unbounded_source_on_a_pattern_discovers_a_new_topic(
+    tmp_path: Path, kafka: Broker
+) -> None:
+    """A topic made while the job runs that matches the source's pattern is read from
+    its first record, by one subtask (Flink's partition discovery); each of its records
+    once in the committed output."""
+    import re
+    import uuid
+
+    prefix = f"disc-{uuid.uuid4().hex[:8]}"
+    first = create_topic(kafka.bootstrap, 2, f"{prefix}-a")
+    produce(kafka.bootstrap, first, 50)
+    env = StreamEnvironment(config=weir.JobConfig(
+        tmp_path / "chk", parallelism=2, checkpointing=CheckpointConfig(interval=100)))
+    (env.from_source(KafkaSource(kafka.bootstrap, re.compile(f"{prefix}-.*"),
+                                 deserializer=lambda r: [r.topic, value(r)],
+                                 partition_discovery_interval="200 ms"), uid="kafka")
+        .sink_to(FileSink(tmp_path / "out"), uid="sink"))
+    client = env.execute_async("discovery", timeout="120 s")
+
+    def seen(topic: str) -> list[int]:
+        out = tmp_path / "out"
+        return sorted(r[1] for r in read_stream_sink(out) if r[0] == topic) if out.exists() else []
+
+    try:
+        wait_for(client, "the first topic's records", lambda: len(seen(first)) == 50)
+        later = create_topic(kafka.bootstrap, 3, f"{prefix}-b")
+        produce(kafka.bootstrap, later, 60)
+        wait_for(client, "the new topic's records", lambda: len(seen(later)) >= 60)
+        time.sleep(0.5)  # (a record read twice would be committed by now)
+        got = seen(first), seen(later)
+    finally:
+        client.cancel()
+    assert got == (list(range(50)), list(range(60)))

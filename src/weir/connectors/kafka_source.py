@@ -2,9 +2,19 @@
 with ``confluent-kafka`` (librdkafka) and standard Kafka client semantics only.
 
 **Splits and positions.** The topics' partitions are split across the source's
-subtasks (partition ``i`` of the sorted list to subtask ``i mod p``); each split's next
-offset is the reader's position, so it goes into every checkpoint and a restore resumes
-exactly there — a restore at another parallelism redistributes the splits.
+subtasks by Flink's rule (``KafkaSourceEnumerator.getSplitOwner``: a topic's partitions
+go round the subtasks from one its name's hash picks), so the same partitions land on
+the same subtasks as in Flink; each split's next offset is the reader's position, so it
+goes into every checkpoint and a restore resumes exactly there. A restore hands every
+reader all the checkpointed positions (``union_positions``) and each keeps the ones the
+rule gives it: at another parallelism the splits are redistributed, and no partition is
+read twice or dropped.
+
+**Partition discovery** (Flink's ``partition.discovery.interval.ms``, for an unbounded
+source): every ``partition_discovery_interval`` (default 5 minutes; ``None``: never)
+each reader lists the topics again (a pattern matches new topics too) and starts
+reading, from the earliest offset as Flink does, the partitions that are new and that
+the rule gives it. A bounded source reads the partitions it had at the start.
 
 **Where a fresh start begins** is ``starting_offsets``: ``"earliest"``, ``"latest"``,
 ``"committed"`` (the consumer group's, else earliest), a dict ``{(topic, partition):
@@ -42,17 +52,19 @@ from __future__ import annotations
 import datetime
 import logging
 import re
+import time
 import uuid
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from weir.api.connectors import Source, SourceReader
+from weir.api.durations import duration_ms
 from weir.connectors.kafka_offsets import KafkaRecord, offset_bounds, record_of
 from weir.connectors.kafka_transactions import TIMEOUT_S, kafka_client
 from weir.errors import ConfigurationError, SourceError
 
-__all__ = ["KafkaSource", "StartingTimestamp", "check_servers"]
+__all__ = ["KafkaSource", "StartingTimestamp", "check_servers", "split_owner"]
 
 log = logging.getLogger("weir")
 
@@ -61,6 +73,21 @@ _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 def _plain(record: KafkaRecord) -> Any:
     return (record.key, record.value)
+
+
+def _java_hash(text: str) -> int:
+    """Java's ``String.hashCode`` of ``text`` (UTF-16 code units), as a signed int."""
+    data, h = text.encode("utf-16-be"), 0
+    for i in range(0, len(data), 2):
+        h = (31 * h + (data[i] << 8 | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def split_owner(topic: str, partition: int, parallelism: int) -> int:
+    """The subtask that reads ``topic``'s ``partition`` (Flink's
+    ``KafkaSourceEnumerator.getSplitOwner``)."""
+    start = ((_java_hash(topic) * 31) & 0x7FFFFFFF) % parallelism
+    return (start + partition) % parallelism
 
 
 def check_servers(bootstrap_servers: object, what: str) -> str:
@@ -105,8 +132,14 @@ class KafkaSource(Source[Any]):
     checkpoint are committed to the group (for monitoring and ``"committed"``; restores
     use the checkpoint), unless ``commit_offsets_on_checkpoint=False``. With a watermark
     strategy, each partition has its own watermark and idleness and a subtask's
-    watermark is the smallest over its partitions that are not idle (see
-    :mod:`weir.connectors.kafka_source`)."""
+    watermark is the smallest over its partitions that are not idle.
+    ``partition_discovery_interval`` — how often an unbounded source looks for new
+    partitions and topics (a duration; default 5 minutes; ``None``: never). See
+    :mod:`weir.connectors.kafka_source`."""
+
+    #: a restore hands every reader all positions; each keeps those it owns
+    #: (:func:`split_owner`), so a discovered partition has exactly one reader
+    union_positions = True
 
     def __init__(
         self, bootstrap_servers: str | Sequence[str], topics: str | Sequence[str] | re.Pattern[str],
@@ -115,6 +148,7 @@ class KafkaSource(Source[Any]):
                            | datetime.datetime) = "earliest",
         bounded: bool = False, deserializer: Callable[[KafkaRecord], Any] | None = None,
         commit_offsets_on_checkpoint: bool | None = None,
+        partition_discovery_interval: str | int | datetime.timedelta | None = "5 min",
         properties: dict[str, Any] | None = None,
     ) -> None:
         self.bootstrap_servers = check_servers(bootstrap_servers, "KafkaSource")
@@ -154,6 +188,10 @@ class KafkaSource(Source[Any]):
         #: whether readers commit a completed checkpoint's offsets to ``group_id``
         self.commit_offsets = (bool(group_id) if commit_offsets_on_checkpoint is None
                                else commit_offsets_on_checkpoint)
+        #: milliseconds between two looks for new partitions (None: never)
+        self.discovery_ms = (None if partition_discovery_interval is None or bounded else
+                             duration_ms(partition_discovery_interval,
+                                         "KafkaSource partition_discovery_interval"))
         self.properties = dict(properties or {})
 
     @staticmethod
@@ -202,11 +240,18 @@ class KafkaSource(Source[Any]):
         commits = _Commits(self) if self.commit_offsets else None
         consumer = self._consumer(on_commit=commits)
         try:
-            if positions is None:
-                splits = [tp for i, tp in enumerate(self.partitions(consumer))
-                          if i % parallelism == subtask]
+            if positions is None:  # a fresh start: this subtask's partitions
+                known: set[tuple[str, int]] = set()
+                splits = [(t, p) for t, p in self.partitions(consumer)
+                          if split_owner(t, p, parallelism) == subtask]
                 positions = self._start(consumer, splits)
-            return _KafkaReader(self, consumer, [list(p) for p in positions], commits)
+            else:  # a restore: every subtask's positions; this one keeps its own
+                known = {(str(p[0]), int(p[1])) for p in positions}
+                positions = [p for p in positions
+                             if split_owner(str(p[0]), int(p[1]), parallelism) == subtask]
+            return _KafkaReader(self, consumer, [list(p) for p in positions], commits,
+                                _Discovery(self, subtask, parallelism, known)
+                                if self.discovery_ms is not None else None)
         except BaseException:
             consumer.close()
             raise
@@ -248,6 +293,41 @@ class KafkaSource(Source[Any]):
         return out
 
 
+class _Discovery:
+    """When a reader looks for new partitions next, and which partitions are not new
+    (those the job knew when the reader started: a restore's positions)."""
+
+    def __init__(self, source: KafkaSource, subtask: int, parallelism: int,
+                 known: set[tuple[str, int]]) -> None:
+        assert source.discovery_ms is not None
+        self.source, self.subtask, self.parallelism = source, subtask, parallelism
+        self.known, self.every_s = known, source.discovery_ms / 1000
+        self.next = time.monotonic() + self.every_s
+
+    def new_splits(self, consumer: Any, have: Iterable[tuple[str, int]]
+                   ) -> list[list[Any]]:
+        """The partitions this reader is to start reading now (from their earliest
+        offset, as Flink's discovered partitions), once an interval has passed."""
+        now = time.monotonic()
+        if now < self.next:
+            return []
+        self.next = now + self.every_s
+        try:
+            found = self.source.partitions(consumer)
+        except Exception as exc:  # (a topic of a list deleted, the broker away: later)
+            log.warning("weir: KafkaSource %s: looking for new partitions failed: %s "
+                        "(tried again in %.0f s)", self.source.bootstrap_servers, exc,
+                        self.every_s)
+            return []
+        skip = self.known.union(have)
+        new = [(t, p) for t, p in found if (t, p) not in skip
+               and split_owner(t, p, self.parallelism) == self.subtask]
+        if not new:
+            return []
+        low = offset_bounds(self.source.bootstrap_servers, new, self.source.properties)
+        return [[t, p, low[(t, p)][0], None] for t, p in new]
+
+
 class _Commits:
     """The consumer's ``on_commit``: the offsets the group acknowledged, per split (a
     failed commit is logged: the offsets are for monitoring, never for a restore)."""
@@ -276,8 +356,9 @@ class _KafkaReader(SourceReader[Any]):
     """A subtask's splits: (topic, partition) each, read by one consumer."""
 
     def __init__(self, source: KafkaSource, consumer: Any, positions: list[list[Any]],
-                 commits: _Commits | None) -> None:
+                 commits: _Commits | None, discovery: _Discovery | None) -> None:
         self.source, self.consumer, self.commits = source, consumer, commits
+        self.discovery = discovery
         self._kafka = kafka_client()
         #: (topic, partition) -> [topic, partition, next offset, end or None]
         self._splits = {(p[0], int(p[1])): p for p in positions}
@@ -298,6 +379,13 @@ class _KafkaReader(SourceReader[Any]):
         splits = self._splits.values()
         if self.source.bounded and all(self._done(s) for s in splits):
             return None
+        if self.discovery is not None:
+            new = self.discovery.new_splits(self.consumer, self._splits)
+            if new:
+                for split in new:
+                    self._splits[(split[0], split[1])] = split
+                self.consumer.incremental_assign(
+                    [self._kafka.TopicPartition(t, p, o) for t, p, o, _ in new])
         if all(self._done(s) for s in splits):
             return []  # (no split here: an idle reader of an unbounded source)
         messages = self.consumer.consume(num_messages=max(1, max_records), timeout=0.05)
