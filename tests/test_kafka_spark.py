@@ -217,3 +217,41 @@ def test_the_source_gives_spark_kafka_columns_and_headers_on_request(
     assert "headers" not in plain.asDict()
     (row,) = read("kafka_headers", includeHeaders="true")
     assert [(h.key, bytes(h.value)) for h in row.headers] == [("trace", b"t-1"), ("n", b"2")]
+
+
+def test_partitions_added_while_a_query_runs_are_read_from_their_start(
+    spark: Any, tmp_path: Path, kafka: Broker
+) -> None:
+    """A topic grows from one partition to three between two runs of a query: the
+    restarted query reads the new partitions from their earliest offset (Spark's Kafka
+    source does), besides going on in the old one."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    weir.connectors.spark.register_sinks(spark)
+    topic = create_topic(kafka.bootstrap, 1)
+
+    def produce(values: range, partitions: int) -> None:
+        producer = Producer({"bootstrap.servers": kafka.bootstrap})  # (fresh metadata)
+        for v in values:
+            producer.produce(topic, value=str(v).encode(), partition=v % partitions)
+        assert producer.flush(30) == 0
+
+    def run() -> list[int]:
+        query = (spark.readStream.format("weir-kafka")
+                 .option("kafka.bootstrap.servers", kafka.bootstrap).option("subscribe", topic)
+                 .option("startingOffsets", "earliest").load()
+                 .selectExpr("CAST(CAST(value AS STRING) AS INT) AS v").writeStream
+                 .format("parquet").option("path", str(tmp_path / "out"))
+                 .option("checkpointLocation", str(tmp_path / "chk"))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination()
+        return sorted(r.v for r in spark.read.parquet(str(tmp_path / "out")).collect())
+
+    produce(range(0, 30), 1)
+    assert run() == list(range(30))
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    for future in admin.create_partitions([NewPartitions(topic, 3)]).values():
+        future.result(30)
+    produce(range(30, 90), 3)
+    assert run() == list(range(90))

@@ -17,7 +17,8 @@ offsets go into Spark's offset log before it runs, so a replay reads exactly the
 records. Reads with ``isolation.level=read_committed`` and ends each batch at the
 partitions' last stable offsets (records of open transactions wait; of aborted ones
 never appear). ``startingOffsets`` as JSON: ``{"topic": {"0": 23, "1": -2}}`` (-2:
-earliest, -1: latest). Partitions are those of the topics when the query starts.
+earliest, -1: latest). Partitions added to the topics while the query runs are read
+from their earliest offset, as Spark's Kafka source does.
 
 **Writing**, registered by :func:`weir.connectors.spark.register_sinks`; then::
 
@@ -226,8 +227,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """``maxOffsetsPerTrigger`` records a batch, or everything available."""
         return ReadAllAvailable() if self.max_offsets is None else ReadMaxRows(self.max_offsets)
 
-    def _all(self) -> list[tuple[str, int]]:
-        if self._partitions is None:
+    def _all(self, fresh: bool = False) -> list[tuple[str, int]]:
+        """The topics' partitions (``fresh``: listed again, to find new ones)."""
+        if self._partitions is None or fresh:
             consumer = kafka_client().Consumer({"bootstrap.servers": self.bootstrap_servers,
                                                 "group.id": f"weir-{uuid.uuid4().hex}",
                                                 **self.client})
@@ -242,8 +244,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._partitions = [(t, p) for t in self.topics for p in sorted(found[t].partitions)]
         return self._partitions
 
-    def _bounds(self) -> dict[tuple[str, int], tuple[int, int]]:
-        return offset_bounds(self.bootstrap_servers, self._all(), self.client)
+    def _bounds(self, fresh: bool = False) -> dict[tuple[str, int], tuple[int, int]]:
+        return offset_bounds(self.bootstrap_servers, self._all(fresh), self.client)
 
     def initialOffset(self) -> dict[str, Any]:
         """Where a new query starts: ``startingOffsets``."""
@@ -270,12 +272,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The partitions' last stable offsets (with ``trigger(availableNow=True)``: at
         most the ones it started at), at most ``limit`` records past ``start`` (shared
         by the partitions in proportion to their lag)."""
-        ends = ({tp: stable for tp, (_, stable) in self._bounds().items()}
+        bounds = self._bounds(fresh=self._target is None)  # (new partitions: as Spark)
+        ends = ({tp: stable for tp, (_, stable) in bounds.items()}
                 if self._target is None else dict(self._target))
         most = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         if most is not None and start is not None:
-            begin = {tp: int(start.get(tp[0], {}).get(str(tp[1]), end))
-                     for tp, end in ends.items()}
+            begin = {tp: int(start.get(tp[0], {}).get(str(tp[1]), bounds[tp][0]))
+                     for tp in ends}
             lag = {tp: max(0, ends[tp] - begin[tp]) for tp in ends}
             total = sum(lag.values())
             if total > most:
@@ -294,9 +297,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[KafkaRange]:
         """One input partition per Kafka partition with records between the two."""
         out = []
+        new = [(t, int(p)) for t, ends in end.items() for p in ends
+               if p not in start.get(t, {})]
+        earliest = offset_bounds(self.bootstrap_servers, new, self.client) if new else {}
         for topic, ends in sorted(end.items()):
             for partition, stop in sorted(ends.items(), key=lambda e: int(e[0])):
-                begin = int(start.get(topic, {}).get(partition, stop))
+                found = start.get(topic, {}).get(partition)  # (None: a new partition)
+                begin = int(found) if found is not None else earliest[(topic, int(partition))][0]
                 if int(stop) > begin:
                     out.append(KafkaRange(topic, int(partition), begin, int(stop)))
         return out
