@@ -1,0 +1,130 @@
+"""A throwaway Kafka broker for the examples (:mod:`.fraud_kafka`): ``noida-db`` (PyPI,
+one binary speaking the Kafka protocol; in weir's dev extras) on a free 127.0.0.1 port
+with its own data directory, stopped and removed on exit. An example helper only: a
+real deployment points the connectors at its own Kafka cluster. (The test suite has
+its own, fuller broker fixture: ``tests/kafka_support.py``.)"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["ExampleBroker", "noida_db"]
+
+
+def noida_db() -> Path:
+    """The ``noida-db`` binary (next to this Python, else on PATH), or a RuntimeError
+    saying how to install it."""
+    beside = Path(sys.executable).parent / "noida-db"
+    found = beside if beside.exists() else shutil.which("noida-db")
+    if found is None:
+        raise RuntimeError("this example starts its own Kafka broker, noida-db, which is "
+                           "not installed: pip install noida-db (it is in weir's dev "
+                           "extras: pip install -e '.[dev]')")
+    return Path(found)
+
+
+class ExampleBroker:
+    """One noida-db broker on ``bootstrap`` (127.0.0.1:<free port>), its data in
+    ``data_dir`` (deleted by :meth:`close`). A context manager."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.log = data_dir.parent / "noida-db.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> ExampleBroker:
+        self.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Start it (its own session: a Ctrl-C of the example does not reach it, the
+        example stops it) and wait until it answers a metadata request."""
+        binary = noida_db()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as log:  # (it warns about GLIBC on Debian 12: harmless)
+            self._proc = subprocess.Popen(
+                [str(binary), "start", "--only", "kafka", "--kafka-port", str(self.port),
+                 "--data-dir", str(self.data_dir)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True)
+        try:
+            self._wait(timeout_s)
+        except BaseException:  # (Ctrl-C too: nothing of it is left behind)
+            self.close()
+            raise
+
+    def _wait(self, timeout_s: float) -> None:
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        assert self._proc is not None
+        admin = None  # (made once the port is open: no "connection refused" logged)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"noida-db exited with {self._proc.returncode}: "
+                                   f"{self.log.read_text(errors='replace')[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    pass
+                admin = admin or AdminClient(self._admin_config())
+                admin.list_topics(timeout=2)
+                return
+            except (OSError, KafkaException):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"noida-db did not answer on {self.bootstrap} in "
+                                       f"{timeout_s:.0f} s") from None
+                time.sleep(0.05)
+
+    def _admin_config(self) -> dict[str, str | int | float | bool]:
+        # (log_level 4: warnings and errors, not librdkafka's notice as a client closes)
+        return {"bootstrap.servers": self.bootstrap, "log_level": 4}
+
+    def create_topics(self, partitions: dict[str, int]) -> None:
+        """Topics ``{name: partitions}`` (one replica each)."""
+        from confluent_kafka.admin import AdminClient
+        from confluent_kafka.cimpl import NewTopic
+
+        admin = AdminClient(self._admin_config())
+        futures = admin.create_topics([NewTopic(n, p, 1) for n, p in partitions.items()])
+        for future in futures.values():
+            future.result(30)
+
+    def close(self) -> None:
+        """Stop the broker (every process of its session) and delete its data."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            group = proc.pid  # (its own session: the group's id is its pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while True:
+                proc.poll()
+                try:
+                    os.killpg(group, 0)  # (anything of it still alive?)
+                except ProcessLookupError:
+                    break
+                if time.monotonic() > deadline:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(group, signal.SIGKILL)
+                    deadline = time.monotonic() + 10
+                time.sleep(0.02)
+            proc.wait()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
