@@ -1,7 +1,8 @@
 """Kafka in and out across the failures the unit-level Kafka tests do not reach: the
 continuous job's driver killed with SIGKILL and the job started again on the same
 checkpoint storage (it takes the storage over and continues its state, as Flink's
-JobManager failover does), and the same job on the continuous runtime's Spark runner.
+JobManager failover does), and the same job on the continuous runtime's Spark runner
+with a task killed with SIGKILL on its executor.
 The oracle is test_kafka_continuous's: every number's count exactly once in the
 ``read_committed`` output (L, D) and each key's counts 1..k (M)."""
 
@@ -81,15 +82,31 @@ def test_a_driver_killed_with_sigkill_is_started_again_and_the_output_stays_exac
 
 
 @pytest.mark.spark
-def test_kafka_to_a_keyed_count_to_kafka_on_the_spark_runner(
+def test_on_the_spark_runner_a_task_killed_with_sigkill_keeps_kafka_output_exactly_once(
     spark: Any, tmp_path: Path, kafka: Broker
 ) -> None:
-    """The same job's tasks as one barrier stage of the test run's SparkSession."""
-    n = 10_000
+    """The same job's tasks as one barrier stage of the test run's SparkSession; its
+    count task is killed with SIGKILL on its executor once two checkpoints completed
+    with output still to come: the stage is resubmitted from the latest checkpoint."""
+    from continuous_helpers import TINY
+    from test_kafka_continuous import SlowerCount  # type: ignore[import-not-found]
+
+    n = KILL_N
     source, sink = create_topic(kafka.bootstrap, 4), create_topic(kafka.bootstrap, 3)
     produce(kafka.bootstrap, source, n)
-    result = job(tmp_path, kafka.bootstrap, source, sink, parallelism=1).execute(
+    client = job(tmp_path, kafka.bootstrap, source, sink, parallelism=1,
+                 function=SlowerCount(), channels=TINY).execute_async(
         "kafka-on-spark", runner="spark", spark=spark, timeout="240 s")
+    deadline = time.monotonic() + 120
+    while len(client.checkpoints()) < 2 or not client.tasks():
+        assert not client.done and time.monotonic() < deadline, "no two checkpoints"
+        time.sleep(0.05)
+    committed = len(read_kafka(kafka.bootstrap, sink))
+    victim = next(t for t in client.tasks() if t.vertex == "count")
+    os.kill(victim.pid, signal.SIGKILL)
+    result = client.wait(240)
     counts = ldm(kafka.bootstrap, sink, n)
-    print(f"L={counts[0]} D={counts[1]} M={counts[2]} | failures injected=0")
-    assert result.completed and result.restarts == 0 and counts == (0, 0, 0)
+    print(f"L={counts[0]} D={counts[1]} M={counts[2]} | task kills injected=1 after "
+          f"{committed} of {n} outputs, restarts={result.restarts}")
+    assert committed < n and result.completed and result.restarts == 1
+    assert counts == (0, 0, 0)
