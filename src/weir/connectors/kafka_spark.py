@@ -328,7 +328,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         f"{KAFKA_SINK_NAME} source, {partition.topic}[{partition.partition}]: "
                         f"no progress at offset {position} (of {partition.start}.."
                         f"{partition.end}) for {_STALL_S:.0f} s: is the broker reachable?")
-                for message in consumer.consume(num_messages=10_000, timeout=0.2):
+                left = max(1, min(10_000, partition.end - position))  # (else: waits 0.2 s)
+                for message in consumer.consume(num_messages=left, timeout=0.2):
                     error = message.error()
                     if error is not None:
                         raise SourceError(f"{KAFKA_SINK_NAME} source, {partition.topic}"
