@@ -117,6 +117,25 @@ def test_a_reader_without_splits_is_idle_after_the_idleness_only() -> None:
 # ------------------------------------------------------------- settings, no broker
 
 
+def test_a_strategy_given_to_the_source_is_the_streams_unless_given_twice(
+    tmp_path: Path
+) -> None:
+    """``KafkaSource(watermarks=)`` (the issue's names) is what ``from_source`` uses;
+    a second, different strategy given to ``from_source`` is refused."""
+    from weir.errors import ConfigurationError
+
+    made = strategy(idleness_ms=100)
+    env = StreamEnvironment(config=weir.JobConfig(tmp_path / "chk"))
+    source = KafkaSource("127.0.0.1:9092", "in", watermarks=made)
+    env.from_source(source, uid="a")
+    assert env._nodes[-1].op.watermarks is made
+    env.from_source(source, uid="b", watermarks=made)
+    with pytest.raises(ConfigurationError, match="give it once"):
+        env.from_source(source, uid="c", watermarks=strategy())
+    with pytest.raises(ConfigurationError, match="WatermarkStrategy"):
+        KafkaSource("127.0.0.1:9092", "in", watermarks="5 s")  # type: ignore[arg-type]
+
+
 def test_settings_are_checked_as_the_source_is_made() -> None:
     with pytest.raises(weir.ConfigurationError, match=r"milliseconds since the epoch.*-1"):
         KafkaSource("127.0.0.1:9092", "in", starting_offsets=KafkaSource.timestamp(-1))

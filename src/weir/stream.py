@@ -182,10 +182,16 @@ class StreamEnvironment:
                     watermarks: WatermarkStrategy | None = None) -> DataStream:
         """A stream of ``source``'s records; ``uid`` names its state (positions).
         ``watermarks`` gives records their event time (``ctx.timestamp``) and drives
-        event-time timers."""
+        event-time timers (default: the strategy the source was made with, if any)."""
         if not isinstance(source, Source):
             raise ConfigurationError(f"from_source needs a weir.api.connectors.Source, got "
                                      f"{type(source).__name__}")
+        own = source.watermarks
+        if watermarks is not None and own is not None and watermarks is not own:
+            raise ConfigurationError(
+                f"from_source(uid={uid!r}): the source was made with a watermark strategy "
+                f"and another is given here; give it once")
+        watermarks = watermarks if watermarks is not None else own
         if watermarks is not None and not isinstance(watermarks, WatermarkStrategy):
             raise ConfigurationError(f"watermarks must be a WatermarkStrategy, got "
                                      f"{type(watermarks).__name__}")

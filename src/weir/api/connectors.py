@@ -32,6 +32,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from weir.api.watermarks import WatermarkStrategy
 from weir.errors import SinkLineageError
 
 __all__ = ["Sink", "SinkContext", "SinkLineageError", "SinkWriter", "Source", "SourceReader"]
@@ -92,6 +93,10 @@ class Source(ABC, Generic[T]):
     #: how its readers' positions are restored: False (default) by even split, each
     #: reader a share; True by union, every reader all of them (to keep its own)
     union_positions: bool = False
+
+    #: the watermark strategy the source was made with (``KafkaSource(watermarks=)``),
+    #: used by ``from_source`` when it is given none (None: no event time)
+    watermarks: WatermarkStrategy | None = None
 
     @abstractmethod
     def reader(self, subtask: int, parallelism: int, positions: list[Any] | None

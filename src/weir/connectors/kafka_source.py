@@ -60,6 +60,7 @@ from typing import Any
 
 from weir.api.connectors import Source, SourceReader
 from weir.api.durations import duration_ms
+from weir.api.watermarks import WatermarkStrategy
 from weir.connectors.kafka_offsets import KafkaRecord, offset_bounds, record_of
 from weir.connectors.kafka_transactions import TIMEOUT_S, kafka_client
 from weir.errors import ConfigurationError, SourceError
@@ -133,7 +134,8 @@ class KafkaSource(Source[Any]):
     use the checkpoint), unless ``commit_offsets_on_checkpoint=False``. With a watermark
     strategy, each partition has its own watermark and idleness and a subtask's
     watermark is the smallest over its partitions that are not idle.
-    ``partition_discovery_interval`` — how often an unbounded source looks for new
+    ``watermarks`` — the event-time strategy (as ``from_source(watermarks=)``; per
+    partition). ``partition_discovery_interval`` — how often an unbounded source looks for new
     partitions and topics (a duration; default 5 minutes; ``None``: never). See
     :mod:`weir.connectors.kafka_source`."""
 
@@ -149,6 +151,7 @@ class KafkaSource(Source[Any]):
         bounded: bool = False, deserializer: Callable[[KafkaRecord], Any] | None = None,
         commit_offsets_on_checkpoint: bool | None = None,
         partition_discovery_interval: str | int | datetime.timedelta | None = "5 min",
+        watermarks: WatermarkStrategy | None = None,
         properties: dict[str, Any] | None = None,
     ) -> None:
         self.bootstrap_servers = check_servers(bootstrap_servers, "KafkaSource")
@@ -192,6 +195,10 @@ class KafkaSource(Source[Any]):
         self.discovery_ms = (None if partition_discovery_interval is None or bounded else
                              duration_ms(partition_discovery_interval,
                                          "KafkaSource partition_discovery_interval"))
+        if watermarks is not None and not isinstance(watermarks, WatermarkStrategy):
+            raise ConfigurationError(f"KafkaSource: watermarks must be a WatermarkStrategy, "
+                                     f"got {type(watermarks).__name__}")
+        self.watermarks = watermarks
         self.properties = dict(properties or {})
 
     @staticmethod

@@ -20,7 +20,7 @@ never appear). ``startingOffsets`` as JSON: ``{"topic": {"0": 23, "1": -2}}`` (-
 earliest, -1: latest). Partitions added to the topics while the query runs are read
 from their earliest offset, as Spark's Kafka source does.
 
-**Writing**, registered by :func:`weir.connectors.spark.register_sinks`; then::
+**Writing** (both registered by :func:`weir.connectors.spark.register`)::
 
     (df.selectExpr("CAST(key AS STRING) AS key", "to_json(struct(*)) AS value")
        .writeStream.format("weir-kafka")

@@ -185,14 +185,21 @@ from weir.connectors.sqlite import SqliteDataSource
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["register_sinks"]
+__all__ = ["register", "register_sinks"]
 
 # --------------------------------------------------------------------------- registration
 
 
-def register_sinks(spark: SparkSession) -> None:
-    """Register ``weir-files``, ``weir-sqlite`` and ``weir-kafka``
-    (:mod:`weir.connectors.kafka_spark`) with ``spark`` (once per session)."""
+def register(spark: SparkSession) -> None:
+    """Register weir's data sources with ``spark`` (once per session): the sinks
+    ``weir-files`` and ``weir-sqlite``, and ``weir-kafka`` — Kafka in
+    (``readStream``) and out (``writeStream``; :mod:`weir.connectors.kafka_spark`)."""
     spark.dataSource.register(FilesDataSource)
     spark.dataSource.register(SqliteDataSource)
     spark.dataSource.register(KafkaDataSource)
+
+
+def register_sinks(spark: SparkSession) -> None:
+    """The same as :func:`register` (its name from before ``weir-kafka`` could also be
+    read from)."""
+    register(spark)

@@ -1,9 +1,10 @@
 """The connectors of the Spark (micro-batch) runtime (:mod:`weir.spark`): exactly-once
-sinks as PySpark Python data sources. :func:`register_sinks` makes
+sinks (and a Kafka source) as PySpark Python data sources. :func:`register` makes
 ``df.writeStream.format("weir-files")`` (:class:`FilesDataSource`: JSON-lines files, a
 directory per batch), ``format("weir-sqlite")`` (:class:`SqliteDataSource`: rows of
 a SQLite table) and ``format("weir-kafka")`` (:class:`KafkaDataSource`: a Kafka topic,
-exactly-once per batch id; :mod:`weir.connectors.kafka_spark`) available;
+exactly-once per batch id, and ``spark.readStream.format("weir-kafka")``;
+:mod:`weir.connectors.kafka_spark`) available (:func:`register_sinks` is the same);
 :func:`read_file_sink` and :func:`read_sqlite_sink` read what they committed. Options,
 on-disk layout and the exactly-once argument are in :mod:`weir.connectors.sinks`.
 
@@ -21,7 +22,7 @@ from weir.connectors.files import (
     read_file_sink,
 )
 from weir.connectors.kafka_spark import KAFKA_SINK_NAME, KafkaDataSource
-from weir.connectors.sinks import register_sinks
+from weir.connectors.sinks import register, register_sinks
 from weir.connectors.sqlite import (
     SQLiteCommitMessage,
     SqliteDataSource,
@@ -45,5 +46,6 @@ __all__ = [
     "committed_sqlite_batches",
     "read_file_sink",
     "read_sqlite_sink",
+    "register",
     "register_sinks",
 ]
