@@ -169,11 +169,10 @@ def test_a_broker_restart_mid_run_keeps_the_output_exactly_once(
 ) -> None:
     """The broker stops (SIGTERM) and starts again while the job runs: the source's
     consumers and the sink's producers reconnect, and the output stays exactly once.
-    The restart falls between two checkpoints' commits (checkpoints every 3 s, the
-    restart 0.3 s after one completes): noida-db wedges a transactional id whose commit
-    it was finishing when it stopped (see kafka_support), which Apache Kafka does not.
-    (It found librdkafka's hang in send_offsets_to_transaction after a broker went away:
-    L=12,832 of 20,000 — a hung transaction held the output's last stable offset back.)"""
+    The restart comes 0.3 s after a checkpoint completed (checkpoints every 3 s), with
+    output still to come. (It found librdkafka's hang in send_offsets_to_transaction
+    after a broker went away: L=12,832 of 20,000 — a hung transaction held the output's
+    last stable offset back; see kafka_transactions.)"""
     n = 20_000
     source, sink = create_topic(own_kafka.bootstrap, 4), create_topic(own_kafka.bootstrap, 3)
     produce(own_kafka.bootstrap, source, n)
