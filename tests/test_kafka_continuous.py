@@ -232,7 +232,7 @@ def test_a_sink_producer_outlives_a_broker_restart_between_two_commits(
     """librdkafka 2.16 waits forever in send_offsets_to_transaction once the broker it
     cached as group coordinator went away (confluentinc/librdkafka#5456, #5511): a
     producer that saw the broker go is replaced before its next transaction."""
-    topic = create_topic(own_kafka.bootstrap, 2)
+    topic = create_topic(own_kafka.bootstrap, 1)  # (one partition: in order)
     sink = sink_of(own_kafka.bootstrap, topic)
     sink.commit([committable_of(sink, 0, "run-a", 1, [b"a"])])
     own_kafka.restart(signal.SIGTERM)
