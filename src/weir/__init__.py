@@ -38,9 +38,11 @@ from weir.api.functions import (
     KeyedProcessFunction,
     ProcessFunction,
 )
+from weir.api.record_serializer import RecordSerializer
 from weir.api.restart import RestartStrategy
 from weir.api.serializers import (
     BytesSerializer,
+    Compatibility,
     FloatSerializer,
     IntSerializer,
     MsgpackSerializer,
@@ -132,6 +134,7 @@ __all__ = [
     "StateReader",
     "StateScope",
     "NoCheckpointError",
+    "Compatibility",
     "CorruptCheckpointError",
     "CheckpointFormatError",
     "CheckpointError",
@@ -177,6 +180,7 @@ __all__ = [
     "OperatorSubtaskSnapshot",
     "PickleSerializer",
     "ProcessFunction",
+    "RecordSerializer",
     "ReadOnlyBroadcastState",
     "ReadOnlyStateError",
     "RedistributionMode",

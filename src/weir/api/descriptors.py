@@ -134,7 +134,11 @@ class StateDescriptor(ABC):
 
     def serializer_ids(self) -> tuple[str, ...]:
         """The ``type_id`` of every serializer, as stored in snapshots."""
-        return (self.value_serializer.type_id,)
+        return tuple(s.type_id for s in self.serializers())
+
+    def serializers(self) -> tuple[Serializer[Any], ...]:
+        """Every serializer of the state (a map state's user key serializer first)."""
+        return (self.value_serializer,)
 
 
 @dataclass(frozen=True)
@@ -178,8 +182,8 @@ class MapStateDescriptor(StateDescriptor, Generic[K, V]):
         """The serializer of the map's keys."""
         return self.key_serializer or DEFAULT_SERIALIZER
 
-    def serializer_ids(self) -> tuple[str, ...]:
-        return (self.user_key_serializer.type_id, self.value_serializer.type_id)
+    def serializers(self) -> tuple[Serializer[Any], ...]:
+        return (self.user_key_serializer, self.value_serializer)
 
 
 @dataclass(frozen=True)

@@ -12,19 +12,31 @@ Formats:
 * ``pickle/5`` — the user's explicit choice for arbitrary Python objects; never used
   for anything weir reads on its own (checkpoint metadata is never unpickled).
 * ``int64`` / ``float64`` / ``utf8`` / ``bytes`` — fixed formats for common scalars.
+* ``record/1`` — typed records (:class:`~weir.api.record_serializer.RecordSerializer`),
+  whose schema is stored with the state and may evolve.
+
+A restore asks the new descriptor's serializer how to read what the old one wrote
+(:meth:`Serializer.resolve`, Flink's ``TypeSerializerSnapshot.resolveSchemaCompatibility``):
+:class:`Compatibility` ``AS_IS``, ``AFTER_MIGRATION`` (with a function rewriting each
+stored value) or ``INCOMPATIBLE`` (the restore is refused with the reason).
 """
 
 from __future__ import annotations
 
+import enum
 import pickle
 import struct
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import msgpack
 
 __all__ = [
     "BytesSerializer",
+    "Compatibility",
+    "SchemaResolution",
     "FloatSerializer",
     "IntSerializer",
     "MsgpackSerializer",
@@ -36,6 +48,26 @@ __all__ = [
 T = TypeVar("T")
 
 _EXT_TUPLE, _EXT_SET, _EXT_FROZENSET = 1, 2, 3
+
+
+class Compatibility(enum.Enum):
+    """Whether a state written by one serializer can be read by another (Flink's
+    ``TypeSerializerSchemaCompatibility``)."""
+
+    AS_IS = "compatible as is"
+    AFTER_MIGRATION = "compatible after migration"
+    INCOMPATIBLE = "incompatible"
+
+
+@dataclass(frozen=True)
+class SchemaResolution:
+    """The answer of :meth:`Serializer.resolve`: the compatibility, for
+    ``AFTER_MIGRATION`` the function turning a stored value's old bytes into new ones,
+    and for ``INCOMPATIBLE`` the reason (naming the field and the rule)."""
+
+    compatibility: Compatibility
+    migrate: Callable[[bytes], bytes] | None = None
+    reason: str = ""
 
 
 class Serializer(ABC, Generic[T]):
@@ -68,6 +100,21 @@ class Serializer(ABC, Generic[T]):
         except (TypeError, ValueError, OverflowError):
             return False
         return True
+
+    def schema(self) -> Any:
+        """What, besides :attr:`type_id`, a reader needs to know of the stored bytes (a
+        msgpack-able document, stored once per state in the checkpoint), or None."""
+        return None
+
+    def resolve(self, old_type_id: str, old_schema: Any) -> SchemaResolution:
+        """How this serializer reads a state written by ``old_type_id`` with
+        ``old_schema``. Default: as is when both are this one's, else incompatible."""
+        if old_type_id == self.type_id and old_schema == self.schema():
+            return SchemaResolution(Compatibility.AS_IS)
+        return SchemaResolution(
+            Compatibility.INCOMPATIBLE,
+            reason=f"it was written with serializer {old_type_id!r} and is now read with "
+                   f"{self.type_id!r}, which cannot read it")
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and other.type_id == self.type_id

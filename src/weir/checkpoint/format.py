@@ -58,7 +58,7 @@ version, the 32-byte SHA-256 of the body, and the body: UTF-8 JSON (never pickle
                                               # and claim (weir.checkpoint.protocol)
      "operators": {uid: {"parallelism": p, "max_parallelism": M, "subtasks": [
         {"subtask_index": i, "key_group_range": [start, end],
-         "states": [{"name", "kind", "serializers", "ttl"}], "timer_states": [...],
+         "states": [{"name", "kind", "serializers", "ttl", "schemas"?}], "timer_states": [...],
          "keyed": null
                 | {"kind": "full", "file": REF, "key_groups": [[g, off, len], ...]}
                 | {"kind": "rocksdb-incremental", "shared": {local: REF},
@@ -110,7 +110,7 @@ from weir.checkpoint.datafiles import (
 from weir.checkpoint.storage import FileRef
 from weir.errors import CheckpointFormatError, CorruptCheckpointError
 from weir.state.keygroups import KeyGroupRange
-from weir.state.snapshot import RedistributionMode, StateMeta
+from weir.state.snapshot import RedistributionMode, StateMeta, canonical_schema
 
 __all__ = [
     "FORMAT_VERSION",
@@ -318,7 +318,8 @@ def _subtask_json(s: SubtaskStateHandle) -> dict[str, Any]:
         "key_group_range": [s.key_group_range.start, s.key_group_range.end],
         "states": [
             {"name": m.name, "kind": m.kind.value, "serializers": list(m.serializers),
-             "ttl": m.ttl}
+             "ttl": m.ttl, **({"schemas": [None if x is None else json.loads(x)
+                                           for x in m.schemas]} if m.schemas else {})}
             for m in s.metas.values()
         ],
         "timer_states": list(s.timer_states),
@@ -464,7 +465,8 @@ def _subtask_from(doc: Any, where: str) -> SubtaskStateHandle:
     metas = {}
     for m in doc["states"]:
         metas[m["name"]] = StateMeta(
-            m["name"], StateKind(m["kind"]), tuple(m["serializers"]), bool(m["ttl"])
+            m["name"], StateKind(m["kind"]), tuple(m["serializers"]), bool(m["ttl"]),
+            tuple(None if x is None else canonical_schema(x) for x in m.get("schemas", ())),
         )
     stats = doc.get("stats") or {}
     op_file = doc["operator_file"]

@@ -25,10 +25,12 @@ is unpickled, nothing else is.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from weir.api.descriptors import StateKind
+from weir.api.record_serializer import RecordSerializer
 from weir.api.serializers import (
     BytesSerializer,
     FloatSerializer,
@@ -41,7 +43,7 @@ from weir.api.serializers import (
 from weir.errors import ConfigurationError, StateSerializationError
 from weir.state.backend import split_map_key, unframe
 from weir.state.keybytes import decode_key
-from weir.state.snapshot import StateMeta
+from weir.state.snapshot import StateMeta, canonical_schema
 from weir.state.timers import EVENT_TIMERS, PROCESSING_TIMERS
 
 if TYPE_CHECKING:
@@ -90,6 +92,23 @@ class SerializerSet:
         return found
 
 
+    def of_state(self, meta: StateMeta, position: int, what: str) -> Serializer[Any]:
+        """The serializer of a state's ``position``-th serializer: a typed record's is
+        rebuilt from the schema stored with the state (records read as dicts) unless
+        the caller gave one of that very schema (records read as its class)."""
+        type_id = meta.serializers[position]
+        schema = meta.schemas[position] if meta.schemas else None
+        if schema is None:
+            return self.get(type_id, what)
+        given = self._by_id.get(type_id)
+        if given is not None and given.schema() is not None and canonical_schema(
+                given.schema()) == schema:
+            return given
+        if type_id == RecordSerializer.type_id:
+            return RecordSerializer.from_schema(json.loads(schema))
+        return self.get(type_id, what)
+
+
 def keyed_columns(meta: StateMeta) -> list[str]:
     """The columns of a keyed state's rows."""
     middle = {StateKind.LIST: ["index"], StateKind.MAP: ["map_key"]}.get(meta.kind, [])
@@ -105,9 +124,9 @@ def keyed_rows(
     what: str,
 ) -> Iterator[tuple[Any, ...]]:
     """Rows (:func:`keyed_columns`) of a keyed state's canonical entries."""
-    value_ser = serializers.get(meta.serializers[-1], what)
+    value_ser = serializers.of_state(meta, len(meta.serializers) - 1, what)
     decode = value_ser.decode
-    decode_user_key = serializers.get(meta.serializers[0], what).decode
+    decode_user_key = serializers.of_state(meta, 0, what).decode
     ttl = meta.ttl
     try:
         if meta.kind is StateKind.MAP:

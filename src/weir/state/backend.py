@@ -385,6 +385,11 @@ class KeyedStateBackend(ABC):
         """Add snapshot entries (already clipped to this backend's key-group range)."""
 
     @abstractmethod
+    def migrate_restored(self, name: str, rewrite: Callable[[bytes], bytes]) -> None:
+        """Rewrite the value bytes of every restored entry of state ``name`` (a state
+        migration, ``weir.state.migration``), before a table of it is created."""
+
+    @abstractmethod
     def snapshot_sources(self) -> Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]]:
         """``(state name, canonical entries)`` of every state, including states
         restored but never registered."""

@@ -10,10 +10,11 @@ value returned by ``value()`` is the stored object: call ``update`` after changi
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from weir.api.serializers import Serializer
+from weir.errors import StateError
 from weir.state.backend import KeyedStateBackend, ListTable, MapTable, ValueTable
 from weir.state.hashmap_tables import (
     SAMPLE_MASK,
@@ -149,6 +150,12 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
             table.load(entries)
         else:
             self._restored[name].extend(entries)
+
+    def migrate_restored(self, name: str, rewrite: Callable[[bytes], bytes]) -> None:
+        if name in self._tables:
+            raise StateError(f"state {name!r} is registered already: it cannot be migrated")
+        if name in self._restored:
+            self._restored[name] = [(k, rewrite(v)) for k, v in self._restored[name]]
 
     def snapshot_sources(self) -> Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]]:
         yield from ((name, table.snapshot_entries()) for name, table in self._tables.items())

@@ -28,8 +28,9 @@ from weir.api.state import AggregatingState, ReducingState, State
 from weir.errors import StateMigrationError, StateRegistrationError
 from weir.state.backend import EntryFilter, KeyedStateBackend
 from weir.state.keygroups import KeyGroupRange
+from weir.state.migration import AS_IS, migration
 from weir.state.packed import pack_sources
-from weir.state.snapshot import KeyedStateSnapshot, NativeRocksDBState, StateMeta
+from weir.state.snapshot import KeyedStateSnapshot, NativeRocksDBState, StateMeta, canonical_schema
 from weir.state.ttl import (
     IncrementalCleaner,
     TtlListState,
@@ -99,8 +100,11 @@ class AggregatingStateImpl(AggregatingState[Any, Any]):
 
 def meta_of(descriptor: StateDescriptor) -> StateMeta:
     """The snapshot metadata a descriptor registers."""
+    schemas = tuple(s.schema() for s in descriptor.serializers())
     return StateMeta(
-        descriptor.name, descriptor.kind, descriptor.serializer_ids(), descriptor.ttl is not None
+        descriptor.name, descriptor.kind, descriptor.serializer_ids(), descriptor.ttl is not None,
+        () if all(x is None for x in schemas) else tuple(
+            None if x is None else canonical_schema(x) for x in schemas),
     )
 
 
@@ -141,12 +145,17 @@ class KeyedStateStore:
             return known[2]
         restored = self._restored_metas.get(descriptor.name)
         if restored is not None and restored != meta:
-            raise StateMigrationError(
-                f"{self._owner}: state {descriptor.name!r} was restored as "
-                f"{_describe(restored, None)} but is now registered as "
-                f"{_describe(meta, descriptor)}; weir cannot read the old bytes with the new "
-                f"descriptor. Keep the old kind/serializer/TTL setting, or use a new state name"
-            )
+            rewrite = migration(self._owner, restored, descriptor)
+            if rewrite is None:  # (not one the serializers can read: refused)
+                raise StateMigrationError(
+                    f"{self._owner}: state {descriptor.name!r} was restored as "
+                    f"{_describe(restored, None)} but is now registered as "
+                    f"{_describe(meta, descriptor)}; weir cannot read the old bytes with the "
+                    f"new descriptor. Keep the old kind/serializer/TTL setting, or use a new "
+                    f"state name")
+            if rewrite is not AS_IS:
+                self.backend.migrate_restored(descriptor.name, rewrite)
+            self._restored_metas[descriptor.name] = meta
         state = self._create(descriptor)
         self._states[descriptor.name] = (descriptor, meta, state)
         self._metas[descriptor.name] = meta

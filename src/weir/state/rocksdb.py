@@ -20,14 +20,14 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import rocksdict
 
 from weir.api.serializers import Serializer
-from weir.errors import StateBackendError
+from weir.errors import StateBackendError, StateError
 from weir.state.backend import (
     EntryFilter,
     KeyedStateBackend,
@@ -310,6 +310,14 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     ) -> MapTable:
         return self._register(
             RocksMapTable(name, self.key_context, self._family(name), key_serializer, serializer))
+
+    def migrate_restored(self, name: str, rewrite: Callable[[bytes], bytes]) -> None:
+        if name in self._tables:
+            raise StateError(f"state {name!r} is registered already: it cannot be migrated")
+        cf = self._family(name)
+        # (the iterator reads a snapshot of the column family: the rewritten entries
+        # written over it in batches are not read again)
+        self.restore_entries(name, ((k, rewrite(v)) for k, v in cf.items()))
 
     def restore_entries(self, name: str, entries: Iterable[tuple[bytes, bytes]]) -> None:
         cf = self._family(name)

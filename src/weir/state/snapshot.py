@@ -31,6 +31,7 @@ Durable storage of these snapshots is ``weir.checkpoint``'s job.
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,7 @@ __all__ = [
     "OperatorSubtaskSnapshot",
     "RedistributionMode",
     "StateMeta",
+    "canonical_schema",
     "assign_broadcast_state",
     "assign_keyed_state",
     "assign_operator_state",
@@ -61,6 +63,11 @@ class RedistributionMode(enum.Enum):
     BROADCAST = "broadcast"
 
 
+def canonical_schema(schema: Any) -> str:
+    """A serializer's schema document as the canonical JSON :class:`StateMeta` keeps."""
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+
+
 @dataclass(frozen=True, slots=True)
 class StateMeta:
     """What a keyed state was registered as: compared on restore."""
@@ -69,6 +76,9 @@ class StateMeta:
     kind: StateKind
     serializers: tuple[str, ...]
     ttl: bool = False
+    #: each serializer's schema (``Serializer.schema()``) as canonical JSON, None for
+    #: one without; empty when no serializer has one (issue 41: typed records)
+    schemas: tuple[str | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
