@@ -44,11 +44,46 @@ def _by_value() -> None:
     by_value(acceptance)
 
 
+class PacedSequence(SequenceSource):
+    """0..n-1, each reader at most ``first`` records ahead of its start plus ``per``
+    for every checkpoint completed since: the input lasts a number of checkpoints, not
+    of seconds (under load checkpoints slow down more than the function: a run read
+    all 48,000 numbers before its last failure was armed, and ended)."""
+
+    def __init__(self, n: int, first: int = 2_000, per: int = 800) -> None:
+        super().__init__(n)
+        self.first, self.per = first, per
+
+    def reader(self, subtask: int, parallelism: int, positions: list[Any] | None
+               ) -> SourceReader[int]:
+        return _Paced(super().reader(subtask, parallelism, positions), self.first, self.per)
+
+
+class _Paced(SourceReader[int]):
+    def __init__(self, inner: SourceReader[int], first: int, per: int) -> None:
+        self.inner, self.allowed, self.per = inner, first, per
+
+    def poll(self, max_records: int) -> list[int] | None:
+        if self.allowed <= 0:
+            time.sleep(0.002)
+            return []
+        out = self.inner.poll(min(max_records, self.allowed))
+        self.allowed -= len(out or ())
+        return out
+
+    def positions(self) -> list[Any]:
+        return self.inner.positions()
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self.allowed += self.per
+
+
 def slow_failing_job(tmp_path: Path, n: int, markers: Path, *, parallelism: int,
                      backend: str, config: CheckpointConfig, attempts: int,
                      launcher: Any = None) -> LocalJob:
-    """Numbers 0..n-1 keyed by n % P into ``SlowFailing``, tiny buffers, a file sink."""
-    spec = keyed_graph(tmp_path, source=SequenceSource(n), source_uid="source",
+    """Numbers 0..n-1 (paced by checkpoints) keyed by n % P into ``SlowFailing``, tiny
+    buffers, a file sink."""
+    spec = keyed_graph(tmp_path, source=PacedSequence(n), source_uid="source",
                        key_selector=lambda v: v % P, function=SlowFailing(str(markers)),
                        function_uid="failing", parallelism=parallelism, backend=backend,
                        max_parallelism=16, job="unaligned", channel=TINY)
