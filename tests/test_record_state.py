@@ -196,3 +196,39 @@ def test_a_savepoint_of_records_reads_as_dicts_or_as_the_class_of_its_schema(
     typed = weir.read_state(url, serializers=[RecordSerializer(CardV1)])
     history = typed.keyed_state("cards", "history")
     assert {type(v) for v in history["value"]} == {CardV1} and len(history) == 20
+
+
+def test_a_record_state_rewritten_with_write_savepoint_restores_typed(
+    tmp_path: Any, backend: str
+) -> None:
+    """The escape hatch for changes no rule covers: read the records (dicts), change
+    them, write them back into a savepoint (by the stored schema, or with a descriptor
+    of the new class), and restore."""
+    coordinator = weir.CheckpointCoordinator(tmp_path / "chk")
+    with KeyedOperatorHarness(Writer(CardV1, False), key, state_backend=backend,
+                              uid="cards") as h:
+        h.process_elements(range(20))
+        url = h.savepoint(coordinator, tmp_path / "sp").url
+    cards = weir.read_state(url).keyed_state("cards", "card")
+    cards["value"] = cards["value"].map(lambda v: {**v, "note": v["note"].upper()})
+    same = weir.write_savepoint(tmp_path / "same", uid="cards", base=url,
+                                states={"card": cards})
+    value = ValueStateDescriptor("card", RecordSerializer(CardV1))
+    with KeyedOperatorHarness.restore(Reader(CardV1, False), key, weir.load_checkpoint(same),
+                                      parallelism=1, subtask_index=0, state_backend=backend,
+                                      uid="cards") as h:
+        assert h.state_of(3, value) == CardV1(13 % 7, 13, "N13")
+    narrowed = cards.assign(value=cards["value"].map(
+        lambda v: Narrowed(v["count"], v["total"], len(v["note"]))))
+    typed = ValueStateDescriptor("card", RecordSerializer(Narrowed))
+    moved = weir.write_savepoint(tmp_path / "moved", uid="cards", base=url,
+                                 states={"card": narrowed}, descriptors=[typed])
+    with KeyedOperatorHarness.restore(Nothing(), key, weir.load_checkpoint(moved),
+                                      parallelism=1, subtask_index=0, state_backend=backend,
+                                      uid="cards") as h:
+        assert h.state_of(3, typed) == Narrowed(13 % 7, 13, 3)  # (registered here)
+
+
+class Nothing(KeyedProcessFunction[Any, Any]):
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        return []

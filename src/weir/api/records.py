@@ -253,9 +253,10 @@ def _record_codec(doc: dict[str, Any], cls: Any) -> tuple[Encode, Decode]:
         if rtype is not None and not isinstance(v, rtype):
             _wrong(v, path, f"a {rtype.__name__}")
         try:
-            values = [getattr(v, n) for n in names]
-        except AttributeError as exc:
-            raise TypeError(f"field {path or '(the record)'}: {exc}") from None
+            values = ([v[n] for n in names] if rtype is None and isinstance(v, dict)
+                      else [getattr(v, n) for n in names])
+        except (AttributeError, KeyError) as exc:
+            raise TypeError(f"field {path or '(the record)'}: missing {exc}") from None
         return [e(x, f"{path}.{n}" if path else n)
                 for e, x, n in zip(encoders, values, names, strict=True)]
 

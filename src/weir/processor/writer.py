@@ -251,7 +251,8 @@ class _Build:
                 sers = _descriptor_serializers(descriptor)
             elif name in stored:
                 meta = stored[name]
-                sers = [self._serializer(t, what) for t in meta.serializers]
+                sers = [self.serializers.of_state(meta, i, what)
+                        for i in range(len(meta.serializers))]
             else:
                 raise ConfigurationError(
                     f"{what} is new: declare it with its descriptor, e.g. "
