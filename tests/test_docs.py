@@ -106,7 +106,8 @@ def test_doc_code_block_runs(
         block = blocks[run.done]
         try:
             # padded so that a traceback's line numbers are the page's
-            exec(compile("\n" * (block.line - 1) + block.code, str(page), "exec"),
+            exec(compile("\n" * (block.line - 1) + block.code, str(page), "exec",
+                         dont_inherit=True),  # (not this module's __future__ flags)
                  run.namespace)
         except BaseException:
             run.failed = run.done
