@@ -12,8 +12,11 @@ import re
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import weir
+from test_record_serializer import TYPES, schema_and_change  # type: ignore[import-not-found]
 from weir import (
     KeyedProcessFunction,
     ListStateDescriptor,
@@ -232,3 +235,58 @@ def test_a_record_state_rewritten_with_write_savepoint_restores_typed(
 class Nothing(KeyedProcessFunction[Any, Any]):
     def process_element(self, value: Any, ctx: Any) -> Any:
         return []
+
+
+# ------------------------------------------------ random schemas through the state store
+
+
+class Holds(KeyedProcessFunction[Any, Any]):
+    """Keeps each element (key, record) as the key's value and appends it to a list."""
+
+    def __init__(self, cls: type) -> None:
+        self.value = ValueStateDescriptor("v", RecordSerializer(cls))
+        self.list = ListStateDescriptor("l", RecordSerializer(cls))
+
+    def open(self, ctx: Any) -> None:
+        self.v, self.lst = ctx.get_state(self.value), ctx.get_state(self.list)
+
+    def process_element(self, element: Any, ctx: Any) -> Any:
+        self.v.update(element[1])
+        self.lst.add(element[1])
+        return []
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=schema_and_change(), backends=st.sampled_from(
+    [("hashmap", "rocksdb"), ("rocksdb", "hashmap"), ("rocksdb", "rocksdb")]),
+    parallelism=st.integers(1, 3))
+def test_random_compatible_changes_restore_every_stored_record(
+    case: Any, backends: tuple[str, str], parallelism: int
+) -> None:
+    """Random record schemas and compatible changes, through value and list state,
+    snapshot on one backend and restore on another at another parallelism: every
+    stored record comes back with new fields at their defaults."""
+    old_fields, new_fields, values = case
+    old_cls = dataclasses.make_dataclass("Old", [(n, TYPES[k]) for n, k in old_fields])
+    new_cls = dataclasses.make_dataclass("New", [
+        (n, TYPES[k]) if d is None else (n, TYPES[k], dataclasses.field(default=d))
+        for n, k, d in sorted(new_fields, key=lambda f: f[2] is not None)])
+    with KeyedOperatorHarness(Holds(old_cls), lambda e: e[0], state_backend=backends[0],
+                              max_parallelism=8) as h:
+        for i, value in enumerate(values):
+            h.process_element((i, old_cls(**value)))
+        snapshot = h.snapshot()
+
+    def expected(value: dict[str, Any]) -> Any:
+        return new_cls(**{n: (float(value[n]) if k == "float" else value[n])
+                          if d is None else d for n, k, d in new_fields})
+
+    fn = Holds(new_cls)
+    got = {}
+    for subtask in range(parallelism):
+        with KeyedOperatorHarness.restore(fn, lambda e: e[0], [snapshot],
+                                          parallelism=parallelism, subtask_index=subtask,
+                                          state_backend=backends[1]) as h:
+            for k in h.keys(fn.value):
+                got[k] = (h.state_of(k, fn.value), h.state_of(k, fn.list))
+    assert got == {i: (expected(v), [expected(v)]) for i, v in enumerate(values)}
