@@ -140,8 +140,11 @@ def test_a_rescale_reassigns_the_partitions_and_stays_exactly_once(
     n = 20_000
     source, sink = create_topic(kafka.bootstrap, 5), create_topic(kafka.bootstrap, 3)
     produce(kafka.bootstrap, source, n)
-    client = job(tmp_path, kafka.bootstrap, source, sink, function=SlowerCount()
-                 ).execute_async("kafka", timeout="180 s")
+    # (tiny channels: the sources stay backpressured, reading, until the savepoint — with
+    # default ones they read all 20,000 records into the channels at once, and a run
+    # under load had them at their end, the job ending, before the first checkpoint)
+    client = job(tmp_path, kafka.bootstrap, source, sink, function=SlowerCount(),
+                 channels=TINY).execute_async("kafka", timeout="180 s")
     wait_for(client, "a checkpoint", lambda: completed(client) >= 1)
     savepoint = client.stop_with_savepoint(str(tmp_path / "sp"))
     client.wait(60)
