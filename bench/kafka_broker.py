@@ -1,84 +1,26 @@
 """A Kafka-protocol broker for the benchmarks: ``noida-db`` (the dev extras' binary next
-to the venv's python) on a free loopback port with its own data directory, as
-``tests/kafka_support.py`` starts it for the tests (the benchmarks do not import
-``tests/``). ``with Broker(directory) as broker: ... broker.bootstrap``."""
+to the venv's python) on a free loopback port with its own data directory, started as
+the examples and the tests start theirs (``weir.examples._kafka_broker``). ``with
+Broker(directory) as broker: ... broker.bootstrap``."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
-NOIDA = Path(sys.executable).parent / "noida-db"
+from weir.examples._kafka_broker import Broker as _Broker
 
 
-class Broker:
+class Broker(_Broker):
     """One noida-db Kafka broker on 127.0.0.1 (``bootstrap``), stopped and its data
-    removed on exit."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
-        self.bootstrap = f"127.0.0.1:{self.port}"
-        self.log = data_dir.parent / f"noida-{self.port}.log"
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> Broker:
-        if not NOIDA.exists():
-            raise RuntimeError(f"{NOIDA} is missing: pip install -e '.[dev]' (noida-db)")
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as log:
-            self._proc = subprocess.Popen(
-                [str(NOIDA), "start", "--only", "kafka", "--kafka-port", str(self.port),
-                 "--data-dir", str(self.data_dir)], stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True)
-        from confluent_kafka import KafkaException
-        from confluent_kafka.admin import AdminClient
-
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        deadline = time.monotonic() + 30
-        while True:  # (until it answers a metadata request)
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"noida-db exited with {self._proc.returncode}: "
-                                   f"{self.log.read_text(errors='replace')[-2000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    pass
-                admin.list_topics(timeout=2)
-                return self
-            except (OSError, KafkaException):
-                if time.monotonic() > deadline:
-                    self.__exit__(None, None, None)
-                    raise RuntimeError(f"noida-db did not answer on {self.port} in 30 s"
-                                       ) from None
-                time.sleep(0.05)
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            with contextlib.suppress(ProcessLookupError):  # (its own session: its children too)
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=20)
-        shutil.rmtree(self.data_dir, ignore_errors=True)
+    removed on exit; with what the benchmark reads of it (topics made and deleted, the
+    broker's memory and CPU)."""
 
     def create_topic(self, name: str, partitions: int) -> str:
-        admin_module: Any = importlib.import_module("confluent_kafka.admin")
-        admin = admin_module.AdminClient({"bootstrap.servers": self.bootstrap})
-        for future in admin.create_topics([admin_module.NewTopic(name, partitions, 1)]
-                                          ).values():
-            future.result(30)
+        """A topic ``name`` of ``partitions`` partitions; its name."""
+        self.create_topics({name: partitions})
         return name
 
     def delete_topic(self, name: str) -> None:

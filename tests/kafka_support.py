@@ -36,112 +36,11 @@ restart. On Debian 12 it prints a GLIBC symbol warning as it starts: harmless.""
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
 import uuid
-from pathlib import Path
+
+from weir.examples._kafka_broker import Broker
 
 __all__ = ["Broker", "create_topic", "produce"]
-
-NOIDA = Path(sys.executable).parent / "noida-db"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Broker:
-    """One noida-db Kafka broker on 127.0.0.1 (``bootstrap``)."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.port = _free_port()
-        self.bootstrap = f"127.0.0.1:{self.port}"
-        self._proc: subprocess.Popen[bytes] | None = None
-        self.log = data_dir.parent / f"noida-{self.port}.log"
-
-    def start(self, timeout_s: float = 30.0) -> None:
-        """Start the broker and wait until its port accepts connections."""
-        if not NOIDA.exists():
-            raise RuntimeError(f"{NOIDA} is missing: pip install -e '.[dev]' (noida-db)")
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as log:
-            self._proc = subprocess.Popen(
-                [str(NOIDA), "start", "--only", "kafka", "--kafka-port", str(self.port),
-                 "--data-dir", str(self.data_dir)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"noida-db exited with {self._proc.returncode}: "
-                                   f"{self.log.read_text(errors='replace')[-2000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    pass
-                self._ready(deadline)
-                if self._proc.poll() is None:
-                    return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"noida-db did not listen on {self.port} in "
-                                       f"{timeout_s} s") from None
-                time.sleep(0.02)
-
-    def _ready(self, deadline: float) -> None:
-        """Wait until the broker answers a metadata request (its port opens first)."""
-        from confluent_kafka import KafkaException
-        from confluent_kafka.admin import AdminClient
-
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        while True:
-            try:
-                admin.list_topics(timeout=2)
-                return
-            except KafkaException:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        """Stop the broker (SIGKILL: as a crash); its data stays. Waits until every
-        process of it is gone (noida-db's own children hold its data directory's lock
-        a moment after the parent exits: a new one started before would refuse it)."""
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        group = os.getpgid(proc.pid)
-        os.killpg(group, sig)
-        deadline = time.monotonic() + 20
-        while True:
-            proc.poll()
-            try:
-                os.killpg(group, 0)  # (anything of the group still alive?)
-            except ProcessLookupError:
-                break
-            if time.monotonic() > deadline:
-                os.killpg(group, signal.SIGKILL)
-                deadline = time.monotonic() + 20
-            time.sleep(0.02)
-        proc.wait(timeout=20)
-
-    def restart(self, sig: int = signal.SIGTERM) -> None:
-        """Stop the broker (``sig``; see the module doc on SIGKILL) and start it again on
-        the same port and data."""
-        self.stop(sig)
-        self.start()
-
-    def close(self) -> None:
-        self.stop(signal.SIGKILL)
-        shutil.rmtree(self.data_dir, ignore_errors=True)
-
 
 def create_topic(bootstrap: str, partitions: int, name: str | None = None) -> str:
     """A new topic (a unique name unless given) with ``partitions`` partitions."""

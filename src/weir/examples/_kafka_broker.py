@@ -1,8 +1,8 @@
 """A throwaway Kafka broker for the examples (:mod:`.fraud_kafka`): ``noida-db`` (PyPI,
 one binary speaking the Kafka protocol; in weir's dev extras) on a free 127.0.0.1 port
-with its own data directory, stopped and removed on exit. An example helper only: a
-real deployment points the connectors at its own Kafka cluster. (The test suite has
-its own, fuller broker fixture: ``tests/kafka_support.py``.)"""
+with its own data directory, stopped and removed on exit. A helper of the examples, the
+benchmarks and the tests only: a real deployment points the connectors at its own
+Kafka cluster."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import sys
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
-__all__ = ["ExampleBroker", "noida_db"]
+__all__ = ["Broker", "noida_db"]
 
 
 def noida_db() -> Path:
@@ -32,9 +33,12 @@ def noida_db() -> Path:
     return Path(found)
 
 
-class ExampleBroker:
+class Broker:
     """One noida-db broker on ``bootstrap`` (127.0.0.1:<free port>), its data in
-    ``data_dir`` (deleted by :meth:`close`). A context manager."""
+    ``data_dir``. :meth:`stop` and :meth:`restart` keep the data (a fault test's broker
+    restart), :meth:`close` stops it and deletes the data. A context manager (start,
+    close). The examples, the benchmarks (``bench/kafka_broker.py``) and the test
+    fixtures (``tests/kafka_support.py``) all start their broker with it."""
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
@@ -42,10 +46,10 @@ class ExampleBroker:
             s.bind(("127.0.0.1", 0))
             self.port = int(s.getsockname()[1])
         self.bootstrap = f"127.0.0.1:{self.port}"
-        self.log = data_dir.parent / "noida-db.log"
+        self.log = data_dir.parent / f"noida-{self.port}.log"
         self._proc: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> ExampleBroker:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -54,8 +58,8 @@ class ExampleBroker:
         self.close()
 
     def start(self, timeout_s: float = 30.0) -> None:
-        """Start it (its own session: a Ctrl-C of the example does not reach it, the
-        example stops it) and wait until it answers a metadata request."""
+        """Start it (its own session: a Ctrl-C of the caller does not reach it, the
+        caller stops it) and wait until it answers a metadata request."""
         binary = noida_db()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:  # (it warns about GLIBC on Debian 12: harmless)
@@ -67,7 +71,7 @@ class ExampleBroker:
         try:
             self._wait(timeout_s)
         except BaseException:  # (Ctrl-C too: nothing of it is left behind)
-            self.close()
+            self.stop(signal.SIGKILL)
             raise
 
     def _wait(self, timeout_s: float) -> None:
@@ -84,7 +88,7 @@ class ExampleBroker:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
                     pass
-                admin = admin or AdminClient(self._admin_config())
+                admin = admin or AdminClient(self.admin_config())
                 admin.list_topics(timeout=2)
                 return
             except (OSError, KafkaException):
@@ -93,7 +97,8 @@ class ExampleBroker:
                                        f"{timeout_s:.0f} s") from None
                 time.sleep(0.05)
 
-    def _admin_config(self) -> dict[str, str | int | float | bool]:
+    def admin_config(self) -> dict[str, str | int | float | bool]:
+        """An ``AdminClient``'s settings for this broker."""
         # (log_level 4: warnings and errors, not librdkafka's notice as a client closes)
         return {"bootstrap.servers": self.bootstrap, "log_level": 4}
 
@@ -102,29 +107,42 @@ class ExampleBroker:
         from confluent_kafka.admin import AdminClient
         from confluent_kafka.cimpl import NewTopic
 
-        admin = AdminClient(self._admin_config())
+        admin = AdminClient(self.admin_config())
         futures = admin.create_topics([NewTopic(n, p, 1) for n, p in partitions.items()])
         for future in futures.values():
             future.result(30)
 
-    def close(self) -> None:
-        """Stop the broker (every process of its session) and delete its data."""
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop the broker (SIGKILL: as a crash); its data stays. Waits until every
+        process of its session is gone (noida-db's own children hold its data
+        directory's lock a moment after the parent exits: a new one started before
+        would refuse it)."""
         proc, self._proc = self._proc, None
-        if proc is not None:
-            group = proc.pid  # (its own session: the group's id is its pid)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(group, signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            while True:
-                proc.poll()
-                try:
-                    os.killpg(group, 0)  # (anything of it still alive?)
-                except ProcessLookupError:
-                    break
-                if time.monotonic() > deadline:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(group, signal.SIGKILL)
-                    deadline = time.monotonic() + 10
-                time.sleep(0.02)
-            proc.wait()
+        if proc is None:
+            return
+        group = proc.pid  # (its own session: the group's id is its pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, sig)
+        deadline = time.monotonic() + 20
+        while True:
+            proc.poll()
+            try:
+                os.killpg(group, 0)  # (anything of it still alive?)
+            except ProcessLookupError:
+                break
+            if time.monotonic() > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(group, signal.SIGKILL)
+                deadline = time.monotonic() + 20
+            time.sleep(0.02)
+        proc.wait(timeout=20)
+
+    def restart(self, sig: int = signal.SIGTERM) -> None:
+        """Stop the broker (``sig``) and start it again on the same port and data."""
+        self.stop(sig)
+        self.start()
+
+    def close(self) -> None:
+        """Stop the broker and delete its data."""
+        self.stop(signal.SIGKILL)
         shutil.rmtree(self.data_dir, ignore_errors=True)
