@@ -131,20 +131,15 @@ def read_source(task: Task) -> None:
             task.records_read += count
         if per_split is not None:
             assert stamp is not None
-            _read_splits(groups, stamp, feed, per_split, last_record)
+            for split, group in groups:  # (each split's largest timestamp: its watermark)
+                if group:
+                    per_split.read(split, _stamped(group, stamp, feed, MIN_WATERMARK),
+                                   last_record)
         elif stamp is None:
             for record in records:
                 feed(record, None)
         else:
-            for record in records:
-                stamped = stamp(record)
-                if stamped is None:  # no usable time: through without a timestamp
-                    feed(record, None)
-                    continue
-                ts = int(stamped)
-                if ts > largest:
-                    largest = ts
-                feed(record, ts)
+            largest = _stamped(records, stamp, feed, largest)
         if strategy is not None:
             now = time.monotonic()
             if now >= next_watermark:
@@ -171,21 +166,17 @@ def read_source(task: Task) -> None:
                 out.flush_idle()
 
 
-def _read_splits(groups: list[tuple[Hashable, list[Any]]],
-                 stamp: Callable[[Any], int | None], feed: Callable[[Any, int | None], None],
-                 marks: SplitWatermarks, now: float) -> None:
-    """Stamp and pass on the records of each split, and tell ``marks`` each split's
-    largest timestamp."""
-    for split, records in groups:
-        largest = MIN_WATERMARK
-        for record in records:
-            stamped = stamp(record)
-            if stamped is None:  # no usable time: through without a timestamp
-                feed(record, None)
-                continue
-            ts = int(stamped)
-            if ts > largest:
-                largest = ts
-            feed(record, ts)
-        if records:
-            marks.read(split, largest, now)
+def _stamped(records: list[Any], stamp: Callable[[Any], int | None],
+             feed: Callable[[Any, int | None], None], largest: int) -> int:
+    """Pass on ``records`` with their timestamps (``stamp``; a record without a usable
+    one goes through without); the largest of ``largest`` and theirs."""
+    for record in records:
+        stamped = stamp(record)
+        if stamped is None:  # no usable time: through without a timestamp
+            feed(record, None)
+            continue
+        ts = int(stamped)
+        if ts > largest:
+            largest = ts
+        feed(record, ts)
+    return largest
