@@ -143,6 +143,23 @@ def check_state(work: Path, expected: Expected) -> list[Check]:
         harness.close()
 
 
+def kill_a_detector(client: Any, checkpoints: int, seed: int) -> tuple[Any, list[Any]] | None:
+    """SIGKILL one detector task (picked by ``seed``) once ``checkpoints`` checkpoints
+    completed: (the task, the completed checkpoints then), or None if the job ended
+    first."""
+    from weir.stream import CheckpointStatus
+
+    while not client.done:
+        done = [c for c in client.checkpoints() if c.status is CheckpointStatus.COMPLETED]
+        detectors = [t for t in client.tasks() if t.vertex == UID]
+        if len(done) >= checkpoints and detectors:
+            victim = detectors[seed % len(detectors)]
+            os.kill(victim.pid, signal.SIGKILL)
+            return victim, done
+        time.sleep(0.005)
+    return None
+
+
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m weir.examples.fraud_continuous",
@@ -173,7 +190,6 @@ def main(argv: Sequence[str] = ()) -> int:
 def _demo(args: argparse.Namespace, work: Path, console: Console) -> int:
     from weir.connectors import read_sqlite_stream_sink
     from weir.errors import JobFailedError
-    from weir.stream import CheckpointStatus
 
     t0 = time.perf_counter()
     console.rule("[bold]weir demo: card fraud detection on the continuous runtime, kill -9 "
@@ -192,19 +208,14 @@ def _demo(args: argparse.Namespace, work: Path, console: Console) -> int:
         f"{WATERMARK_DELAY_MS // 1000} s) -> SqliteSink (two-phase commit); exactly-once "
         f"checkpoints every 200 ms; one process per task")
     client = build(work, events, rules).execute_async("card-fraud", timeout=args.timeout)
+    killed = kill_a_detector(client, args.kill_after, args.seed)
     victim = None
-    while not client.done:
-        done = [c for c in client.checkpoints() if c.status is CheckpointStatus.COMPLETED]
-        detectors = [t for t in client.tasks() if t.vertex == UID]
-        if len(done) >= args.kill_after and detectors:
-            victim = detectors[args.seed % len(detectors)]
-            os.kill(victim.pid, signal.SIGKILL)
-            console.print(
-                f"[bold red]kill -9[/] task {victim.vertex}[{victim.subtask}] (pid "
-                f"{victim.pid}) {time.perf_counter() - t0:.1f} s in, after {len(done)} "
-                f"completed checkpoints (the newest: {done[-1].checkpoint_id})")
-            break
-        time.sleep(0.005)
+    if killed is not None:
+        victim, done = killed
+        console.print(
+            f"[bold red]kill -9[/] task {victim.vertex}[{victim.subtask}] (pid "
+            f"{victim.pid}) {time.perf_counter() - t0:.1f} s in, after {len(done)} "
+            f"completed checkpoints (the newest: {done[-1].checkpoint_id})")
     try:
         result = client.wait()
     except JobFailedError as exc:

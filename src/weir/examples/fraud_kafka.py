@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -46,9 +44,15 @@ from rich.console import Console
 
 import weir
 from weir.connectors.kafka import DeliveryGuarantee, KafkaRecord, KafkaSink, KafkaSource
-from weir.examples._kafka_broker import ExampleBroker, noida_db
+from weir.examples._kafka_broker import Broker, noida_db
 from weir.examples.fraud import CATEGORY_LIMITS, CardFraudDetector, InvalidTransaction
-from weir.examples.fraud_continuous import UID, card_of, check_state, event_time
+from weir.examples.fraud_continuous import (
+    UID,
+    card_of,
+    check_state,
+    event_time,
+    kill_a_detector,
+)
 from weir.examples.fraud_job import WATERMARK_DELAY_MS
 from weir.examples.fraud_stream import MAX_DELAY_MS, Expected, Stream, generate, oracle
 from weir.examples.fraud_verify import (
@@ -176,7 +180,7 @@ def _demo(args: argparse.Namespace, work: Path, console: Console) -> int:
                  + (", kill -9 mid-run" if args.kill else ""))
     stream = generate(args.events, args.cards, args.seed)
     expected = oracle(stream)
-    with ExampleBroker(work / "kafka") as broker:
+    with Broker(work / "kafka") as broker:
         broker.create_topics(TOPICS)
         produce(broker.bootstrap, stream)
         console.print(
@@ -201,24 +205,18 @@ def _run(args: argparse.Namespace, bootstrap: str, work: Path, stream: Stream,
          expected: Expected, console: Console, t0: float) -> int:
     from weir.connectors.kafka import read_kafka
     from weir.errors import JobFailedError
-    from weir.stream import CheckpointStatus
 
     client = build(bootstrap, work).execute_async("card-fraud-kafka", timeout=args.timeout)
     try:
         victim = None
-        while args.kill and not client.done:
-            done = [c for c in client.checkpoints() if c.status is CheckpointStatus.COMPLETED]
-            detectors = [t for t in client.tasks() if t.vertex == UID]
-            if len(done) >= args.kill_after and detectors:
-                victim = detectors[args.seed % len(detectors)]
-                os.kill(victim.pid, signal.SIGKILL)
-                console.print(
-                    f"[bold red]kill -9[/] task {victim.vertex}[{victim.subtask}] (pid "
-                    f"{victim.pid}) {time.perf_counter() - t0:.1f} s in, after {len(done)} "
-                    f"completed checkpoints ({len(read_kafka(bootstrap, ALERTS)):,} of "
-                    f"{len(expected.alerts):,} alerts committed then)")
-                break
-            time.sleep(0.005)
+        killed = kill_a_detector(client, args.kill_after, args.seed) if args.kill else None
+        if killed is not None:
+            victim, done = killed
+            console.print(
+                f"[bold red]kill -9[/] task {victim.vertex}[{victim.subtask}] (pid "
+                f"{victim.pid}) {time.perf_counter() - t0:.1f} s in, after {len(done)} "
+                f"completed checkpoints ({len(read_kafka(bootstrap, ALERTS)):,} of "
+                f"{len(expected.alerts):,} alerts committed then)")
         try:
             result = client.wait()
         except JobFailedError as exc:
