@@ -73,12 +73,17 @@ class SerializerSet:
     """Serializers by ``type_id``: weir's built-in ones and the caller's (which win)."""
 
     def __init__(self, extra: Iterable[Serializer[Any]] = ()) -> None:
+        extra = list(extra)
         self._by_id = {s.type_id: s for s in _BUILT_IN}
         for serializer in extra:
             if not isinstance(serializer, Serializer):
                 raise ConfigurationError(
                     f"serializers must be Serializer instances, got {serializer!r}")
             self._by_id[serializer.type_id] = serializer
+        #: the caller's serializers with a schema (typed records), by that schema: one
+        #: per record class, each used for the states written with its schema
+        self._by_schema = {canonical_schema(s.schema()): s for s in extra
+                           if s.schema() is not None}
 
     def get(self, type_id: str, what: str) -> Serializer[Any]:
         """The serializer of ``type_id``; ``what`` names the state for the error."""
@@ -100,9 +105,8 @@ class SerializerSet:
         schema = meta.schemas[position] if meta.schemas else None
         if schema is None:
             return self.get(type_id, what)
-        given = self._by_id.get(type_id)
-        if given is not None and given.schema() is not None and canonical_schema(
-                given.schema()) == schema:
+        given = self._by_schema.get(schema)
+        if given is not None and given.type_id == type_id:
             return given
         if type_id == RecordSerializer.type_id:
             return RecordSerializer.from_schema(json.loads(schema))
