@@ -214,11 +214,13 @@ class CompletedCheckpoint:
             )
             for name, (mode, serializer) in handle.operator_states.items():
                 operator_states[name] = OperatorListStateSnapshot(
-                    name, mode, serializer, elements.get(name, ())
+                    name, mode, serializer, elements.get(name, ()),
+                    handle.operator_schemas.get(name),
                 )
             for name, serializers in handle.broadcast_states.items():
                 broadcast_states[name] = BroadcastStateSnapshot(
-                    name, serializers, entries.get(name, ())
+                    name, serializers, entries.get(name, ()),
+                    handle.broadcast_schemas.get(name, (None, None)),
                 )
         return OperatorSubtaskSnapshot(
             op.uid, self.checkpoint_id, self.metadata.trigger_timestamp_ms, op.parallelism,

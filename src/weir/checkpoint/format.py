@@ -64,8 +64,8 @@ version, the 32-byte SHA-256 of the body, and the body: UTF-8 JSON (never pickle
                 | {"kind": "rocksdb-incremental", "shared": {local: REF},
                    "private": {local: REF}, "timers": null | FULL}
                 | {"kind": "changelog", "base": FULL, "deltas": [FULL, ...]},
-         "operator_states": [{"name", "mode", "serializer"}],
-         "broadcast_states": [{"name", "serializers"}],
+         "operator_states": [{"name", "mode", "serializer", "schema"?}],
+         "broadcast_states": [{"name", "serializers", "schemas"?}],
          "operator_file": null | REF,
          "stats": {"bytes", "sync_ms", "async_ms", "entries", "new_bytes",
                    "alignment_ms" (optional: its task's barrier alignment)}}]}}}
@@ -222,6 +222,11 @@ class SubtaskStateHandle:
     broadcast_states: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     operator_file: FileRef | None = None
     stats: SubtaskStats = SubtaskStats()
+    #: the schemas (canonical JSON) of operator states' serializers that have one
+    operator_schemas: Mapping[str, str] = field(default_factory=dict)
+    #: the key's and value's serializers' schemas of broadcast states that have one
+    broadcast_schemas: Mapping[str, tuple[str | None, str | None]] = field(
+        default_factory=dict)
 
     def files(self) -> list[FileRef]:
         """Every file this subtask's state needs."""
@@ -325,11 +330,17 @@ def _subtask_json(s: SubtaskStateHandle) -> dict[str, Any]:
         "timer_states": list(s.timer_states),
         "keyed": keyed,
         "operator_states": [
-            {"name": n, "mode": mode.value, "serializer": ser}
+            {"name": n, "mode": mode.value, "serializer": ser,
+             **({"schema": json.loads(s.operator_schemas[n])} if n in s.operator_schemas
+                else {})}
             for n, (mode, ser) in sorted(s.operator_states.items())
         ],
         "broadcast_states": [
-            {"name": n, "serializers": list(sers)} for n, sers in sorted(s.broadcast_states.items())
+            {"name": n, "serializers": list(sers),
+             **({"schemas": [None if x is None else json.loads(x)
+                             for x in s.broadcast_schemas[n]]}
+                if n in s.broadcast_schemas else {})}
+            for n, sers in sorted(s.broadcast_states.items())
         ],
         "operator_file": _ref(s.operator_file),
         "stats": {
@@ -434,6 +445,10 @@ def decode_part(
         raise CorruptCheckpointError(f"{where}: malformed part file ({exc!r})") from exc
 
 
+def _schema_or_none(doc: Any) -> str | None:
+    return None if doc is None else canonical_schema(doc)
+
+
 def _full_from(doc: Any, where: str) -> KeyedFullHandle:
     return KeyedFullHandle(
         FileRef.from_json(doc["file"], where),
@@ -466,7 +481,7 @@ def _subtask_from(doc: Any, where: str) -> SubtaskStateHandle:
     for m in doc["states"]:
         metas[m["name"]] = StateMeta(
             m["name"], StateKind(m["kind"]), tuple(m["serializers"]), bool(m["ttl"]),
-            tuple(None if x is None else canonical_schema(x) for x in m.get("schemas", ())),
+            tuple(_schema_or_none(x) for x in m.get("schemas", ())),
         )
     stats = doc.get("stats") or {}
     op_file = doc["operator_file"]
@@ -483,6 +498,11 @@ def _subtask_from(doc: Any, where: str) -> SubtaskStateHandle:
         broadcast_states={
             b["name"]: (b["serializers"][0], b["serializers"][1]) for b in doc["broadcast_states"]
         },
+        operator_schemas={o["name"]: canonical_schema(o["schema"])
+                          for o in doc["operator_states"] if o.get("schema") is not None},
+        broadcast_schemas={
+            b["name"]: (_schema_or_none(b["schemas"][0]), _schema_or_none(b["schemas"][1]))
+            for b in doc["broadcast_states"] if "schemas" in b},
         operator_file=None if op_file is None else FileRef.from_json(op_file, where),
         stats=SubtaskStats(
             int(stats.get("bytes", 0)), int(stats.get("new_bytes", 0)),

@@ -61,6 +61,10 @@ def subtask_handle(
         operator_states={n: (s.mode, s.serializer) for n, s in snap.operator_states.items()},
         broadcast_states={n: b.serializers for n, b in snap.broadcast_states.items()},
         operator_file=operator_file,
+        operator_schemas={n: s.schema for n, s in snap.operator_states.items()
+                          if s.schema is not None},
+        broadcast_schemas={n: b.schemas for n, b in snap.broadcast_states.items()
+                           if b.schemas != (None, None)},
     )
     stats = SubtaskStats(
         sum(f.size for f in handle.files()), new_bytes, sync_ms,

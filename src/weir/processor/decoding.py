@@ -101,8 +101,12 @@ class SerializerSet:
         """The serializer of a state's ``position``-th serializer: a typed record's is
         rebuilt from the schema stored with the state (records read as dicts) unless
         the caller gave one of that very schema (records read as its class)."""
-        type_id = meta.serializers[position]
-        schema = meta.schemas[position] if meta.schemas else None
+        return self.of(meta.serializers[position],
+                       meta.schemas[position] if meta.schemas else None, what)
+
+    def of(self, type_id: str, schema: str | None, what: str) -> Serializer[Any]:
+        """The serializer of values written by ``type_id`` with ``schema`` (canonical
+        JSON, or None): as :meth:`of_state`, for operator and broadcast states too."""
         if schema is None:
             return self.get(type_id, what)
         given = self._by_schema.get(schema)

@@ -202,7 +202,7 @@ class StateReader:
         for snap in self._operator_snapshots(uid, subtasks=subtasks):
             state = snap.operator_states.get(name)
             if state is not None:
-                decode = self._serializers.get(state.serializer, what).decode
+                decode = self._serializers.of(state.serializer, state.schema, what).decode
                 for i, element in enumerate(state.elements):
                     yield snap.subtask_index, i, decode(element)
 
@@ -212,7 +212,8 @@ class StateReader:
         for snap in self._operator_snapshots(uid, first_only=True, subtasks=subtasks):
             state = snap.broadcast_states.get(name)
             if state is not None:
-                ks, vs = (self._serializers.get(s, what).decode for s in state.serializers)
+                ks, vs = (self._serializers.of(s, schema, what).decode for s, schema in zip(
+                    state.serializers, state.schemas, strict=True))
                 for k, v in state.entries:
                     yield ks(k), vs(v)
 

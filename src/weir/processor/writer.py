@@ -56,6 +56,7 @@ from weir.state.snapshot import (
     StateMeta,
     assign_broadcast_state,
     assign_operator_state,
+    schema_json,
 )
 
 if TYPE_CHECKING:
@@ -222,9 +223,6 @@ class _Build:
     def _what(self, scope: str, name: str) -> str:
         return f"{scope} state {name!r} of operator {self.uid!r}"
 
-    def _serializer(self, type_id: str, what: str) -> Serializer[Any]:
-        return self.serializers.get(type_id, what)
-
     def keyed(self, tables: Mapping[str, Any], timers: Any) -> None:
         replaced = set(tables)
         for snap in self.old:  # the base's states that stay
@@ -280,7 +278,7 @@ class _Build:
                 mode = RedistributionMode.UNION if name in union else (
                     RedistributionMode.SPLIT_DISTRIBUTE)
             elif name in stored:
-                ser = self._serializer(stored[name].serializer, what)
+                ser = self.serializers.of(stored[name].serializer, stored[name].schema, what)
                 mode = stored[name].mode if not union or name not in union else (
                     RedistributionMode.UNION)
             else:
@@ -289,7 +287,7 @@ class _Build:
                     f"descriptors=[ListStateDescriptor({name!r}, IntSerializer())]")
             cols = columns_of(_frame(table), ["subtask", "index", "value"], [], what)
             per = by_subtask(cols, what)
-            empty = OperatorListStateSnapshot(name, mode, ser.type_id, ())
+            empty = OperatorListStateSnapshot(name, mode, ser.type_id, (), schema_json(ser))
             self.op_states[name] = (empty, {
                 i: dataclasses.replace(empty, elements=tuple(encode_all(ser, values, what)))
                 for i, values in per.items()})
@@ -302,7 +300,8 @@ class _Build:
             if isinstance(descriptor, MapStateDescriptor):
                 ks, vs = descriptor.user_key_serializer, descriptor.value_serializer
             elif name in stored:
-                ks, vs = (self._serializer(t, what) for t in stored[name].serializers)
+                ks, vs = (self.serializers.of(t, schema, what) for t, schema in zip(
+                    stored[name].serializers, stored[name].schemas, strict=True))
             else:
                 raise ConfigurationError(
                     f"{what} is new: declare it with its descriptor, e.g. "
@@ -313,7 +312,8 @@ class _Build:
             if len({k for k, _ in entries}) != len(entries):
                 raise ConfigurationError(f"{what}: two rows for the same key")
             self.bc_states[name] = BroadcastStateSnapshot(name, (ks.type_id, vs.type_id),
-                                                          entries)
+                                                          entries, (schema_json(ks),
+                                                                    schema_json(vs)))
 
     def subtask(self, i: int, parallelism: int) -> OperatorSubtaskSnapshot:
         keyed = None

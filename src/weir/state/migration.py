@@ -1,8 +1,10 @@
 """State migration on restore (issue 41; Flink's ``TypeSerializerSchemaCompatibility``).
 
-A keyed state restored from a checkpoint whose serializers or schemas differ from the
-descriptor registering it is resolved here: the descriptor's value serializer says how
-it reads what the old one wrote (:meth:`~weir.api.serializers.Serializer.resolve`):
+A state restored from a checkpoint whose serializers or schemas differ from the
+descriptor registering it is resolved here (keyed states in the backends, operator and
+broadcast states in ``weir.state.operator_state``, value by value): the descriptor's
+value serializer says how it reads what the old one wrote
+(:meth:`~weir.api.serializers.Serializer.resolve`):
 
 * compatible **as is** — nothing to do (e.g. a record renamed, a field made nullable);
 * compatible **after migration** — every restored entry of the state is rewritten
@@ -31,7 +33,7 @@ from weir.errors import StateMigrationError
 from weir.state.backend import frame
 from weir.state.snapshot import StateMeta
 
-__all__ = ["AS_IS", "migration"]
+__all__ = ["AS_IS", "checked", "migration", "same_keys", "value_migration"]
 
 Rewrite = Callable[[bytes], bytes]
 
@@ -63,29 +65,61 @@ def migration(owner: str, restored: StateMeta, descriptor: StateDescriptor
     name = descriptor.name
     for old_id, old_schema, new in zip(restored.serializers[:-1], schemas[:-1],
                                        serializers[:-1], strict=True):  # (map user keys)
-        if old_id != new.type_id or _load(old_schema) != new.schema():
-            raise StateMigrationError(
-                f"{owner}: state {name!r}: its user keys were written with {old_id!r} "
-                f"and are now read with {new.type_id!r}; keys never evolve (as in Flink): "
-                f"keep the key serializer and key type, or move the state to a new name "
-                f"with weir.write_savepoint")
-    old_id, old_schema = restored.serializers[-1], _load(schemas[-1])
-    value = serializers[-1]
-    if old_schema is None and value.schema() is None and old_id != value.type_id and (
-            type(value).resolve is Serializer.resolve):
-        return None  # (two untyped serializers: the caller's refusal says it all)
-    found = value.resolve(old_id, old_schema)
+        same_keys(f"{owner}: state {name!r}", old_id, old_schema, new)
+    old_id, value = restored.serializers[-1], serializers[-1]
+    migrate = value_migration(f"{owner}: state {name!r}", old_id, schemas[-1], value)
+    if migrate is None or migrate is AS_IS:
+        return migrate
+    return _entry_rewrite(owner, name, descriptor.kind, descriptor.ttl is not None,
+                          old_id in _INLINE, value.inline_in_msgpack_array, migrate)
+
+
+def value_migration(what: str, old_id: str, old_schema: str | None, new: Serializer[Any]
+                    ) -> Rewrite | None:
+    """How one value written by serializer ``old_id`` with ``old_schema`` (canonical
+    JSON) becomes readable by ``new``: :data:`AS_IS`, a rewrite of its bytes, or None
+    for two different serializers without schemas or rules (the caller's refusal,
+    which names both). Raises :class:`StateMigrationError` naming ``what`` (operator
+    and state) for a change no rule covers."""
+    schema = _load(old_schema)
+    if schema is None and new.schema() is None and old_id != new.type_id and (
+            type(new).resolve is Serializer.resolve):
+        return None
+    found = new.resolve(old_id, schema)
     if found.compatibility is Compatibility.INCOMPATIBLE:
         raise StateMigrationError(
-            f"{owner}: state {name!r} cannot be restored with {value!r}: {found.reason}. "
-            f"Restore with the old type, change it only in the ways weir migrates (fields "
-            f"added with defaults or nullable, removed, reordered, int -> float), or "
-            f"rewrite the state with weir.write_savepoint")
+            f"{what} cannot be restored with {new!r}: {found.reason}. Restore with the "
+            f"old type, change it only in the ways weir migrates (fields added with "
+            f"defaults or nullable, removed, reordered, int -> float), or rewrite the "
+            f"state with weir.write_savepoint")
     if found.compatibility is Compatibility.AS_IS:
         return AS_IS
     assert found.migrate is not None
-    return _entry_rewrite(owner, name, descriptor.kind, descriptor.ttl is not None,
-                          old_id in _INLINE, value.inline_in_msgpack_array, found.migrate)
+    return found.migrate
+
+
+def same_keys(what: str, old_id: str, old_schema: str | None, new: Serializer[Any]) -> None:
+    """Refuses a changed key serializer or key schema (keys never evolve, as in
+    Flink), naming ``what`` (operator and state)."""
+    if old_id != new.type_id or _load(old_schema) != new.schema():
+        raise StateMigrationError(
+            f"{what}: its user keys were written with {old_id!r} and are now read with "
+            f"{new.type_id!r}; keys never evolve (as in Flink): keep the key serializer "
+            f"and key type, or move the state to a new name with weir.write_savepoint")
+
+
+def checked(what: str, migrate: Rewrite) -> Rewrite:
+    """``migrate`` with a stored value it cannot rewrite reported as a
+    :class:`StateMigrationError` naming ``what`` (operator and state)."""
+
+    def rewrite(data: bytes) -> bytes:
+        try:
+            return migrate(data)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise StateMigrationError(
+                f"{what}: a stored value could not be migrated: {exc}. Restore with the "
+                f"old type, or rewrite the state with weir.write_savepoint") from exc
+    return rewrite
 
 
 def _load(schema: str | None) -> Any:
@@ -96,14 +130,10 @@ def _entry_rewrite(owner: str, name: str, kind: StateKind, ttl: bool, old_inline
                    new_inline: bool, migrate: Rewrite) -> Rewrite:
     """The rewrite of one canonical entry value (see ``weir.state.backend``)."""
 
+    one = checked(f"{owner}: state {name!r}", migrate)
+
     def value(data: bytes) -> bytes:
-        try:
-            return data[:8] + migrate(data[8:]) if ttl else migrate(data)
-        except (TypeError, ValueError, KeyError) as exc:
-            raise StateMigrationError(
-                f"{owner}: state {name!r}: a stored value could not be migrated: {exc}. "
-                f"Restore with the old type, or rewrite the state with "
-                f"weir.write_savepoint") from exc
+        return data[:8] + one(data[8:]) if ttl else one(data)
 
     if kind is not StateKind.LIST:
         return value

@@ -6,17 +6,19 @@ encoded with their descriptors' serializers when snapshotted.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from weir.api.descriptors import ListStateDescriptor, MapStateDescriptor
 from weir.api.state import BroadcastState, ListState, ReadOnlyBroadcastState
 from weir.errors import ReadOnlyStateError, StateError, StateMigrationError, StateRegistrationError
 from weir.state.backend import WriteCheck, decode_checked, encode_checked
+from weir.state.migration import AS_IS, Rewrite, checked, same_keys, value_migration
 from weir.state.snapshot import (
     BroadcastStateSnapshot,
     OperatorListStateSnapshot,
     RedistributionMode,
+    schema_json,
 )
 
 __all__ = ["BroadcastStateStore", "OperatorListState", "OperatorStateStoreImpl"]
@@ -62,6 +64,7 @@ class OperatorListState(ListState[Any]):
             self.mode,
             ser.type_id,
             tuple(encode_checked(d.name, ser, e) for e in self._elements),
+            schema_json(ser),
         )
 
 
@@ -104,14 +107,17 @@ class OperatorStateStoreImpl:
         state = OperatorListState(d, mode)
         restored = self._restored.pop(d.name, None)
         if restored is not None:
-            if restored.mode is not mode or restored.serializer != d.value_serializer.type_id:
+            ser = d.value_serializer
+            what = f"{self._owner}: operator state {d.name!r}"
+            rewrite = value_migration(what, restored.serializer, restored.schema, ser)
+            if restored.mode is not mode or rewrite is None:
                 raise StateMigrationError(
                     f"{self._owner}: operator state {d.name!r} was snapshotted as "
                     f"{restored.mode.value} with serializer {restored.serializer!r} but is now "
-                    f"requested as {mode.value} with {d.value_serializer.type_id!r}"
+                    f"requested as {mode.value} with {ser.type_id!r}"
                 )
-            ser = d.value_serializer
-            state._elements = [decode_checked(d.name, ser, e) for e in restored.elements]
+            state._elements = [decode_checked(d.name, ser, e)
+                               for e in _migrated(what, rewrite, restored.elements)]
         self._states[d.name] = state
         return state
 
@@ -202,14 +208,18 @@ class BroadcastStateStore:
             state = _BroadcastMap(d)
             old = self._restored.pop(d.name, None)
             if old is not None:
-                if old.serializers != d.serializer_ids():
+                ks, vs = d.user_key_serializer, d.value_serializer
+                what = f"{owner}: broadcast state {d.name!r}"
+                same_keys(what, old.serializers[0], old.schemas[0], ks)
+                rewrite = value_migration(what, old.serializers[1], old.schemas[1], vs)
+                if rewrite is None:
                     raise StateMigrationError(
                         f"{owner}: broadcast state {d.name!r} was snapshotted with serializers "
                         f"{list(old.serializers)} but is now declared with "
                         f"{list(d.serializer_ids())}"
                     )
-                ks, vs = d.user_key_serializer, d.value_serializer
-                for k, v in old.entries:
+                values = _migrated(what, rewrite, [v for _, v in old.entries])
+                for (k, _), v in zip(old.entries, values, strict=True):
                     state._data[decode_checked(d.name, ks, k)] = decode_checked(d.name, vs, v)
             self._states[d.name] = state
             self._views[d.name] = _ReadOnlyView(state)
@@ -252,6 +262,14 @@ class BroadcastStateStore:
                 for k, v in s._data.items()
             )
             out[name] = BroadcastStateSnapshot(
-                name, (ks.type_id, vs.type_id), entries
+                name, (ks.type_id, vs.type_id), entries, (schema_json(ks), schema_json(vs))
             )
         return out
+
+
+def _migrated(what: str, rewrite: Rewrite, values: Sequence[bytes]) -> Sequence[bytes]:
+    """``values`` rewritten by a restore's migration (:mod:`weir.state.migration`)."""
+    if rewrite is AS_IS:
+        return values
+    one = checked(what, rewrite)
+    return [one(data) for data in values]

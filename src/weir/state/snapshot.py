@@ -49,10 +49,11 @@ __all__ = [
     "OperatorSubtaskSnapshot",
     "RedistributionMode",
     "StateMeta",
-    "canonical_schema",
     "assign_broadcast_state",
     "assign_keyed_state",
     "assign_operator_state",
+    "canonical_schema",
+    "schema_json",
 ]
 
 class RedistributionMode(enum.Enum):
@@ -66,6 +67,12 @@ class RedistributionMode(enum.Enum):
 def canonical_schema(schema: Any) -> str:
     """A serializer's schema document as the canonical JSON :class:`StateMeta` keeps."""
     return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+
+
+def schema_json(serializer: Any) -> str | None:
+    """``serializer.schema()`` as canonical JSON, None for a serializer without one."""
+    schema = serializer.schema()
+    return None if schema is None else canonical_schema(schema)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +129,8 @@ class OperatorListStateSnapshot:
     mode: RedistributionMode
     serializer: str
     elements: tuple[bytes, ...]
+    #: the serializer's schema as canonical JSON (typed records), else None
+    schema: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +140,8 @@ class BroadcastStateSnapshot:
     name: str
     serializers: tuple[str, str]
     entries: Entries
+    #: the key's and the value's serializer's schemas as canonical JSON, or None each
+    schemas: tuple[str | None, str | None] = (None, None)
 
 
 @dataclass(frozen=True)
@@ -230,7 +241,8 @@ def assign_operator_state(
     for s in ordered:
         for name, st in s.operator_states.items():
             known = names.setdefault(name, st)
-            if known.mode is not st.mode or known.serializer != st.serializer:
+            if (known.mode, known.serializer, known.schema) != (st.mode, st.serializer,
+                                                                 st.schema):
                 raise RestoreError(
                     f"operator {s.operator_uid!r}: operator state {name!r} has different "
                     f"modes or serializers in different subtasks"
@@ -261,7 +273,8 @@ def assign_operator_state(
             else:
                 mine = _split_chunk(elements, parallelism, start, subtask_index)
                 start = (start + len(elements) % parallelism) % parallelism
-        out[name] = OperatorListStateSnapshot(name, first.mode, first.serializer, tuple(mine))
+        out[name] = OperatorListStateSnapshot(name, first.mode, first.serializer, tuple(mine),
+                                              first.schema)
     return out
 
 
