@@ -5,6 +5,7 @@ Everything a user needs is importable from here (and, for the Spark runtime, fro
 internal and may change.
 """
 
+from weir.api.avro_serializer import AvroSerializer
 from weir.api.checkpointing import CheckpointConfig, CheckpointingMode, SnapshotStrategy
 from weir.api.config import (
     HashMapStateBackend,
@@ -154,6 +155,7 @@ __all__ = [
     "AggregateFunction",
     "AggregatingState",
     "AggregatingStateDescriptor",
+    "AvroSerializer",
     "BroadcastContext",
     "BroadcastState",
     "BytesSerializer",

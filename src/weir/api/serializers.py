@@ -14,6 +14,9 @@ Formats:
 * ``int64`` / ``float64`` / ``utf8`` / ``bytes`` — fixed formats for common scalars.
 * ``record/1`` — typed records (:class:`~weir.api.record_serializer.RecordSerializer`),
   whose schema is stored with the state and may evolve.
+* ``avro/1`` — Avro's binary encoding with a user-given schema
+  (:class:`~weir.api.avro_serializer.AvroSerializer`), stored with the state; a
+  restore follows Avro's schema resolution.
 
 A restore asks the new descriptor's serializer how to read what the old one wrote
 (:meth:`Serializer.resolve`, Flink's ``TypeSerializerSnapshot.resolveSchemaCompatibility``):

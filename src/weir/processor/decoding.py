@@ -29,6 +29,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from weir.api.avro_serializer import AvroSerializer
 from weir.api.descriptors import StateKind
 from weir.api.record_serializer import RecordSerializer
 from weir.api.serializers import (
@@ -114,6 +115,8 @@ class SerializerSet:
             return given
         if type_id == RecordSerializer.type_id:
             return RecordSerializer.from_schema(json.loads(schema))
+        if type_id == AvroSerializer.type_id:
+            return AvroSerializer(json.loads(schema))
         return self.get(type_id, what)
 
 

@@ -89,9 +89,8 @@ def value_migration(what: str, old_id: str, old_schema: str | None, new: Seriali
     if found.compatibility is Compatibility.INCOMPATIBLE:
         raise StateMigrationError(
             f"{what} cannot be restored with {new!r}: {found.reason}. Restore with the "
-            f"old type, change it only in the ways weir migrates (fields added with "
-            f"defaults or nullable, removed, reordered, int -> float), or rewrite the "
-            f"state with weir.write_savepoint")
+            f"old type, change it only in the ways its serializer migrates (see 'Changing "
+            f"your state' in the docs), or rewrite the state with weir.write_savepoint")
     if found.compatibility is Compatibility.AS_IS:
         return AS_IS
     assert found.migrate is not None
