@@ -17,8 +17,9 @@ per-merchant-category limits from a broadcast stream of versioned rules.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 from weir import (
     BroadcastContext,
@@ -27,6 +28,7 @@ from weir import (
     KeyedProcessFunction,
     ListStateDescriptor,
     MapStateDescriptor,
+    RecordSerializer,
     ReducingStateDescriptor,
     StateTtlConfig,
     ValueStateDescriptor,
@@ -119,11 +121,42 @@ def oracle_alerts(transactions: list[Txn]) -> list[tuple[str, int]]:
 # the stream is cut into micro-batches or on when timers fire; plus per-merchant-
 # category limits that arrive as a broadcast stream of versioned rules.
 
+
+@dataclasses.dataclass
+class Recent:
+    """One of a card's newest transactions (state ``newest``). Version 2 of this
+    record added ``merchant``: a restore from a savepoint of version 1 migrates the
+    stored records, whose merchant is then None (docs: "Changing your state")."""
+
+    ts: int
+    txn_id: str
+    amount: float
+    merchant: str | None = None
+
+
+@dataclasses.dataclass
+class WaitingLarge:
+    """A large transaction no small one has matched yet (state ``waiting-large``)."""
+
+    ts: int
+    amount: float
+
+
+@dataclasses.dataclass
+class PendingLimit:
+    """A transaction whose limit is checked once the watermark passes it."""
+
+    ts: int
+    amount: float
+    category: str
+
+
 SPEND = ReducingStateDescriptor[float]("spend", lambda a, b: round(a + b, 2))
 TXN_COUNT = ValueStateDescriptor[int]("txn-count")
-#: the 5 newest transactions by event time, ``[ts, txn_id, amount]``
-NEWEST = ListStateDescriptor[list[Any]](
-    "newest", ttl=StateTtlConfig(ttl_ms=86_400_000).cleanup_in_full_snapshot()
+#: the 5 newest transactions by event time
+NEWEST = ListStateDescriptor[Recent](
+    "newest", RecordSerializer(Recent),
+    ttl=StateTtlConfig(ttl_ms=86_400_000).cleanup_in_full_snapshot(),
 )
 #: transactions per merchant (kept for a day after the card's last purchase there)
 PER_MERCHANT = MapStateDescriptor[str, int](
@@ -134,11 +167,13 @@ PER_MERCHANT = MapStateDescriptor[str, int](
 #: small transactions whose one-minute window is still open: txn_id -> ts
 OPEN_SMALL = MapStateDescriptor[str, int]("open-small")
 #: large transactions no small one has matched yet (a small one, earlier in event time,
-#: may still arrive until the watermark passes them): txn_id -> (ts, amount)
-WAITING_LARGE = MapStateDescriptor[str, tuple[int, float]]("waiting-large")
+#: may still arrive until the watermark passes them): txn_id -> WaitingLarge
+WAITING_LARGE = MapStateDescriptor[str, WaitingLarge](
+    "waiting-large", serializer=RecordSerializer(WaitingLarge))
 #: ``limits_at_watermark``: transactions whose limit is checked once the watermark
-#: passes them: txn_id -> [ts, amount, category]
-PENDING_LIMIT = MapStateDescriptor[str, list[Any]]("pending-limit")
+#: passes them: txn_id -> PendingLimit
+PENDING_LIMIT = MapStateDescriptor[str, PendingLimit](
+    "pending-limit", serializer=RecordSerializer(PendingLimit))
 #: broadcast: merchant category -> [(effective_from_ms, limit or None), ...] ascending
 CATEGORY_LIMITS = MapStateDescriptor[str, list[tuple[int, float | None]]]("category-limits")
 NEWEST_KEPT = 5
@@ -180,6 +215,10 @@ def add_version(
     return sorted([*kept, (int(effective_from), limit)], key=lambda fv: fv[0])
 
 
+def _by_time(recent: Any) -> tuple[int, str, float]:
+    return recent.ts, recent.txn_id, recent.amount
+
+
 def alert(card: str, rule: str, txn_id: str, amount: float, ts: int, detail: str) -> Txn:
     """One output row of :class:`CardFraudDetector` (the demo's ``output_schema``)."""
     return {"card_id": card, "rule": rule, "txn_id": txn_id, "amount": amount, "ts_ms": ts,
@@ -219,6 +258,9 @@ class CardFraudDetector(KeyedBroadcastProcessFunction[Txn, Txn, Txn]):
     transaction every rule that precedes it has arrived."""
 
     bad_record_exceptions = (InvalidTransaction,)
+    #: the state of the newest transactions (a class attribute: a test restores a
+    #: savepoint of the previous version of :class:`Recent`)
+    newest_state: ClassVar[ListStateDescriptor[Any]] = NEWEST
 
     def __init__(self, limits_at_watermark: bool = False) -> None:
         self.limits_at_watermark = limits_at_watermark
@@ -226,7 +268,7 @@ class CardFraudDetector(KeyedBroadcastProcessFunction[Txn, Txn, Txn]):
     def open(self, ctx: KeyedContext) -> None:
         self.spend = ctx.get_reducing_state(SPEND)
         self.count = ctx.get_state(TXN_COUNT)
-        self.newest = ctx.get_list_state(NEWEST)
+        self.newest = ctx.get_list_state(self.newest_state)
         self.per_merchant = ctx.get_map_state(PER_MERCHANT)
         self.open_small = ctx.get_map_state(OPEN_SMALL)
         self.waiting_large = ctx.get_map_state(WAITING_LARGE)
@@ -248,21 +290,22 @@ class CardFraudDetector(KeyedBroadcastProcessFunction[Txn, Txn, Txn]):
         self.spend.add(amount)
         merchant = txn["merchant"]
         self.per_merchant.put(merchant, self.per_merchant.get(merchant, 0) + 1)
-        self.newest.update(sorted([*self.newest.get(), [ts, txn_id, amount]])[-NEWEST_KEPT:])
+        self.newest.update(sorted([*self.newest.get(), self._recent(ts, txn, amount)],
+                                  key=_by_time)[-NEWEST_KEPT:])
 
         timers = ctx.timer_service
         if self.limits_at_watermark:
-            self.pending_limit.put(txn_id, [ts, amount, txn["category"]])
+            self.pending_limit.put(txn_id, PendingLimit(ts, amount, txn["category"]))
             timers.register_event_time_timer(ts)
         else:
             yield from self._over_limit(card, txn_id, amount, ts, txn["category"], ctx)
         if amount < SMALL:
-            for large_id, (large_ts, large_amount) in list(self.waiting_large.items()):
-                if ts < large_ts <= ts + WINDOW_MS:  # the small one arrived after it
+            for large_id, large in list(self.waiting_large.items()):
+                if ts < large.ts <= ts + WINDOW_MS:  # the small one arrived after it
                     self.waiting_large.remove(large_id)
-                    self._release_timer(large_ts, ctx)
-                    yield alert(card, "small-then-large", large_id, large_amount, large_ts,
-                                f"{(large_ts - ts) / 1000:.1f} s after a small one of "
+                    self._release_timer(large.ts, ctx)
+                    yield alert(card, "small-then-large", large_id, large.amount, large.ts,
+                                f"{(large.ts - ts) / 1000:.1f} s after a small one of "
                                 f"{amount:.2f}, which arrived after it")
             self.open_small.put(txn_id, ts)
             timers.register_event_time_timer(ts + WINDOW_MS)
@@ -273,15 +316,19 @@ class CardFraudDetector(KeyedBroadcastProcessFunction[Txn, Txn, Txn]):
                 yield alert(card, "small-then-large", txn_id, amount, ts,
                             f"{(ts - small) / 1000:.1f} s after a small one")
             else:
-                self.waiting_large.put(txn_id, (ts, amount))
+                self.waiting_large.put(txn_id, WaitingLarge(ts, amount))
                 timers.register_event_time_timer(ts)
+
+    def _recent(self, ts: int, txn: Txn, amount: float) -> Any:
+        """The ``newest`` entry of a transaction."""
+        return Recent(ts, txn["txn_id"], amount, txn["merchant"])
 
     def _release_timer(self, timestamp: int, ctx: KeyedContext) -> None:
         """Delete the timer at ``timestamp`` unless a waiting entry still needs it."""
-        if any(ts == timestamp for ts, _ in self.waiting_large.values()) or any(
+        if any(w.ts == timestamp for w in self.waiting_large.values()) or any(
             ts + WINDOW_MS == timestamp for ts in self.open_small.values()
         ) or (self.limits_at_watermark
-              and any(ts == timestamp for ts, _, _ in self.pending_limit.values())):
+              and any(p.ts == timestamp for p in self.pending_limit.values())):
             return
         ctx.timer_service.delete_event_time_timer(timestamp)
 
@@ -290,16 +337,16 @@ class CardFraudDetector(KeyedBroadcastProcessFunction[Txn, Txn, Txn]):
         a closed window can arrive any more (it would be late); with
         ``limits_at_watermark``, the limits of the transactions it passed are checked."""
         if self.limits_at_watermark:
-            for txn_id, (ts, amount, category) in sorted(self.pending_limit.items()):
-                if ts <= timestamp:
+            for txn_id, pending in sorted(self.pending_limit.items(), key=lambda e: e[0]):
+                if pending.ts <= timestamp:
                     self.pending_limit.remove(txn_id)
-                    yield from self._over_limit(ctx.current_key, txn_id, amount, ts,
-                                                category, ctx)
+                    yield from self._over_limit(ctx.current_key, txn_id, pending.amount,
+                                                pending.ts, pending.category, ctx)
         for txn_id, ts in list(self.open_small.items()):
             if ts + WINDOW_MS <= timestamp:
                 self.open_small.remove(txn_id)
-        for txn_id, (ts, _) in list(self.waiting_large.items()):
-            if ts <= timestamp:
+        for txn_id, large in list(self.waiting_large.items()):
+            if large.ts <= timestamp:
                 self.waiting_large.remove(txn_id)
 
     def process_broadcast_element(self, rule: Txn, ctx: BroadcastContext) -> None:

@@ -166,7 +166,7 @@ class CardState:
     count: int = 0
     spend_cents: int = 0
     per_merchant: Counter[str] = field(default_factory=Counter)
-    newest: list[list[Any]] = field(default_factory=list)  # [ts, txn_id, amount]
+    newest: list[list[Any]] = field(default_factory=list)  # [ts, txn_id, amount, merchant]
     smalls: list[tuple[int, str]] = field(default_factory=list)
     larges: list[tuple[int, str, float]] = field(default_factory=list)
 
@@ -227,7 +227,8 @@ def oracle(stream: Stream) -> Expected:
         state.count += 1
         state.spend_cents += round(amount * 100)
         state.per_merchant[t["merchant"]] += 1
-        state.newest = sorted([*state.newest, [ts, t["txn_id"], amount]])[-NEWEST_KEPT:]
+        state.newest = sorted([*state.newest, [ts, t["txn_id"], amount, t["merchant"]]],
+                              key=lambda n: n[:3])[-NEWEST_KEPT:]
         limit = limit_in_force(t["category"], ts)
         if limit is not None and amount > limit:
             alerts[(t["txn_id"], "over-category-limit")] = (card, amount, ts)

@@ -81,9 +81,10 @@ def state_checks(harness: Any, expected: Expected, watermark: int) -> list[Check
             harness.state_of(card, TXN_COUNT),
             round((harness.state_of(card, SPEND) or 0) * 100),
             harness.state_of(card, PER_MERCHANT),
-            [list(t) for t in harness.state_of(card, NEWEST) or []],
+            [[r.ts, r.txn_id, r.amount, r.merchant]
+             for r in harness.state_of(card, NEWEST) or []],
             harness.state_of(card, OPEN_SMALL),
-            {k: tuple(v) for k, v in harness.state_of(card, WAITING_LARGE).items()},
+            {k: (w.ts, w.amount) for k, w in harness.state_of(card, WAITING_LARGE).items()},
         )
         if got != (want.count, want.spend_cents, dict(want.per_merchant), want.newest,
                    expected.open_small(card, watermark),
