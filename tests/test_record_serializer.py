@@ -8,6 +8,7 @@ at their defaults."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import pickle
 from typing import Any, NamedTuple
 
@@ -222,3 +223,39 @@ def test_random_compatible_changes_restore_every_value(case: Any) -> None:
             if default is None and kind == "float":
                 want = float(want)
             assert getattr(back, name) == want
+
+
+def test_a_record_class_pickled_by_value_keeps_its_schema(tmp_path: Any) -> None:
+    """Spark ships a class of the driver's ``__main__`` or notebook by value
+    (cloudpickle), which copies ``dataclasses.MISSING`` of a field without a default:
+    the class in the executor's process has the same schema (no field takes the copy
+    as its default) and its records round-trip."""
+    import subprocess
+    import sys
+
+    (tmp_path / "shipped_record.py").write_text(
+        "import dataclasses\n\n@dataclasses.dataclass\nclass Shipped:\n"
+        "    count: int\n    note: str = 'x'\n    tags: list[str] = "
+        "dataclasses.field(default_factory=list)\n")
+    driver = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import shipped_record\n"
+        "from pyspark import cloudpickle; cloudpickle.register_pickle_by_value(shipped_record)\n"
+        "sys.stdout.buffer.write(cloudpickle.dumps(shipped_record.Shipped))\n")
+    executor = (
+        "import json, pickle, sys\nfrom weir import RecordSerializer\n"
+        "cls = pickle.loads(sys.stdin.buffer.read())\nserializer = RecordSerializer(cls)\n"
+        "assert serializer.decode(serializer.encode(cls(3))) == cls(3, 'x', [])\n"
+        "print(json.dumps(serializer.schema(), sort_keys=True))\n")
+    shipped = subprocess.run([sys.executable, "-c", driver, str(tmp_path)], check=True,
+                             capture_output=True).stdout
+    received = subprocess.run([sys.executable, "-c", executor], input=shipped,
+                              capture_output=True)
+    assert received.returncode == 0, received.stderr.decode()
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import shipped_record  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("shipped_record", None)
+    here = RecordSerializer(shipped_record.Shipped).schema()
+    assert json.loads(received.stdout) == here

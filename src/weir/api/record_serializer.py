@@ -12,6 +12,7 @@ from typing import Any, Generic, TypeVar
 
 import msgpack
 
+from weir.api.record_codegen import compiled_codec
 from weir.api.records import (
     Incompatible,
     default_of,
@@ -34,9 +35,12 @@ def _unpack(data: bytes) -> Any:
 class RecordSerializer(Serializer[R], Generic[R]):
     """Values of a dataclass, ``typing.NamedTuple`` or pydantic model ``cls`` (see
     :mod:`weir.api.records`): ``ValueStateDescriptor("card", RecordSerializer(Card))``.
-    A value of another type, or with a field of the wrong type, is refused as it is
-    written, naming the field. ``from_schema(doc)`` reads stored records as dicts
-    (what ``weir.read_state`` does, without the class)."""
+    A value of another class is refused as it is written; a field of the wrong type
+    is refused naming the field — as it is written on RocksDB (which encodes every
+    write), on the hash map (which keeps the objects, as Flink's heap backend does)
+    at the first write of the class and at the latest when the state is snapshotted;
+    call :meth:`check` to test a value yourself. ``from_schema(doc)`` reads stored
+    records as dicts (what ``weir.read_state`` does, without the class)."""
 
     type_id = "record/1"
     inline_in_msgpack_array = False  # (a list of records is not a record: elements framed as bins)
@@ -47,7 +51,7 @@ class RecordSerializer(Serializer[R], Generic[R]):
                             f"model class, got {cls!r}")
         self.cls: type[R] | None = cls
         self._schema = schema_of(cls)
-        self._encode, self._decode = value_codec(self._schema, cls)
+        self._compile()
 
     @staticmethod
     def from_schema(schema: dict[str, Any]) -> RecordSerializer[dict[str, Any]]:
@@ -55,8 +59,20 @@ class RecordSerializer(Serializer[R], Generic[R]):
         made: RecordSerializer[dict[str, Any]] = RecordSerializer.__new__(RecordSerializer)
         made.cls = None
         made._schema = schema
-        made._encode, made._decode = value_codec(schema, None)
+        made._compile()
         return made
+
+    def _compile(self) -> None:
+        """The schema's compiled functions (:func:`weir.api.record_codegen.compiled_codec`)
+        as this instance's ``encode``, ``decode`` and ``check``: the backends call them
+        once per value (a snapshot, RocksDB's every read and write), and the methods
+        below around them would add a Python frame to each call, a fifth of an
+        encode. (Not over a subclass's own methods.)"""
+        self._compiled = compiled_codec(self._schema, self.cls)
+        own = type(self)
+        for name, fn in zip(("encode", "decode", "check"), self._compiled, strict=True):
+            if getattr(own, name) is getattr(RecordSerializer, name):
+                setattr(self, name, fn)
 
     def __reduce__(self) -> tuple[Any, ...]:
         if self.cls is None:
@@ -64,10 +80,20 @@ class RecordSerializer(Serializer[R], Generic[R]):
         return (RecordSerializer, (self.cls,))
 
     def encode(self, value: R) -> bytes:
-        return msgpack.packb(self._encode(value, ""), use_bin_type=True)  # type: ignore[no-any-return]
+        """``value`` as bytes (TypeError naming the field of a wrong value); an
+        instance calls the compiled function directly (see ``_compile``)."""
+        return self._compiled[0](value)
 
     def decode(self, data: bytes) -> R:
-        return self._decode(_unpack(data))  # type: ignore[no-any-return]
+        """The record in ``data``; an instance calls the compiled function directly."""
+        return self._compiled[1](data)  # type: ignore[no-any-return]
+
+    def check(self, value: R) -> None:
+        """Raise what :meth:`encode` raises for a value or a field of the wrong type
+        (naming the field), without encoding: a few ``type(x) is T`` tests for a record
+        of primitives. The range of ints and what ``Any`` fields hold are left to
+        encoding."""
+        self._compiled[2](value)
 
     def schema(self) -> dict[str, Any]:
         return self._schema

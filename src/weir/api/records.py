@@ -3,6 +3,9 @@ models as state values, encoded compactly (a msgpack array of the field values i
 schema's order, nested records as arrays too) — not pickle — with the record's
 *schema* stored once per state in the checkpoint.
 
+Encoding and decoding run functions compiled once per schema and class
+(:func:`weir.api.record_codegen.compiled_codec`).
+
 A schema is a small msgpack-able document of types (:func:`schema_of`):
 
 * ``{"t": "int" | "float" | "bool" | "str" | "bytes" | "any"}`` (``any``: whatever
@@ -64,6 +67,13 @@ def is_record_type(cls: Any) -> bool:
         dataclasses.is_dataclass(cls) or _is_namedtuple(cls) or _is_pydantic(cls))
 
 
+def _missing(value: object) -> bool:
+    """Whether a dataclass field's default is ``dataclasses.MISSING`` — or a copy of it:
+    a class pickled by value (cloudpickle: Spark ships the driver's ``__main__`` and
+    notebook classes so) has its fields' sentinel copied."""
+    return isinstance(value, type(dataclasses.MISSING))
+
+
 def _fields(cls: type) -> list[tuple[str, Any, Any]]:
     """(name, annotation, default or _MISSING) of each field of a record class."""
     hints = typing.get_type_hints(cls)
@@ -82,10 +92,10 @@ def _fields(cls: type) -> list[tuple[str, Any, Any]]:
     for f in dataclasses.fields(cls):
         if not f.init:
             continue
-        if f.default is not dataclasses.MISSING:
+        if not _missing(f.default):
             default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
+        elif not _missing(f.default_factory):
+            default = f.default_factory()  # type: ignore[operator]  # (not MISSING)
         else:
             default = _MISSING
         out.append((f.name, hints.get(f.name, Any), default))
