@@ -171,3 +171,27 @@ def test_a_job_running_past_its_timeout_is_stopped_with_a_timeout_error(tmp_path
     assert timeout - 0.5 <= took < timeout + 5, took
     job = client._job
     assert all(p.poll() is not None for p in job._procs.values())  # cancelled: no process
+
+
+def test_the_root_cause_is_the_task_that_failed_not_a_neighbour_whose_report_came_first(
+) -> None:
+    """When a task fails, its upstream neighbour loses its channel and reports that
+    (a ChannelError), then closes its control connection; on a busy machine both reach
+    the driver before the failed task's own report. The failed task is the cause: the
+    close of a task that reported its failure adds nothing."""
+    import queue
+
+    from weir.runtime.continuous.processes import root_cause
+
+    channel = {"kind": "failed", "error": "ChannelError: task numbers[1]: the peer closed "
+               "the connection", "trace": ""}
+    closed = {"kind": "disconnected", "error": "task numbers[1]: the peer closed the "
+              "connection"}
+    real = {"kind": "failed", "error": "RuntimeError: a real failure", "trace": ""}
+    inbox: queue.Queue[Any] = queue.Queue()
+    inbox.put((("numbers", 1), closed))
+    inbox.put((("picky", 1), real))
+    error = root_cause((("numbers", 1), channel), inbox, set(), "job")
+    assert str(error).startswith("job 'job': task picky[1] failed: RuntimeError: a real "
+                                 "failure (then numbers[1] failed too)"), str(error)
+    assert isinstance(error.__cause__, RuntimeError)

@@ -53,8 +53,11 @@ def root_cause(first: Report, inbox: queue.Queue[Report], finished: set[TaskId],
 
     def rank(report: tuple[TaskId, dict[str, Any]]) -> int:
         task, message = report
-        if message["kind"] == "disconnected" and task not in failed:
-            return 0  # died without a word: killed, or lost
+        if message["kind"] == "disconnected":
+            # died without a word: killed, or lost; else the close after its own report
+            # (which says more, whichever came first: the order of reports from two
+            # tasks is not the order of their failures)
+            return 0 if task not in failed else 3
         return 2 if "ChannelError" in str(message.get("error")) else 1
 
     task, message = min(reports, key=rank)
