@@ -62,7 +62,7 @@ docs: setup
 # local-cluster (make test: RocksDB), its seeded kill -9 run over 20 seeds (make test
 # runs one), a crash at every write step of a checkpoint (make test: the first of
 # each kind of file), rescaling from unaligned checkpoints (make test: 2 -> 3), and
-# kill -9 of a Python worker under weir-kafka (make test: of the driver).
+# kill -9 of the driver and the broker under weir-kafka (make test: of a Python worker).
 soak: setup
 	WEIR_FAULT_SEEDS=0,1,2,3,4,5 $(PY) -m pytest -q -s tests/test_spark_cluster_faults.py
 	WEIR_SOAK=1 $(PY) -m pytest -q tests/test_spark_speculation.py \
