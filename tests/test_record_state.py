@@ -186,8 +186,9 @@ def test_a_savepoint_of_records_reads_as_dicts_or_as_the_class_of_its_schema(
     tmp_path: Any, backend: str
 ) -> None:
     """weir.read_state needs no class: the schema stored with the state reads the
-    records as dicts; given a RecordSerializer of the same schema, as its class. The
-    same savepoint restores with the evolved class (the test above)."""
+    records as dicts; given a RecordSerializer of the same schema, as its class; given
+    one of a later version of the class, as that class (migrated). The same savepoint
+    restores with the evolved class (the test above)."""
     coordinator = weir.CheckpointCoordinator(tmp_path / "chk")
     with KeyedOperatorHarness(Writer(CardV1, False), key, state_backend=backend,
                               uid="cards") as h:
@@ -199,6 +200,12 @@ def test_a_savepoint_of_records_reads_as_dicts_or_as_the_class_of_its_schema(
     typed = weir.read_state(url, serializers=[RecordSerializer(CardV1)])
     history = typed.keyed_state("cards", "history")
     assert {type(v) for v in history["value"]} == {CardV1} and len(history) == 20
+    # with the next version's class: migrated as a restore would, new fields at defaults
+    newer = weir.read_state(url, serializers=[RecordSerializer(CardV2)])
+    cards = newer.keyed_state("cards", "card")["value"]
+    assert sorted(cards.map(lambda v: v.total)) == [float(n) for n in range(10, 20)]
+    by_day = newer.keyed_state("cards", "by_day")["value"]
+    assert {(type(v), v.limit, v.last) for v in [*cards, *by_day]} == {(CardV2, 500, None)}
 
 
 def test_a_record_state_rewritten_with_write_savepoint_restores_typed(

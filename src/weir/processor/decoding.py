@@ -34,10 +34,12 @@ from weir.api.descriptors import StateKind
 from weir.api.record_serializer import RecordSerializer
 from weir.api.serializers import (
     BytesSerializer,
+    Compatibility,
     FloatSerializer,
     IntSerializer,
     MsgpackSerializer,
     PickleSerializer,
+    SchemaResolution,
     Serializer,
     StrSerializer,
 )
@@ -71,10 +73,16 @@ _BUILT_IN: tuple[Serializer[Any], ...] = (
 
 
 class SerializerSet:
-    """Serializers by ``type_id``: weir's built-in ones and the caller's (which win)."""
+    """Serializers by ``type_id``: weir's built-in ones and the caller's (which win).
+    ``reading``: values are only read (``weir.read_state``), so a serializer of the
+    caller's reads a state written with an older schema it migrates from, as a restore
+    would (:meth:`of`)."""
 
-    def __init__(self, extra: Iterable[Serializer[Any]] = ()) -> None:
+    def __init__(self, extra: Iterable[Serializer[Any]] = (), *, reading: bool = False
+                 ) -> None:
         extra = list(extra)
+        self._extra = extra
+        self._reading = reading
         self._by_id = {s.type_id: s for s in _BUILT_IN}
         for serializer in extra:
             if not isinstance(serializer, Serializer):
@@ -97,7 +105,6 @@ class SerializerSet:
             )
         return found
 
-
     def of_state(self, meta: StateMeta, position: int, what: str) -> Serializer[Any]:
         """The serializer of a state's ``position``-th serializer: a typed record's is
         rebuilt from the schema stored with the state (records read as dicts) unless
@@ -113,11 +120,55 @@ class SerializerSet:
         given = self._by_schema.get(schema)
         if given is not None and given.type_id == type_id:
             return given
+        newer = self._migrating(type_id, schema) if self._reading else None
+        if newer is not None:
+            return newer
         if type_id == RecordSerializer.type_id:
             return RecordSerializer.from_schema(json.loads(schema))
         if type_id == AvroSerializer.type_id:
             return AvroSerializer(json.loads(schema))
         return self.get(type_id, what)
+
+
+    def _migrating(self, type_id: str, schema: str) -> Serializer[Any] | None:
+        """A reader of values written by ``type_id`` with ``schema`` through one of the
+        caller's serializers that migrates them (an evolved record class): the one of
+        the same record name, or the only one; None if there is none."""
+        doc = json.loads(schema)
+        found: list[tuple[Serializer[Any], SchemaResolution]] = []
+        for serializer in self._extra:
+            if serializer.schema() is None:
+                continue
+            resolution = serializer.resolve(type_id, doc)
+            if resolution.compatibility is not Compatibility.INCOMPATIBLE:
+                found.append((serializer, resolution))
+        named = [f for f in found if _record_name(f[0].schema()) == _record_name(doc)]
+        chosen = named[0] if len(named) == 1 else found[0] if len(found) == 1 else None
+        if chosen is None:
+            return None
+        serializer, resolution = chosen
+        if resolution.compatibility is Compatibility.AS_IS or resolution.migrate is None:
+            return serializer
+        return _MigratingReader(serializer, resolution.migrate)
+
+
+def _record_name(schema: Any) -> Any:
+    return schema.get("name") if isinstance(schema, dict) else None
+
+
+class _MigratingReader(Serializer[Any]):
+    """Reads values of an older schema with a newer serializer: migrated, then
+    decoded (``weir.read_state`` only: it never writes)."""
+
+    def __init__(self, serializer: Serializer[Any], migrate: Any) -> None:
+        self.type_id = serializer.type_id
+        self._serializer, self._migrate = serializer, migrate
+
+    def encode(self, value: Any) -> bytes:
+        raise ConfigurationError("a migrating reader of old state does not write")
+
+    def decode(self, data: bytes) -> Any:
+        return self._serializer.decode(self._migrate(data))
 
 
 def keyed_columns(meta: StateMeta) -> list[str]:

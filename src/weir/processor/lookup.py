@@ -70,7 +70,7 @@ def query_state(
                      storage_options=storage_options)
     completed = located.checkpoints[uid]
     op = completed.metadata.operators[uid]
-    sers = SerializerSet(serializers)
+    sers = SerializerSet(serializers, reading=True)
     meta = StateReader(located.checkpoints, located.description, sers)._meta(uid, state_name)
     wanted: dict[int, set[bytes]] = {}
     for key in keys:

@@ -90,7 +90,8 @@ def read_state(
     """
     located = locate(str(path), uid=uid, checkpoint_id=checkpoint_id, query=query,
                      storage_options=storage_options)
-    return StateReader(located.checkpoints, located.description, SerializerSet(serializers))
+    return StateReader(located.checkpoints, located.description,
+                       SerializerSet(serializers, reading=True))
 
 
 class StateReader:
