@@ -165,6 +165,9 @@ def _as_mapping(value: Any) -> dict[str, Any]:
 
 
 def _bytes_migration(migrate: Callable[[Any], Any]) -> Callable[[bytes], bytes]:
+    pack = msgpack.Packer(use_bin_type=True).pack  # (one per migration: run by one restore)
+    unpackb = msgpack.unpackb
+
     def rewrite(data: bytes) -> bytes:
-        return msgpack.packb(migrate(_unpack(data)), use_bin_type=True)  # type: ignore[no-any-return]
+        return pack(migrate(unpackb(data, raw=False, strict_map_key=False)))  # type: ignore[no-any-return]
     return rewrite

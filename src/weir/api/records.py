@@ -348,14 +348,23 @@ def _resolve_record(old: dict[str, Any], new: dict[str, Any], path: str) -> Migr
         m is None for _, m, _ in steps)
     if same:
         return None
-    prepared = tuple(steps)
-
-    def migrate(v: Any) -> Any:
-        if v is None:
-            return None
-        return [(m(v[i]) if m is not None else v[i]) if i is not None else d
-                for i, m, d in prepared]
-    return migrate
+    # compiled once (a restore runs it for every stored record): each new field is the
+    # old one at its position, converted, or the default — one list display
+    names: dict[str, Any] = {}
+    parts = []
+    for j, (i, m, d) in enumerate(steps):
+        if i is None:
+            names[f"d{j}"] = d  # (shared by every record: it is packed right away)
+            parts.append(f"d{j}")
+        elif m is None:
+            parts.append(f"v[{i}]")
+        else:
+            names[f"m{j}"] = m
+            parts.append(f"m{j}(v[{i}])")
+    source = (f"def migrate(v):\n    if v is None:\n        return None\n"
+              f"    return [{', '.join(parts)}]\n")
+    exec(compile(source, "<weir record migration>", "exec"), names)
+    return names["migrate"]  # type: ignore[no-any-return]
 
 
 def _name(doc: dict[str, Any]) -> str:
