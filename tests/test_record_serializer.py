@@ -225,6 +225,43 @@ def test_random_compatible_changes_restore_every_value(case: Any) -> None:
             assert getattr(back, name) == want
 
 
+@st.composite
+def schema_and_incompatible_change(draw: Any) -> tuple[type, type, str, str]:
+    """An old record and a new one with one change no rule covers, on one field: its
+    type changed (other than int -> float), made required from nullable, or a new field
+    without a default that is not nullable; the field's name and the rule's words."""
+    names = draw(st.lists(st.sampled_from("abcdefgh"), min_size=1, max_size=6, unique=True))
+    old = {n: (draw(st.sampled_from(sorted(TYPES))), draw(st.booleans())) for n in names}
+    new = dict(old)
+    change = draw(st.sampled_from(["retyped", "required", "new"]))
+    if change == "new" or (change == "required" and not any(n for _, n in old.values())):
+        field, rule = "z", "a new field needs a default or to be nullable"
+        new[field] = (draw(st.sampled_from(sorted(TYPES))), False)
+    elif change == "required":
+        field = draw(st.sampled_from(sorted(n for n, (_, null) in old.items() if null)))
+        new[field], rule = (old[field][0], False), "a nullable field cannot become required"
+    else:
+        field = draw(st.sampled_from(names))
+        kind = old[field][0]
+        new[field] = (draw(st.sampled_from(sorted(
+            k for k in TYPES if k != kind and (kind, k) != ("int", "float")))), old[field][1])
+        rule = "its type changed"
+
+    def record(name: str, fields: dict[str, tuple[str, bool]]) -> type:
+        return dataclasses.make_dataclass(name, [
+            (n, TYPES[k] | None if null else TYPES[k]) for n, (k, null) in fields.items()])
+    return record("Old", old), record("New", new), field, rule
+
+
+@settings(max_examples=150, deadline=None)
+@given(schema_and_incompatible_change())
+def test_random_incompatible_changes_are_refused_naming_the_field(case: Any) -> None:
+    old_cls, new_cls, field, rule = case
+    found = RecordSerializer(new_cls).resolve("record/1", RecordSerializer(old_cls).schema())
+    assert found.compatibility is Compatibility.INCOMPATIBLE
+    assert found.reason.startswith(f"field {field}: {rule}"), found.reason
+
+
 def test_a_record_class_pickled_by_value_keeps_its_schema(tmp_path: Any) -> None:
     """Spark ships a class of the driver's ``__main__`` or notebook by value
     (cloudpickle), which copies ``dataclasses.MISSING`` of a field without a default:
