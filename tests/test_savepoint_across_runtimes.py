@@ -3,9 +3,10 @@ backend (issue 13), with a typed record in state that evolves on the way (issue 
 the Spark micro-batch runtime (p = 3, RocksDB, ``StatsV1``) → the continuous runtime on
 Spark (p = 1, hash map, ``StatsV2``: a field widened int → float, one added with a
 default; stopped with a savepoint) → the continuous runtime's local runner (p = 3,
-RocksDB, ``StatsV2``, stopped with a savepoint) → the test harness (p = 1, hash map,
-``StatsV3``: fields reordered, a nullable one added) → the micro-batch runtime again
-(p = 2, hash map, ``StatsV3``). Each stage continues every key's record where the
+RocksDB, ``StatsV3``: fields reordered, a nullable one added; stopped with a
+savepoint) → the test harness (p = 1, hash map, ``StatsV3``) → the micro-batch runtime
+again (p = 2, hash map, ``StatsV4``: one more field added) — every runtime restores a
+savepoint with an evolved record once. Each stage continues every key's record where the
 savepoint left it: across all stages each key's counts are 1..n, each record once,
 the totals are the sums of the key's records, a key's first record after the
 migration to V2 sees the added field at its default, and the state holds the number
@@ -69,6 +70,15 @@ class StatsV3:
     count: int
     last_seq: int = -1
     first_seq: int | None = None   # added, nullable
+
+
+@dataclasses.dataclass
+class StatsV4:
+    total: float
+    count: int
+    last_seq: int = -1
+    first_seq: int | None = None
+    label: str = "v4"              # added with a default
 
 
 def stats(cls: type) -> weir.ValueStateDescriptor[Any]:
@@ -168,7 +178,7 @@ def test_a_savepoint_moves_through_every_runtime_at_any_parallelism_evolving_its
         continuous(tmp_path / "on-spark", 1, "hashmap", StatsV2), "on-spark", first,
         tmp_path / "sp-2", runner="spark", spark=spark)
     third = stop_after_checkpoints(
-        continuous(tmp_path / "local", 3, "rocksdb", StatsV2), "local", second,
+        continuous(tmp_path / "local", 3, "rocksdb", StatsV3), "local", second,
         tmp_path / "sp-3")
     rows += [tuple(r) for r in read_stream_sink(tmp_path / "out")]
 
@@ -185,10 +195,10 @@ def test_a_savepoint_moves_through_every_runtime_at_any_parallelism_evolving_its
                           tmp_path / "sp-4")
 
     rows += micro_batch(spark, tmp_path, "last", keyed_records(2_500, 1_000, KEYS), 2,
-                        "hashmap", tmp_path / "sp-4", StatsV3)
+                        "hashmap", tmp_path / "sp-4", StatsV4)
     sources = Counter(r[1] >= 10_000 for r in rows)
     assert sources[False] == 3_500 and sources[True] > 0  # every runtime ran records
-    assert {r[5] for r in rows} == {"StatsV1", "StatsV2", "StatsV3"}
+    assert {r[5] for r in rows} == {"StatsV1", "StatsV2", "StatsV3", "StatsV4"}
     assert max(Counter(r[1] for r in rows).values()) == 1  # each record once
     per_key: dict[str, list[tuple[Any, ...]]] = {}
     for row in rows:
