@@ -89,7 +89,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 #: the weir peers' snapshot strategy (--snapshot; None: CheckpointConfig's default)
 SNAPSHOT: str | None = None
 PEERS = ("tws-pandas", "tws-row", "weir-hashmap", "weir-rocksdb", "dict", "dict-routed",
-         "dict-route-pass")
+         "dict-route-pass", "weir-hashmap-nometrics", "weir-rocksdb-nometrics")
 #: peers whose count sequences are not checked (no state across Python workers)
 UNCHECKED_SEQUENCE = ("dict", "dict-routed", "dict-route-pass")
 LATENCY_PEERS = ("tws-row", "weir-hashmap", "weir-rocksdb")
@@ -265,7 +265,10 @@ def build(peer: str, events: Any, with_ts: bool, weir_dir: str) -> Any:
     ws, why = weir_spark()
     if ws is None:
         raise RuntimeError(why)
-    backend = peer.removeprefix("weir-")
+    backend = peer.removeprefix("weir-").removesuffix("-nometrics")
+    # (diagnostic peers: the stage without its observed metrics, spark.weir.metrics)
+    events.sparkSession.conf.set("spark.weir.metrics",
+                                 "false" if peer.endswith("-nometrics") else "true")
     return ws.process(
         events,
         key_by="key",
@@ -491,9 +494,30 @@ def warm_up(spark: Any, args: argparse.Namespace, peers: list[str], work: Path,
         console.print(f"warm-up {peer}: {note}")
 
 
+def _median(values: list[float]) -> float | None:
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def paired_raw_shares(runs: list[dict[str, Any]], keys: int, peer: str) -> list[float]:
+    """``peer``'s records/s over the ``dict`` peer's in the same repeat (the two ran
+    back to back on the same JVM and input), one share per repeat both completed."""
+    by_rep: dict[int, dict[str, float]] = {}
+    for r in runs:
+        if r["keys"] == keys and "error" not in r and r["peer"] in (peer, "dict"):
+            by_rep.setdefault(r["repeat"], {})[r["peer"]] = r["records_per_s"]
+    return [got[peer] / got["dict"] for _, got in sorted(by_rep.items())
+            if peer in got and "dict" in got]
+
+
 def summarize(runs: list[dict[str, Any]], keys_list: list[int], peers: list[str]
               ) -> list[dict[str, Any]]:
-    """Best run per (keys, peer), with the ratio to the baseline peer of the same keys."""
+    """Best run per (keys, peer), with the ratio to the baseline peer of the same keys;
+    and the median over repeats of each peer's share of the raw limit (``dict``) in the
+    same repeat (issue 42's measure: paired, so the machine's drift hits both)."""
     rows = []
     for keys in keys_list:
         best: dict[str, dict[str, Any]] = {}
@@ -505,6 +529,7 @@ def summarize(runs: list[dict[str, Any]], keys_list: list[int], peers: list[str]
         for peer in peers:
             if peer in best:
                 r = best[peer]
+                shares = paired_raw_shares(runs, keys, peer)
                 rows.append({
                     "keys": keys, "peer": peer, "records_per_s": r["records_per_s"],
                     "seconds": r["seconds"],
@@ -513,6 +538,12 @@ def summarize(runs: list[dict[str, Any]], keys_list: list[int], peers: list[str]
                     # the share of the raw limit (the dict peer) measured in the same run
                     "of_raw_limit":
                         round(r["records_per_s"] / raw["records_per_s"], 3) if raw else None,
+                    "records_per_s_median": _median([
+                        x["records_per_s"] for x in runs if x["keys"] == keys
+                        and x["peer"] == peer and "error" not in x]),
+                    "of_raw_limit_paired": [round(x, 3) for x in shares],
+                    "of_raw_limit_median": (round(m, 3) if (m := _median(shares)) is not None
+                                            else None),
                 })
             else:
                 errs = [r["error"] for r in runs if r["keys"] == keys and r["peer"] == peer]
@@ -732,17 +763,19 @@ def print_throughput(doc: dict[str, Any]) -> None:
     t = Table(title=f"keyed count on Spark: {p['records']:,} records, best of {p['repeat']} "
               f"(local[2], {'zipf ' + str(p['zipf']) if p['zipf'] > 0 else 'uniform'} keys)")
     ratio = "vs_" + BASELINE.replace("-", "_")
-    for col in ("keys", "peer", "records/s", "seconds", f"vs {BASELINE}", "of raw limit"):
+    for col in ("keys", "peer", "records/s", "seconds", f"vs {BASELINE}", "of raw limit",
+                "median paired"):
         t.add_column(col, justify="left" if col == "peer" else "right")
     for r in doc["throughput"]["summary"]:
         if "error" in r:
             t.add_row(f"{r['keys']:,}", r["peer"], "[yellow]skipped[/]" if "weir.spark" in
-                      r["error"] else "[red]error[/]", "", "", "")
+                      r["error"] else "[red]error[/]", "", "", "", "")
         else:
             raw = r.get("of_raw_limit")
             t.add_row(f"{r['keys']:,}", r["peer"], f"{r['records_per_s']:,.0f}",
                       f"{r['seconds']:.1f}", f"{r[ratio]:.2f}x" if r[ratio] else "",
-                      f"{raw:.0%}" if raw else "")
+                      f"{raw:.0%}" if raw else "",
+                      f"{m:.0%}" if (m := r.get("of_raw_limit_median")) else "")
     console.print(t)
 
 
