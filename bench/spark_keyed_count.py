@@ -89,7 +89,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 #: the weir peers' snapshot strategy (--snapshot; None: CheckpointConfig's default)
 SNAPSHOT: str | None = None
 PEERS = ("tws-pandas", "tws-row", "weir-hashmap", "weir-rocksdb", "dict", "dict-routed",
-         "dict-route-pass", "weir-hashmap-nometrics", "weir-rocksdb-nometrics")
+         "dict-route-pass", "weir-hashmap-observed", "weir-rocksdb-observed")
 #: peers whose count sequences are not checked (no state across Python workers)
 UNCHECKED_SEQUENCE = ("dict", "dict-routed", "dict-route-pass")
 LATENCY_PEERS = ("tws-row", "weir-hashmap", "weir-rocksdb")
@@ -265,10 +265,10 @@ def build(peer: str, events: Any, with_ts: bool, weir_dir: str) -> Any:
     ws, why = weir_spark()
     if ws is None:
         raise RuntimeError(why)
-    backend = peer.removeprefix("weir-").removesuffix("-nometrics")
-    # (diagnostic peers: the stage without its observed metrics, spark.weir.metrics)
+    backend = peer.removeprefix("weir-").removesuffix("-observed")
+    # (diagnostic peers: the stage's metrics also in Spark's progress, spark.weir.metrics)
     events.sparkSession.conf.set("spark.weir.metrics",
-                                 "false" if peer.endswith("-nometrics") else "true")
+                                 "true" if peer.endswith("-observed") else "false")
     return ws.process(
         events,
         key_by="key",
@@ -398,10 +398,11 @@ def run_throughput(
             .option("checkpointLocation", str(work / f"ckpt-{tag}"))
             .trigger(availableNow=True)
         )
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), tree_cpu_s()
         query = writer.start()
         finished = query.awaitTermination(args.timeout)
         elapsed = time.perf_counter() - start
+        cpu = tree_cpu_s() - cpu_start
         if not finished:
             query.stop()
             raise TimeoutError(f"not finished after {args.timeout} s")
@@ -420,6 +421,10 @@ def run_throughput(
     batches = [p for p in progress_log if p.get("numInputRows", 0) > 0]
     result.update({
         "seconds": round(elapsed, 3),
+        # CPU of this process, the JVM and its Python workers (less noisy than wall time
+        # on a shared machine; a tool for changes, not the issue's measure)
+        "cpu_s": round(cpu, 3),
+        "cpu_us_per_record": round(cpu / records * 1e6, 3),
         "loadavg_1m_after": round(os.getloadavg()[0], 2),
         "records_per_s": round(records / elapsed, 1),
         "output_rows": verifier.total,
@@ -494,6 +499,29 @@ def warm_up(spark: Any, args: argparse.Namespace, peers: list[str], work: Path,
         console.print(f"warm-up {peer}: {note}")
 
 
+def tree_cpu_s() -> float:
+    """User + system CPU seconds of this process and every process under it (the
+    driver's JVM and Spark's Python daemon and workers), from ``/proc``; 0 elsewhere."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    parents: dict[int, int] = {}
+    cpu: dict[int, int] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        parents[pid] = int(fields[1])
+        cpu[pid] = int(fields[11]) + int(fields[12])
+    mine = {os.getpid()}
+    grew = True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in mine} - mine
+        grew = bool(more)
+        mine |= more
+    return sum(cpu.get(pid, 0) for pid in mine) / ticks
+
+
 def _median(values: list[float]) -> float | None:
     ordered = sorted(values)
     if not ordered:
@@ -538,6 +566,9 @@ def summarize(runs: list[dict[str, Any]], keys_list: list[int], peers: list[str]
                     # the share of the raw limit (the dict peer) measured in the same run
                     "of_raw_limit":
                         round(r["records_per_s"] / raw["records_per_s"], 3) if raw else None,
+                    "cpu_us_per_record_median": _median([
+                        x["cpu_us_per_record"] for x in runs if x["keys"] == keys
+                        and x["peer"] == peer and "error" not in x]),
                     "records_per_s_median": _median([
                         x["records_per_s"] for x in runs if x["keys"] == keys
                         and x["peer"] == peer and "error" not in x]),

@@ -109,6 +109,26 @@ def run(
     return sink
 
 
+def stage_metrics(location: Any, uid: str, query: Any) -> list[dict[str, Any]]:
+    """The metrics of stage ``uid`` in each retained completed batch of ``query``, as
+    its checkpoints record them (``weir.runtime.spark.observed.checkpoint_metrics``)."""
+    from weir.checkpoint.epochs import EpochStore
+    from weir.checkpoint.storage import CheckpointStorage
+    from weir.runtime.spark.observed import checkpoint_metrics
+
+    storage, query_id = CheckpointStorage(str(location)), str(query.id)
+    out = []
+    for directory in EpochStore.stage_dirs(storage):
+        store = EpochStore.at(storage, directory)
+        if query_id not in store.queries():
+            continue
+        for batch in store.completed_ids(query_id):
+            done = store.completed(query_id, batch)
+            if done is not None and uid in done.metadata.operators:
+                out.append({"batch": batch, **checkpoint_metrics(done.metadata, uid)})
+    return out
+
+
 def observed(query: Any, uid: str) -> list[dict[str, Any]]:
     """The ``weir:<uid>`` observed metrics of each batch in ``query.recentProgress``
     that has them."""

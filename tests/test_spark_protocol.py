@@ -30,6 +30,7 @@ from spark_support import (  # type: ignore[import-not-found]
     last_counts,
     observed,
     run,
+    stage_metrics,
     write_file,
 )
 
@@ -850,7 +851,7 @@ def test_11_late_null_time_and_malformed_records_follow_the_policy_and_are_count
     counts = weir.load_checkpoint(str(qdir / "chk-1"), verify=False).metadata.source_positions
     assert {k: counts["spark"][k] for k in ("late_records", "null_event_time", "malformed")} == {
         "late_records": 1, "null_event_time": 1, "malformed": 1}
-    metrics = {m["batch"]: m for m in observed(query, "late")}  # in Spark's progress
+    metrics = {m["batch"]: m for m in stage_metrics(location, "late", query)}
     assert {k: metrics[1][k] for k in ("records", "late_records", "dead_letters", "outputs",
                                        "subtasks")} == {
         "records": 3, "late_records": 1, "dead_letters": 2 + (policy == "dead_letter"),
@@ -902,7 +903,8 @@ def test_12_stop_with_savepoint_drain_fires_every_event_time_timer_once_into_the
             function=Sessions(),
             output_schema="key string, t long, seen long",
             uid="sessions",
-            config=weir.JobConfig(str(location), state_backend=backend),
+            config=weir.JobConfig(str(location), state_backend=backend,
+                                  checkpointing=weir.CheckpointConfig(retained=10_000)),
             parallelism=2,
             event_time="seq",
         ),
@@ -921,7 +923,7 @@ def test_12_stop_with_savepoint_drain_fires_every_event_time_timer_once_into_the
     # every key's timer fired exactly once, at its newest record + 1000, with all records
     assert sorted((k, t) for k, t, _ in fired) == sorted((k, s + 1000) for k, s in last.items())
     assert sum(n for _, _, n in fired) == 400
-    metrics = observed(query, "sessions")  # Spark's progress: heartbeats are not records
+    metrics = stage_metrics(location, "sessions", query)  # heartbeats are not records
     assert sum(m["records"] for m in metrics) == 400
     assert sum(m["timers_fired"] for m in metrics) == len(fired) == 20
     assert sum(m["outputs"] for m in metrics) == 20

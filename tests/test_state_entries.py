@@ -3,7 +3,8 @@ key of each value, reducing, aggregating and list state, one per (key, user key)
 each map state; timers are not counted. It is what ``weir.read_state`` returns (a
 list state's rows are its elements: its keys count), on both backends and in every
 snapshot mode, in the checkpoint's metadata (``weir checkpoint inspect``) and in the
-Spark stage's observed metrics."""
+Spark stage's metrics — from its checkpoints, and the same in Spark's progress when
+``spark.weir.metrics`` asks for them there."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from spark_support import (  # type: ignore[import-not-found]
     by_value,
     keyed_records,
     observed,
+    stage_metrics,
     write_file,
 )
 from weir import (
@@ -167,10 +169,14 @@ def test_state_entries_of_a_spark_stage_are_the_keys_read_state_returns(
               .parquet(str(tmp_path / "in")))
     config = weir.JobConfig(str(location), state_backend=backend,
                             checkpointing=weir.CheckpointConfig(snapshot=snapshot))
-    out = weir.spark.process(
-        events, key_by="key", function=Count(),
-        output_schema="key string, seq long, n long, subtask int", uid="count",
-        config=config, parallelism=2, heartbeat=False)
+    spark.conf.set("spark.weir.metrics", "true")  # (also into Spark's progress)
+    try:
+        out = weir.spark.process(
+            events, key_by="key", function=Count(),
+            output_schema="key string, seq long, n long, subtask int", uid="count",
+            config=config, parallelism=2, heartbeat=False)
+    finally:
+        spark.conf.unset("spark.weir.metrics")
     sink = BatchSink()
     query = (out.writeStream.foreachBatch(sink)
              .option("checkpointLocation", str(tmp_path / "spark"))
@@ -183,9 +189,18 @@ def test_state_entries_of_a_spark_stage_are_the_keys_read_state_returns(
 
     stored = len(weir.read_state(str(location), uid="count").keyed_state("count", "count"))
     assert stored == 200
-    metrics = observed(query, "count")
+    metrics = stage_metrics(location, "count", query)
     assert [m["records"] for m in metrics] == [200, 70]
     assert [m["state_entries"] for m in metrics] == [stored, stored], metrics
+    assert [m["outputs"] for m in metrics] == [200, 70] and all(
+        m["subtasks"] == 2 and m["state_size"] > 0 for m in metrics)
+    progress = observed(query, "count")  # the same numbers in Spark's progress
+    timing = "checkpoint_duration_ms"  # (the checkpoint keeps whole milliseconds)
+
+    def numbers(m: dict[str, Any]) -> dict[str, float]:
+        return {k: float(v) for k, v in m.items() if k != timing}
+    assert [numbers(m) for m in metrics] == [numbers(m) for m in progress], progress
+    assert all(abs(m[timing] - p[timing]) < 1 for m, p in zip(metrics, progress, strict=True))
 
     inspected = CliRunner().invoke(app, ["checkpoint", "inspect", str(location), "--json"])
     assert inspected.exit_code == 0, inspected.output

@@ -26,6 +26,7 @@ from weir.checkpoint.stats import CheckpointStats, checkpoint_stats
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import ConfigurationError
 from weir.runtime.spark.lifecycle import finish, savepoint, stop_with_savepoint
+from weir.runtime.spark.observed import checkpoint_metrics
 from weir.runtime.task_metrics import TaskMetrics
 
 __all__ = ["JobClient"]
@@ -103,36 +104,53 @@ class JobClient:
         return sorted(found, key=lambda s: (s.completed_timestamp_ms or 0, s.checkpoint_id))
 
     def metrics(self) -> list[TaskMetrics]:
-        """Each stage's metrics of the newest batch that ran it, in the shape of the
-        continuous runtime's (:class:`~weir.runtime.task_metrics.TaskMetrics`; subtask
-        None: summed over the stage's subtasks), from Spark's progress (``weir:<uid>``:
-        records, outputs, late records, dead letters, timers fired, state entries, the
-        checkpoint's state size, checkpointed size and duration), by uid."""
+        """Each stage's metrics of the newest batch of this query that completed its
+        checkpoint, in the shape of the continuous runtime's
+        (:class:`~weir.runtime.task_metrics.TaskMetrics`; subtask None: summed over the
+        stage's subtasks), by uid: records, outputs, late records, dead letters, timers
+        fired, state entries, the checkpoint's state size, checkpointed size and
+        duration (``weir.runtime.spark.observed``), read from the checkpoint; per
+        second over the batch's duration in Spark's progress."""
+        location = CheckpointStorage(self.config.storage, storage_options=self._options())
+        query = str(self.query.id)
+        progress = {int(getattr(p, "batchId", -1)): p for p in self.query.recentProgress}
         found: dict[str, TaskMetrics] = {}
-        for progress in reversed(self.query.recentProgress):
-            observed = getattr(progress, "observedMetrics", None) or {}
-            for name, row in observed.items():
-                uid = name.removeprefix("weir:")
-                if name.startswith("weir:") and uid not in found:
-                    values = row.asDict() if hasattr(row, "asDict") else dict(row)
-                    found[uid] = _stage_metrics(uid, progress, values)
+        for directory in EpochStore.stage_dirs(location):
+            store = EpochStore.at(location, directory)
+            if query not in store.queries():
+                continue
+            for batch in reversed(store.completed_ids(query)):
+                done = store.completed(query, batch)
+                if done is None:
+                    continue
+                for uid in done.metadata.operators:  # (a stage's checkpoint: its one uid)
+                    found.setdefault(uid, _stage_metrics(
+                        uid, batch, progress.get(batch),
+                        checkpoint_metrics(done.metadata, uid), done.metadata))
+                break
         return [found[uid] for uid in sorted(found)]
 
     def __repr__(self) -> str:
         return f"JobClient(query={self.job_name!r}, storage={self.config.storage!r})"
 
 
-def _stage_metrics(uid: str, progress: Any, values: dict[str, Any]) -> TaskMetrics:
-    """One stage's observed metrics of one batch as :class:`TaskMetrics`."""
-    seconds = max(float(getattr(progress, "batchDuration", 0) or 0), 1.0) / 1000
-    # (Spark's progress timestamp is ISO-8601 UTC, "...Z"; anything else is an error)
-    at_ms = int(datetime.fromisoformat(str(progress.timestamp)).timestamp() * 1000)
+def _stage_metrics(uid: str, batch: int, progress: Any, values: dict[str, float],
+                   meta: Any) -> TaskMetrics:
+    """One stage's metrics of one batch as :class:`TaskMetrics` (rates over the batch's
+    duration in Spark's progress, when it is still there; else over the checkpoint's)."""
+    if progress is not None:
+        seconds = max(float(getattr(progress, "batchDuration", 0) or 0), 1.0) / 1000
+        # (Spark's progress timestamp is ISO-8601 UTC, "...Z"; anything else is an error)
+        at_ms = int(datetime.fromisoformat(str(progress.timestamp)).timestamp() * 1000)
+    else:
+        seconds = max(float(meta.duration_ms or 0), 1.0) / 1000
+        at_ms = int(meta.trigger_timestamp_ms)
     count = {name: int(values.get(name, 0) or 0) for name in (
         "records", "outputs", "late_records", "dead_letters", "timers_fired",
         "state_entries", "state_size", "checkpointed_size", "subtasks", "restored")}
     return TaskMetrics(
         uid, None, round(count["records"] / seconds, 1), round(count["outputs"] / seconds, 1),
-        None, at_ms, batch=int(getattr(progress, "batchId", -1)),
+        None, at_ms, batch=batch,
         records_in=count["records"], records_out=count["outputs"],
         late_records=count["late_records"], dead_letters=count["dead_letters"],
         timers_fired=count["timers_fired"], state_entries=count["state_entries"],

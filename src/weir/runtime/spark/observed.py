@@ -1,12 +1,10 @@
-"""A stage's metrics in Spark's own query progress (``DataFrame.observe``).
+"""A stage's metrics per batch: recorded in each batch's checkpoint (free), and on
+request also in Spark's own query progress (``DataFrame.observe``).
 
-Each task of a stage's process pass yields, after its outputs, one extra row whose
-only non-null column is ``__weir_metrics``: a map of what the task did (a map, not a
-struct: a null map costs an output row 4 bytes of Arrow offsets, a null struct of
-eleven longs 88). The stage
-observes the sums (checkpoint time: the slowest subtask) under the name
-``weir:<uid>`` and then filters those rows out, so a batch's
-``query.lastProgress["observedMetrics"]["weir:<uid>"]`` holds, over its subtasks:
+Every task writes what it did into its part of the batch's checkpoint
+(``weir.checkpoint.epochs``: ``spark_io``, the subtasks' stats and the late and dead
+counts of ``source_positions["spark"]``), so a completed batch's ``_metadata`` holds,
+over its subtasks (:func:`checkpoint_metrics`; ``JobClient.metrics()`` reads them):
 
 ==================  =============================================================
 ``records``         input records handed to the stage (heartbeat and clock rows
@@ -35,8 +33,16 @@ The checkpoint's names are those of the one statistics model
 the batch's checkpoint's, summed over its subtasks, as ``JobClient.checkpoints()``,
 ``weir checkpoint list`` and ``weir ui`` show them.
 
-A subtask with no row in a batch does not run, so an idle batch shows zeros. The
-output columns of a stage are nullable (the metrics row has no user values).
+With ``spark.weir.metrics=true`` the same numbers also go into Spark's progress,
+``query.lastProgress["observedMetrics"]["weir:<uid>"]``: each task of the process pass
+yields, after its outputs, one extra row whose only non-null column is
+``__weir_metrics`` (a map of the numbers above: a null map costs an output row 4 bytes
+of Arrow offsets, a null struct of eleven longs 88); the stage observes their sums
+(checkpoint time: the slowest subtask) and filters those rows out. That costs every
+output row the extra column, Spark's observation and a filter and projection (about
+0.4-0.9 µs of CPU per record on ``local[2]``, 5-8 points of the raw limit: bench
+README, issue 42), and makes the stage's output columns nullable; off by default.
+A subtask with no row in a batch does not run, so an idle batch shows zeros.
 """
 
 from __future__ import annotations
@@ -49,8 +55,10 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
-__all__ = ["METRICS", "METRIC_NAMES", "metrics_batch", "observe", "with_metrics_column",
-           "with_metrics_field"]
+    from weir.checkpoint.format import CheckpointMetadata
+
+__all__ = ["METRICS", "METRIC_NAMES", "checkpoint_metrics", "metrics_batch", "observe",
+           "with_metrics_column", "with_metrics_field"]
 
 METRICS = "__weir_metrics"
 #: the summed metrics (counts)
@@ -94,3 +102,27 @@ def observe(df: DataFrame, uid: str) -> DataFrame:
         "checkpoint_duration_ms")
     observed = df.observe(f"weir:{uid}", *sums, slowest, F.count(metric).alias("subtasks"))
     return observed.filter(metric.isNull()).drop(METRICS)
+
+
+def checkpoint_metrics(meta: CheckpointMetadata, uid: str) -> dict[str, float]:
+    """The metrics of the batch whose completed checkpoint ``meta`` is (stage ``uid``),
+    by the names of the table above."""
+    op = meta.operators.get(uid)
+    subtasks = op.subtasks if op is not None else ()
+    positions = meta.source_positions
+    spark = positions.get("spark") or {}
+    io = positions.get("spark_io") or {}
+    total, largest = io.get("total") or {}, io.get("max") or {}
+    return {
+        "records": float(total.get("records", 0)),
+        "outputs": float(total.get("outputs", 0)),
+        "late_records": float(spark.get("late_records", 0)),
+        "dead_letters": float(spark.get("dead_letters", 0)),
+        "timers_fired": float(total.get("timers_fired", 0)),
+        "state_entries": float(sum(s.stats.entries for s in subtasks)),
+        "state_size": float(sum(s.stats.bytes for s in subtasks)),
+        "checkpointed_size": float(sum(s.stats.new_bytes for s in subtasks)),
+        "checkpoint_duration_ms": float(largest.get("snapshot_ms", 0)),
+        "restored": float(total.get("restored", 0)),
+        "subtasks": float(len(subtasks)),
+    }

@@ -14,9 +14,11 @@ stage of a session sees the same ones (a stage never resizes another's):
 ``spark.weir.task.bufferMemory``       64m        Arrow bytes a task holds in memory before
                                                   spilling to a local file
                                                   (``weir.runtime.spark.spill``)
-``spark.weir.metrics``                 true       each batch's ``observedMetrics["weir:<uid>"]``
-                                                  (about 9% of throughput for a stage that
-                                                  emits a row per record)
+``spark.weir.metrics``                 false      each batch's metrics also in Spark's
+                                                  progress, ``observedMetrics["weir:<uid>"]``
+                                                  (5-8% of throughput for a stage that emits
+                                                  a row per record; ``JobClient.metrics()``
+                                                  reads them from the checkpoints for free)
 =====================================  =========  ===========================================
 """
 
@@ -87,7 +89,7 @@ class Resources:
     cache_subtasks: int = 32
     cache_memory: int | None = None
     task_buffer: int = 64 << 20
-    metrics: bool = True
+    metrics: bool = False
 
 
 def _conf(spark: SparkSession, name: str) -> str | None:

@@ -276,6 +276,9 @@ class _Task:
                         "worker_pid": os.getpid(),  # which Python worker ran the task
                         "restore_ms": _ms(acquired - started),
                         "process_ms": _ms(time.perf_counter() - acquired),
+                        # (the batch's metrics: weir.runtime.spark.observed)
+                        "outputs": self.counts["outputs"],
+                        "timers_fired": self.counts["timers_fired"],
                     }
                     inputs.close()
                     if self.batch is not None:
