@@ -398,11 +398,13 @@ def run_throughput(
             .option("checkpointLocation", str(work / f"ckpt-{tag}"))
             .trigger(availableNow=True)
         )
-        start, cpu_start = time.perf_counter(), tree_cpu_s()
+        start, cpu_start = time.perf_counter(), tree_cpu_by_kind()
         query = writer.start()
         finished = query.awaitTermination(args.timeout)
         elapsed = time.perf_counter() - start
-        cpu = tree_cpu_s() - cpu_start
+        cpu_end = tree_cpu_by_kind()
+        cpu_kinds = {k: round(cpu_end[k] - cpu_start.get(k, 0.0), 3) for k in cpu_end}
+        cpu = sum(cpu_kinds.values())
         if not finished:
             query.stop()
             raise TimeoutError(f"not finished after {args.timeout} s")
@@ -425,6 +427,7 @@ def run_throughput(
         # on a shared machine; a tool for changes, not the issue's measure)
         "cpu_s": round(cpu, 3),
         "cpu_us_per_record": round(cpu / records * 1e6, 3),
+        "cpu_s_by_process": cpu_kinds,
         "loadavg_1m_after": round(os.getloadavg()[0], 2),
         "records_per_s": round(records / elapsed, 1),
         "output_rows": verifier.total,
@@ -502,24 +505,39 @@ def warm_up(spark: Any, args: argparse.Namespace, peers: list[str], work: Path,
 def tree_cpu_s() -> float:
     """User + system CPU seconds of this process and every process under it (the
     driver's JVM and Spark's Python daemon and workers), from ``/proc``; 0 elsewhere."""
+    return sum(tree_cpu_by_kind().values())
+
+
+def tree_cpu_by_kind() -> dict[str, float]:
+    """:func:`tree_cpu_s` by kind of process: ``jvm`` (java), ``python_workers`` (the
+    Python processes under the JVM: Spark's daemon and workers) and ``driver`` (this
+    process and anything else)."""
     ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     parents: dict[int, int] = {}
     cpu: dict[int, int] = {}
+    names: dict[int, str] = {}
     for entry in Path("/proc").glob("[0-9]*"):
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            head, tail = (entry / "stat").read_text().rsplit(")", 1)
         except OSError:
             continue
+        fields = tail.split()
         pid = int(entry.name)
         parents[pid] = int(fields[1])
         cpu[pid] = int(fields[11]) + int(fields[12])
+        names[pid] = head.split("(", 1)[-1]
     mine = {os.getpid()}
     grew = True
     while grew:
         more = {pid for pid, parent in parents.items() if parent in mine} - mine
         grew = bool(more)
         mine |= more
-    return sum(cpu.get(pid, 0) for pid in mine) / ticks
+    out = {"jvm": 0.0, "python_workers": 0.0, "driver": 0.0}
+    for pid in mine:
+        kind = ("jvm" if names.get(pid) == "java" else "python_workers"
+                if pid != os.getpid() and names.get(pid, "").startswith("python") else "driver")
+        out[kind] += cpu.get(pid, 0) / ticks
+    return out
 
 
 def _median(values: list[float]) -> float | None:
