@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 import json
 import pickle
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from io import BytesIO
 from typing import Any
 
@@ -31,7 +31,7 @@ from weir.api.avro_schemas import (
     with_python_defaults,
 )
 from weir.api.record_serializer import RecordSerializer
-from weir.api.records import Incompatible, is_record_type
+from weir.api.records import Incompatible, is_record_type, record_fields
 from weir.api.serializers import Compatibility, SchemaResolution, Serializer
 from weir.errors import ConfigurationError
 
@@ -176,7 +176,7 @@ class AvroSerializer(Serializer[Any]):
         if self._codec is not None and isinstance(value, self._codec[0]):
             return self.encode(value)
         if kind_of(self._doc) in ("record", "error"):
-            fields = _as_mapping(value)
+            fields = record_fields(value, "an Avro record")
             value = {f["name"]: fields[f["name"]] for f in self._doc["fields"]
                      if f["name"] in fields}
         return self._write(value)
@@ -238,16 +238,3 @@ def _class_codec(cls: type, doc: Any) -> tuple[Callable[[Any], Any], Callable[[A
             raise TypeError(f"record_class {cls.__name__}: the schema's field {name!r} is "
                             f"not a field of the class")
     return to_dict, from_dict
-
-
-def _as_mapping(value: Any) -> Mapping[str, Any]:
-    if isinstance(value, Mapping):
-        return value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-    if isinstance(value, tuple) and hasattr(value, "_asdict"):
-        return dict(value._asdict())
-    if hasattr(value, "model_dump"):
-        return dict(value.model_dump())
-    raise TypeError(f"a stored {type(value).__name__} is not a record or a dict: it "
-                    f"cannot be written as an Avro record")

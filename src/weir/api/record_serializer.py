@@ -5,7 +5,6 @@ migrates the stored values (or refuses, naming the field and the rule)."""
 
 from __future__ import annotations
 
-import dataclasses
 import pickle
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -17,6 +16,7 @@ from weir.api.records import (
     Incompatible,
     default_of,
     is_record_type,
+    record_fields,
     resolve,
     schema_of,
     value_codec,
@@ -124,7 +124,7 @@ class RecordSerializer(Serializer[R], Generic[R]):
         type)."""
         if self.cls is not None and isinstance(value, self.cls):
             return self.encode(value)
-        fields = _as_mapping(value)
+        fields = record_fields(value, "a typed record")
         encoded = []
         for field in self._schema["fields"]:
             name = field["name"]
@@ -149,19 +149,6 @@ class RecordSerializer(Serializer[R], Generic[R]):
     def __repr__(self) -> str:
         name = self.cls.__name__ if self.cls is not None else self._schema["name"]
         return f"RecordSerializer({name})"
-
-
-def _as_mapping(value: Any) -> dict[str, Any]:
-    if isinstance(value, dict):
-        return value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-    if isinstance(value, tuple) and hasattr(value, "_asdict"):
-        return dict(value._asdict())
-    if hasattr(value, "model_dump"):
-        return dict(value.model_dump())
-    raise TypeError(f"a stored {type(value).__name__} is not a record or a dict: it "
-                    f"cannot be rebuilt as a typed record")
 
 
 def _bytes_migration(migrate: Callable[[Any], Any]) -> Callable[[bytes], bytes]:

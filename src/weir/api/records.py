@@ -31,13 +31,13 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgpack
 
-__all__ = ["Incompatible", "default_of", "is_record_type", "resolve", "schema_of",
-           "value_codec"]
+__all__ = ["Incompatible", "default_of", "is_record_type", "record_fields", "resolve",
+           "schema_of", "value_codec"]
 
 _PRIMITIVES: dict[Any, str] = {int: "int", float: "float", bool: "bool", str: "str",
                                bytes: "bytes"}
@@ -100,6 +100,22 @@ def _fields(cls: type) -> list[tuple[str, Any, Any]]:
             default = _MISSING
         out.append((f.name, hints.get(f.name, Any), default))
     return out
+
+
+def record_fields(value: Any, target: str) -> Mapping[str, Any]:
+    """The fields of a stored ``value`` (a dataclass, NamedTuple or pydantic model, or
+    a mapping of them) by name, to rebuild it as ``target`` (named in the TypeError
+    for anything else)."""
+    if isinstance(value, Mapping):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):
+        return dict(value._asdict())
+    if hasattr(value, "model_dump"):
+        return dict(value.model_dump())
+    raise TypeError(f"a stored {type(value).__name__} is not a record or a dict: it "
+                    f"cannot be rebuilt as {target}")
 
 
 def _type_doc(annotation: Any, path: str, seen: tuple[type, ...]) -> dict[str, Any]:
