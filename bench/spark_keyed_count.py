@@ -403,8 +403,8 @@ def run_throughput(
         finished = query.awaitTermination(args.timeout)
         elapsed = time.perf_counter() - start
         cpu_end = tree_cpu_by_kind()
-        cpu_kinds = {k: round(cpu_end[k] - cpu_start.get(k, 0.0), 3) for k in cpu_end}
-        cpu = sum(cpu_kinds.values())
+        cpu_kinds = None if cpu_start is None or cpu_end is None else {
+            k: round(cpu_end[k] - cpu_start[k], 3) for k in cpu_end}
         if not finished:
             query.stop()
             raise TimeoutError(f"not finished after {args.timeout} s")
@@ -425,8 +425,9 @@ def run_throughput(
         "seconds": round(elapsed, 3),
         # CPU of this process, the JVM and its Python workers (less noisy than wall time
         # on a shared machine; a tool for changes, not the issue's measure)
-        "cpu_s": round(cpu, 3),
-        "cpu_us_per_record": round(cpu / records * 1e6, 3),
+        "cpu_s": None if cpu_kinds is None else round(sum(cpu_kinds.values()), 3),
+        "cpu_us_per_record": None if cpu_kinds is None else round(
+            sum(cpu_kinds.values()) / records * 1e6, 3),
         "cpu_s_by_process": cpu_kinds,
         "loadavg_1m_after": round(os.getloadavg()[0], 2),
         "records_per_s": round(records / elapsed, 1),
@@ -502,16 +503,13 @@ def warm_up(spark: Any, args: argparse.Namespace, peers: list[str], work: Path,
         console.print(f"warm-up {peer}: {note}")
 
 
-def tree_cpu_s() -> float:
-    """User + system CPU seconds of this process and every process under it (the
-    driver's JVM and Spark's Python daemon and workers), from ``/proc``; 0 elsewhere."""
-    return sum(tree_cpu_by_kind().values())
-
-
-def tree_cpu_by_kind() -> dict[str, float]:
-    """:func:`tree_cpu_s` by kind of process: ``jvm`` (java), ``python_workers`` (the
-    Python processes under the JVM: Spark's daemon and workers) and ``driver`` (this
-    process and anything else)."""
+def tree_cpu_by_kind() -> dict[str, float] | None:
+    """User + system CPU seconds of this process and every process under it, from
+    ``/proc``, by kind: ``jvm`` (java), ``python_workers`` (the Python processes under
+    the JVM: Spark's daemon and workers) and ``driver`` (this process and anything
+    else); None where there is no ``/proc`` (the run then records no CPU)."""
+    if not Path("/proc/self/stat").exists():
+        return None
     ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     parents: dict[int, int] = {}
     cpu: dict[int, int] = {}
@@ -586,7 +584,8 @@ def summarize(runs: list[dict[str, Any]], keys_list: list[int], peers: list[str]
                         round(r["records_per_s"] / raw["records_per_s"], 3) if raw else None,
                     "cpu_us_per_record_median": _median([
                         x["cpu_us_per_record"] for x in runs if x["keys"] == keys
-                        and x["peer"] == peer and "error" not in x]),
+                        and x["peer"] == peer and "error" not in x
+                        and x.get("cpu_us_per_record") is not None]),
                     "records_per_s_median": _median([
                         x["records_per_s"] for x in runs if x["keys"] == keys
                         and x["peer"] == peer and "error" not in x]),
