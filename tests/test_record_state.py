@@ -46,6 +46,15 @@ class CardV2:
     # note: removed
 
 
+@dataclasses.dataclass
+class CardV2Again:
+    """Another evolution of CardV1 (another default): as able to read it as CardV2."""
+
+    total: float
+    count: int
+    limit: int = 700
+
+
 def descriptors(cls: type, ttl: bool = False) -> list[Any]:
     serializer = RecordSerializer(cls)
     made: list[Any] = [ValueStateDescriptor("card", serializer),
@@ -206,6 +215,11 @@ def test_a_savepoint_of_records_reads_as_dicts_or_as_the_class_of_its_schema(
     assert sorted(cards.map(lambda v: v.total)) == [float(n) for n in range(10, 20)]
     by_day = newer.keyed_state("cards", "by_day")["value"]
     assert {(type(v), v.limit, v.last) for v in [*cards, *by_day]} == {(CardV2, 500, None)}
+    # two later classes that both could read it, neither of its name: say so, not guess
+    either = weir.read_state(url, serializers=[RecordSerializer(CardV2),
+                                               RecordSerializer(CardV2Again)])
+    with pytest.raises(weir.ConfigurationError, match="several of the given serializers"):
+        either.keyed_state("cards", "card")
 
 
 def test_a_record_state_rewritten_with_write_savepoint_restores_typed(

@@ -120,7 +120,7 @@ class SerializerSet:
         given = self._by_schema.get(schema)
         if given is not None and given.type_id == type_id:
             return given
-        newer = self._migrating(type_id, schema) if self._reading else None
+        newer = self._migrating(type_id, schema, what) if self._reading else None
         if newer is not None:
             return newer
         if type_id == RecordSerializer.type_id:
@@ -130,10 +130,11 @@ class SerializerSet:
         return self.get(type_id, what)
 
 
-    def _migrating(self, type_id: str, schema: str) -> Serializer[Any] | None:
+    def _migrating(self, type_id: str, schema: str, what: str) -> Serializer[Any] | None:
         """A reader of values written by ``type_id`` with ``schema`` through one of the
         caller's serializers that migrates them (an evolved record class): the one of
-        the same record name, or the only one; None if there is none."""
+        the same record name, or the only one; None if there is none. Several that
+        could, none of them by name: a ConfigurationError naming them."""
         doc = json.loads(schema)
         found: list[tuple[Serializer[Any], SchemaResolution]] = []
         for serializer in self._extra:
@@ -143,9 +144,16 @@ class SerializerSet:
             if resolution.compatibility is not Compatibility.INCOMPATIBLE:
                 found.append((serializer, resolution))
         named = [f for f in found if _record_name(f[0].schema()) == _record_name(doc)]
-        chosen = named[0] if len(named) == 1 else found[0] if len(found) == 1 else None
-        if chosen is None:
+        candidates = named or found
+        if not candidates:
             return None
+        if len(candidates) > 1:
+            raise ConfigurationError(
+                f"{what} was written with the schema of record {_record_name(doc)!r}, which "
+                f"several of the given serializers can read "
+                f"({', '.join(repr(c) for c, _ in candidates)}): pass the one to read it "
+                f"with, or read it without them (records as dicts)")
+        chosen = candidates[0]
         serializer, resolution = chosen
         if resolution.compatibility is Compatibility.AS_IS or resolution.migrate is None:
             return serializer
