@@ -124,8 +124,9 @@ def stage_metrics(location: Any, uid: str, query: Any) -> list[dict[str, Any]]:
             continue
         for batch in store.completed_ids(query_id):
             done = store.completed(query_id, batch)
-            if done is not None and uid in done.metadata.operators:
-                out.append({"batch": batch, **checkpoint_metrics(done.metadata, uid)})
+            values = None if done is None else checkpoint_metrics(done.metadata, uid)
+            if values is not None:
+                out.append({"batch": batch, **values})
     return out
 
 

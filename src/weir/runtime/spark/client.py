@@ -110,7 +110,8 @@ class JobClient:
         stage's subtasks), by uid: records, outputs, late records, dead letters, timers
         fired, state entries, the checkpoint's state size, checkpointed size and
         duration (``weir.runtime.spark.observed``), read from the checkpoint; per
-        second over the batch's duration in Spark's progress."""
+        second over the batch's duration in Spark's progress. A stage whose newest
+        checkpoint was written by a weir that did not record them there has none."""
         location = CheckpointStorage(self.config.storage, storage_options=self._options())
         query = str(self.query.id)
         progress = {int(getattr(p, "batchId", -1)): p for p in self.query.recentProgress}
@@ -124,9 +125,10 @@ class JobClient:
                 if done is None:
                     continue
                 for uid in done.metadata.operators:  # (a stage's checkpoint: its one uid)
-                    found.setdefault(uid, _stage_metrics(
-                        uid, batch, progress.get(batch),
-                        checkpoint_metrics(done.metadata, uid), done.metadata))
+                    values = checkpoint_metrics(done.metadata, uid)
+                    if values is not None:
+                        found.setdefault(uid, _stage_metrics(
+                            uid, batch, progress.get(batch), values, done.metadata))
                 break
         return [found[uid] for uid in sorted(found)]
 

@@ -47,7 +47,7 @@ A subtask with no row in a batch does not run, so an idle batch shows zeros.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -55,10 +55,10 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
-    from weir.checkpoint.format import CheckpointMetadata
+    from weir.checkpoint.format import CheckpointMetadata, SubtaskStats
 
 __all__ = ["METRICS", "METRIC_NAMES", "checkpoint_metrics", "metrics_batch", "observe",
-           "with_metrics_column", "with_metrics_field"]
+           "task_metrics", "with_metrics_column", "with_metrics_field"]
 
 METRICS = "__weir_metrics"
 #: the summed metrics (counts)
@@ -82,9 +82,26 @@ def with_metrics_column(batch: pa.RecordBatch) -> pa.RecordBatch:
         names=[*batch.schema.names, METRICS])
 
 
-def metrics_batch(schema: pa.Schema, values: dict[str, Any]) -> pa.RecordBatch:
-    """The one metrics row of a task: nulls in the user's columns of ``schema``."""
-    row = [(n, float(values.get(n, 0))) for n in (*METRIC_NAMES, "checkpoint_duration_ms")]
+def task_metrics(counts: dict[str, int], stats: SubtaskStats | None, dead_letters: int,
+                 snapshot_ms: float, restored: bool) -> dict[str, float]:
+    """What one task did, by the names of the table above (its metrics row): its
+    ``counts`` (records, outputs, late, timers fired) and its snapshot's ``stats``
+    (none: the batch wrote no checkpoint)."""
+    return {
+        "records": counts["records"], "outputs": counts["outputs"],
+        "late_records": counts["late"], "dead_letters": dead_letters,
+        "timers_fired": counts["timers_fired"],
+        "state_entries": stats.entries if stats else 0,
+        "state_size": stats.bytes if stats else 0,
+        "checkpointed_size": stats.new_bytes if stats else 0,
+        "checkpoint_duration_ms": snapshot_ms, "restored": int(restored),
+    }
+
+
+def metrics_batch(schema: pa.Schema, values: dict[str, float]) -> pa.RecordBatch:
+    """The one metrics row of a task (:func:`task_metrics`): nulls in the user's
+    columns of ``schema``."""
+    row = [(n, float(values[n])) for n in (*METRIC_NAMES, "checkpoint_duration_ms")]
     return pa.RecordBatch.from_arrays(
         [*(pa.nulls(1, f.type) for f in schema), pa.array([row], _ARROW)],
         names=[*schema.names, METRICS])
@@ -104,25 +121,32 @@ def observe(df: DataFrame, uid: str) -> DataFrame:
     return observed.filter(metric.isNull()).drop(METRICS)
 
 
-def checkpoint_metrics(meta: CheckpointMetadata, uid: str) -> dict[str, float]:
+#: what a task records in its part for the metrics (``spark_io``), besides its stats
+_RECORDED = ("records", "outputs", "timers_fired", "restored", "snapshot_ms")
+
+
+def checkpoint_metrics(meta: CheckpointMetadata, uid: str) -> dict[str, float] | None:
     """The metrics of the batch whose completed checkpoint ``meta`` is (stage ``uid``),
-    by the names of the table above."""
+    by the names of the table above; None for a checkpoint that does not record them
+    (written by a weir before they were recorded there, or of another stage)."""
     op = meta.operators.get(uid)
-    subtasks = op.subtasks if op is not None else ()
     positions = meta.source_positions
-    spark = positions.get("spark") or {}
+    spark = positions.get("spark")
     io = positions.get("spark_io") or {}
     total, largest = io.get("total") or {}, io.get("max") or {}
+    if op is None or spark is None or any(n not in total for n in _RECORDED):
+        return None
+    subtasks = op.subtasks
     return {
-        "records": float(total.get("records", 0)),
-        "outputs": float(total.get("outputs", 0)),
-        "late_records": float(spark.get("late_records", 0)),
-        "dead_letters": float(spark.get("dead_letters", 0)),
-        "timers_fired": float(total.get("timers_fired", 0)),
+        "records": float(total["records"]),
+        "outputs": float(total["outputs"]),
+        "late_records": float(spark["late_records"]),
+        "dead_letters": float(spark["dead_letters"]),
+        "timers_fired": float(total["timers_fired"]),
         "state_entries": float(sum(s.stats.entries for s in subtasks)),
         "state_size": float(sum(s.stats.bytes for s in subtasks)),
         "checkpointed_size": float(sum(s.stats.new_bytes for s in subtasks)),
-        "checkpoint_duration_ms": float(largest.get("snapshot_ms", 0)),
-        "restored": float(total.get("restored", 0)),
+        "checkpoint_duration_ms": float(largest["snapshot_ms"]),
+        "restored": float(total["restored"]),
         "subtasks": float(len(subtasks)),
     }

@@ -76,7 +76,7 @@ from weir.runtime.spark.cache import (
     take,
 )
 from weir.runtime.spark.keys import keys_of
-from weir.runtime.spark.observed import metrics_batch, with_metrics_column
+from weir.runtime.spark.observed import metrics_batch, task_metrics, with_metrics_column
 from weir.runtime.spark.plan import plan_batch, recover_hint
 from weir.runtime.spark.records import (
     column_lists,
@@ -295,22 +295,12 @@ class _Task:
                 return
             for batch in outputs.batches():
                 yield with_metrics_column(batch)
-            yield metrics_batch(spec.output_schema, self._metrics())
+            yield metrics_batch(spec.output_schema, task_metrics(
+                self.counts, self.handle.stats if self.handle is not None else None,
+                len(self.dead), self.buffers.get("snapshot_ms", 0.0), self.restored))
         finally:
             inputs.close()
             outputs.close()
-
-    def _metrics(self) -> dict[str, Any]:
-        """What this task did (``weir.runtime.spark.observed``)."""
-        stats = self.handle.stats if self.handle is not None else None
-        return {
-            **self.counts, "late_records": self.counts["late"], "dead_letters": len(self.dead),
-            "state_entries": stats.entries if stats else 0,
-            "state_size": stats.bytes if stats else 0,
-            "checkpointed_size": stats.new_bytes if stats else 0,
-            "checkpoint_duration_ms": self.buffers.get("snapshot_ms", 0.0),
-            "restored": int(self.restored),
-        }
 
     def _emit(self, out: list[Any], outputs: SpillBuffer) -> None:
         """Outputs as Arrow, held until the batch's part is published."""
