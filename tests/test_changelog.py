@@ -205,20 +205,15 @@ def test_a_checkpoint_that_changed_most_keys_writes_a_new_base_instead_of_a_delt
 
 
 def test_after_a_base_for_churn_writes_are_sampled_until_fewer_keys_change(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     """After a base written because most keys changed, a large hash-map state records
-    only a sample of its written keys in a set (no set insert per write) and logs
-    every write: the next checkpoint estimates the share from the sample. Most keys
-    again: a base. Nothing written: no file. A few keys: a delta from the log, after
-    which every change is recorded exactly. A sampled batch whose writes outgrow the
-    log (twice the keys held): its changes are unknown, so a base."""
-    # half the production threshold (8,192 keys: a sample of about 1,000 of the 16,384
-    # keys here, whose estimate of a 70% churn is 0.7 +- 0.015): the same paths at
-    # half the cost of the test
-    minimum = SAMPLE_MIN_KEYS // 2
-    monkeypatch.setattr("weir.state.hashmap.SAMPLE_MIN_KEYS", minimum)
-    keys = [f"key-{i}" for i in range(2 * minimum)]
+    only a sample of its written keys in a set (a hash test per write instead of a
+    set insert): the next checkpoint estimates the share from the sample. Most keys
+    again: a base. Nothing written: no file. A few keys: which ones is unknown, so a
+    base too, after which every change is recorded exactly and the next few keys
+    make a delta."""
+    keys = [f"key-{i}" for i in range(2 * SAMPLE_MIN_KEYS)]  # a sample of about 512
     coordinator = CheckpointCoordinator(str(tmp_path), retained=4)
     cluster = _cluster(1)
     op = cluster[0].operator
@@ -235,33 +230,27 @@ def test_after_a_base_for_churn_writes_are_sampled_until_fewer_keys_change(
     try:
         first, sampled_after_first = step([(k, 1) for k in keys])
         churn, sampled_after_churn = step([(k, 2) for k in keys[: len(keys) * 7 // 10]])
-        assert op.changed_share() == 0.0  # nothing written yet, so nothing sampled
+        assert op.changed_share() == 0.0 and op.changes_known()  # nothing written yet
         _send(cluster, [(k, 3) for k in keys[len(keys) * 3 // 10:]])  # 70% again
         estimate = op.changed_share()
-        again, sampled_after_again = step([])
-        idle, sampled_after_idle = step([])
-        few, sampled_after_few = step([(k, 4) for k in keys[:10]])
-        delta, _ = step([(k, 5) for k in keys[10:20]])
-        step([(k, 6) for k in keys])  # churn: sampled again
-        for table in op.backend._tables.values():  # (the default: twice the keys held)
-            table._log_cap = 5_000
-        _send(cluster, [(k, 7) for k in keys[:10] for _ in range(501)])  # 5,010 writes
         assert op.changes_sampled() and not op.changes_known()
         with pytest.raises(StateError, match="only a sample"):
             op.backend.take_changes().__next__()[1].__next__()
-        outgrown, sampled_after_outgrown = step([])
+        again, sampled_after_again = step([])
+        idle, sampled_after_idle = step([])
+        few, sampled_after_few = step([(k, 4) for k in keys[:10]])
+        delta, sampled_after_delta = step([(k, 5) for k in keys[10:20]])
     finally:
         _close(cluster, checkpointers)
     assert 0.6 <= estimate <= 0.8
     assert not sampled_after_first and sampled_after_churn and sampled_after_again
-    assert sampled_after_idle and not sampled_after_few and not sampled_after_outgrown
-    bases = {_keyed(c).base.file.path for c in (first, churn, again, outgrown)}
+    assert sampled_after_idle and not sampled_after_few and not sampled_after_delta
+    bases = {_keyed(c).base.file.path for c in (first, churn, again, few)}
     assert len(bases) == 4 and all(
-        _keyed(c).deltas == () for c in (first, churn, again, outgrown))
+        _keyed(c).deltas == () for c in (first, churn, again, few))
     assert _keyed(idle) == _keyed(again)  # nothing written: nothing new to reference
-    assert _keyed(few).base == _keyed(again).base and len(_keyed(few).deltas) == 1
-    assert _keyed(delta).base == _keyed(few).base and len(_keyed(delta).deltas) == 2
-    for completed in (few, delta, outgrown):
+    assert _keyed(delta).base == _keyed(few).base and len(_keyed(delta).deltas) == 1
+    for completed in (few, delta):
         for p in (1, 3):
             assert _restored_state(completed.url, keys, p) == states[completed.checkpoint_id]
 

@@ -152,13 +152,13 @@ class ChangelogSnapshots:
         churn = rebase is not None and op.changed_share() >= rebase
         if chain is None or churn or not op.changes_known():
             # a base: the whole state, as a full snapshot does (first, instead of a
-            # delta about as large as the state, or after a sampled batch whose writes
-            # outgrew their log: the chain starts over)
+            # delta about as large as the state, or after a sampled batch that wrote
+            # anything: which keys it changed is unknown, so the chain starts over)
             finish = op.prepare_snapshot(checkpoint_id, timestamp)
             # most keys changed: the next checkpoint is likely a base too, so its
-            # writes are only sampled (the share estimated, without a set insert per
-            # write) and logged (if fewer keys changed then, its delta comes from the
-            # log; a base only if the writes outgrew it)
+            # writes are only sampled (the share estimated with a hash test per write
+            # instead of a set insert); if fewer keys changed then, it is a base all
+            # the same and the writes after it are recorded exactly again
             op.track_changes(sampled=churn)
             self._chain = None
             self._generation += 1  # a running materialization copies an older chain
@@ -175,8 +175,6 @@ class ChangelogSnapshots:
             return self._changelog_pending(checkpoint_id, sync_ms, base)
         chain = self._adopt_materialization(checkpoint_id, chain)
         snap, changes, written = op.snapshot_changes(checkpoint_id, timestamp)
-        if op.changes_sampled() and (changes or written):
-            op.track_changes()  # fewer keys changed: record every change again
         self._maybe_materialize(checkpoint_id, chain, storage, bool(changes or written))
         sync_ms = (time.perf_counter() - started) * 1000
 

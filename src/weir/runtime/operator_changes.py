@@ -1,6 +1,6 @@
 """The changelog side of a keyed operator (mixed into ``KeyedOperator``): recording
-which keys and timers change (every key, or for a large hash-map state a sample and
-a log), the changes as a snapshot, applying another copy's changes, and freezing the
+which keys and timers change (every key, or for a large hash-map state a sample), the
+changes as a snapshot, applying another copy's changes, and freezing the
 state for a materialization. The checkpointer's side is
 ``weir.runtime.changelog_snapshots``.
 """
@@ -35,8 +35,8 @@ class KeyedChanges(OperatorBase):
         """Start recording keyed-state and timer changes (hash map, RocksDB): the state as
         of now is the base of the next :meth:`snapshot_changes`. ``sampled``: a large
         hash-map state records only a sample of its written keys, for
-        :meth:`changed_share` (then :meth:`changes_known` says whether the changes
-        can be taken); timers and RocksDB always record every change."""
+        :meth:`changed_share` (the changes can then be taken only if nothing was
+        written: :meth:`changes_known`); timers and RocksDB always record every change."""
         if isinstance(self.backend, HashMapKeyedStateBackend):
             self.backend.track_changes(sampled)
         else:

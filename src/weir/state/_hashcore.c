@@ -20,8 +20,8 @@
  *     (int, key)); other user keys are encoded by Python.
  * A write adds the prefixed key to _dirty when _dirty is a set (changelog tracking),
  * counting it in _writes; with a nonzero _sample_mask only a sample of the keys goes
- * into the set (a share estimate that costs far less than the exact set) and every
- * key is appended to the list _log (up to _log_cap, then _log becomes None).
+ * into the set (a share estimate that costs far less than the exact set; which keys
+ * changed is then unknown once anything is written).
  * Nothing here knows serializers, TTL or snapshots. The key context's C base (KeyCell:
  * the current key, set in C for str and int keys) and the route pass's helpers are in
  * _keycell.c, compiled into this module.
@@ -44,9 +44,6 @@ typedef struct {
     Py_ssize_t writes;      /* writes recorded in dirty's place (every one counted) */
     Py_ssize_t sample_mask; /* 0: every key into dirty; else only keys whose hash
                                has none of these bits (a sample, for a share estimate) */
-    PyObject *log;          /* sampled: every key written, in order (a list of at most
-                               log_cap), or None once more were written */
-    Py_ssize_t log_cap;
 } TableCore;
 
 static PyObject *str_slow_value, *str_slow_update, *str_slow_get, *str_slow_add,
@@ -62,7 +59,6 @@ table_traverse(TableCore *self, visitproc visit, void *arg)
     Py_VISIT(self->ok_last);
     Py_VISIT(self->key_ok_last);
     Py_VISIT(self->dirty);
-    Py_VISIT(self->log);
     return 0;
 }
 
@@ -76,7 +72,6 @@ table_clear(TableCore *self)
     Py_CLEAR(self->ok_last);
     Py_CLEAR(self->key_ok_last);
     Py_CLEAR(self->dirty);
-    Py_CLEAR(self->log);
     return 0;
 }
 
@@ -99,9 +94,6 @@ static PyMemberDef table_members[] = {
      "Writes since the tracked keys last started over (all keys, sampled or not)."},
     {"_sample_mask", T_PYSSIZET, offsetof(TableCore, sample_mask), 0,
      "0: every written key is tracked; else only those whose hash has none of its bits."},
-    {"_log", T_OBJECT, offsetof(TableCore, log), 0,
-     "Sampled: the keys written, in order (at most _log_cap), or None."},
-    {"_log_cap", T_PYSSIZET, offsetof(TableCore, log_cap), 0, "The most keys _log holds."},
     {NULL},
 };
 
@@ -196,16 +188,6 @@ mark_dirty(TableCore *self, PyObject *key)
     if (self->dirty != NULL && PySet_Check(self->dirty)) {
         self->writes++;
         if (self->sample_mask != 0) {
-            if (self->log != NULL && PyList_CheckExact(self->log)) {
-                if (PyList_GET_SIZE(self->log) < self->log_cap) {
-                    if (PyList_Append(self->log, key) < 0) {
-                        return -1;
-                    }
-                }
-                else {  /* too many writes to keep: the changes are unknown */
-                    Py_SETREF(self->log, Py_NewRef(Py_None));
-                }
-            }
             Py_hash_t hash = PyObject_Hash(key);
             if (hash == -1) {
                 return -1;

@@ -46,8 +46,6 @@ class TableCore:
     _dirty: set[bytes] | None
     _writes: int
     _sample_mask: int
-    _log: list[bytes] | None
-    _log_cap: int
 
 class ValueCore(TableCore):
     def value(self) -> Any: ...

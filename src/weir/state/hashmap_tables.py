@@ -1,7 +1,7 @@
 """The hash-map backend's tables: one state's entries in a dict, with the C fast
 paths of its per-record calls (``_hashcore.c``) and the Python methods that hold the
 whole semantics (``_slow_*``), and the record of the keys written since the last
-changelog snapshot (every key, or a sample and a log: ``HashMapTable.track_changes``).
+changelog snapshot (every key, or a sample: ``HashMapTable.track_changes``).
 The backend that owns them is ``weir.state.hashmap``.
 """
 
@@ -39,10 +39,10 @@ def _no_check(value: Any) -> None:
 
 #: sampled change tracking (``HashMapKeyedStateBackend.track_changes``): a key is in the
 #: sample when its hash has none of these bits (1 in 16), in a state of at least
-#: ``SAMPLE_MIN_KEYS`` keys (a sample of about 1,000 keys or more: the share written
-#: is estimated within a few percent)
+#: ``SAMPLE_MIN_KEYS`` keys (a sample of about 256 keys or more: a share written of
+#: 70% is estimated within about 3 points, enough to choose between a base and a delta)
 SAMPLE_MASK = 15
-SAMPLE_MIN_KEYS = 16_384
+SAMPLE_MIN_KEYS = 4_096
 
 #: Types whose objects cannot change in place: a snapshot may share them with live state.
 _IMMUTABLE: frozenset[type] = frozenset({int, float, str, bytes, bool, type(None)})
@@ -89,31 +89,24 @@ class HashMapTable(TableCore):
 
     def _mark(self, key: bytes) -> None:
         """Record a write of ``key`` when changes are tracked: counted, and the key
-        tracked (every key; or, sampled, logged and in the set only if in the sample:
-        ``_hashcore.c``'s mark_dirty)."""
+        tracked (every key; or, sampled, only if in the sample: ``_hashcore.c``'s
+        mark_dirty)."""
         if self._dirty is not None:
             self._writes += 1
-            if self._sample_mask:
-                if self._log is not None:
-                    if len(self._log) < self._log_cap:
-                        self._log.append(key)
-                    else:
-                        self._log = None
-                if hash(key) & self._sample_mask:
-                    return
+            if self._sample_mask and hash(key) & self._sample_mask:
+                return
             self._dirty.add(key)
 
-    def track_changes(self, sample_mask: int = 0, log_cap: int = 0) -> None:
+    def track_changes(self, sample_mask: int = 0) -> None:
         """Record the writes from now on (for changelog snapshots): every key written,
         or with ``sample_mask`` only the keys whose hash has none of its bits (the
-        share of keys written can be estimated) and every key written in a list of at
-        most ``log_cap`` (beyond, the changes are unknown: ``changes_known``)."""
+        share of keys written can be estimated; which keys changed is unknown once
+        any is written: ``changes_known``)."""
         self._dirty, self._writes, self._sample_mask = set(), 0, sample_mask
-        self._log, self._log_cap = ([] if sample_mask else None), log_cap
 
     def changes_known(self) -> bool:
         """Whether :meth:`take_changes` can report every change since it last ran."""
-        return not self._sample_mask or not self._writes or self._log is not None
+        return not self._sample_mask or not self._writes
 
     def take_changes(self) -> Iterator[tuple[bytes, Iterable[tuple[bytes, bytes]]]]:
         """``(prefixed key, its canonical entries now)`` of every key written since the
@@ -123,8 +116,8 @@ class HashMapTable(TableCore):
                 f"state {self.name!r}: only a sample of the keys written was tracked "
                 f"({self._writes} writes): the changes are unknown; write a full snapshot"
             )
-        dirty = set(self._log or ()) if self._sample_mask else (self._dirty or set())
-        self.track_changes(self._sample_mask, self._log_cap)
+        dirty = self._dirty or set()
+        self.track_changes(self._sample_mask)
         entries = self.entries_at
         for key in dirty:
             yield key, entries(key)
