@@ -370,6 +370,29 @@ class Verifier:
 
 # --------------------------------------------------------------------------- throughput
 
+_TASK_STATS = ("restored", "caught_up", "restore_ms", "process_ms", "snapshot_ms")
+
+
+def weir_task_stats(location: Path, query: str) -> list[dict[str, Any]]:
+    """Per completed batch of the weir stage: its tasks' restores (from storage, or a
+    copy caught up by deltas) and their time in restore, processing and checkpoint (ms;
+    summed over the subtasks, and the slowest), from the batch's checkpoint."""
+    from weir.checkpoint.epochs import EpochStore
+    from weir.checkpoint.storage import CheckpointStorage
+
+    storage = CheckpointStorage(location.as_uri())
+    stats = []
+    for directory in EpochStore.stage_dirs(storage):
+        store = EpochStore.at(storage, directory)
+        for batch in store.completed_ids(query):
+            done = store.completed(query, batch)
+            io = (done.metadata.source_positions.get("spark_io") or {}) if done else {}
+            total, top = io.get("total") or {}, io.get("max") or {}
+            stats.append({"batch": batch, **{k: total.get(k) for k in _TASK_STATS},
+                          "max_process_ms": top.get("process_ms")})
+    return stats
+
+
 def run_throughput(
     spark: Any, peer: str, data_dir: Path, expected: np.ndarray, args: argparse.Namespace,
     work: Path, progress: Progress | None, label: str,
@@ -409,6 +432,8 @@ def run_throughput(
             query.stop()
             raise TimeoutError(f"not finished after {args.timeout} s")
         progress_log = [json.loads(p.json) for p in query.recentProgress]
+        if peer.startswith("weir-"):
+            result["task_stats"] = weir_task_stats(work / f"weir-state-{tag}", str(query.id))
     except Exception as e:
         result["error"] = verifier.error or f"{type(e).__name__}: {str(e).splitlines()[0]}"
         if args.verbose:
