@@ -407,8 +407,11 @@ def test_a_restored_table_larger_than_the_cache_reads_rocksdb_by_key(rocksdb_tmp
 
 # ------------------------------------------------------------------ the C fast path
 
-#: values of every kind, an unencodable one included (the write check must refuse it)
-VALUES = st.one_of(st.integers(-3, 3), st.sampled_from(["x", "y"]), st.none(),
+#: values of every kind, an unencodable one included (the write check must refuse it):
+#: ints of every msgpack width and beyond uint64, floats, bools and strings (the C fast
+#: path encodes ints and floats and decodes scalars itself)
+VALUES = st.one_of(st.integers(-3, 3), st.integers(-(2**64), 2**65), st.floats(),
+                   st.booleans(), st.sampled_from(["x", "y"]), st.text(max_size=3), st.none(),
                    st.lists(st.integers(0, 2), max_size=2), st.just(object()))
 CALLS = st.lists(st.tuples(
     st.sampled_from(["value", "update", "no_key", "track", "take", "flush"]),
@@ -461,6 +464,35 @@ def test_the_value_fast_path_matches_the_python_semantics(
         for call in calls:
             assert fast.outcome(call) == slow.outcome(call), call
             assert fast.held() == slow.held()
+    finally:
+        fast.backend.close()
+        slow.backend.close()
+
+
+#: every msgpack int width's bounds, either side, and floats msgpack packs as float 64
+_NUMBERS = [0, 1, -1, 127, 128, -32, -33, 255, 256, -128, -129, 65535, 65536, -32768,
+            -32769, 2**32 - 1, 2**32, -(2**31), -(2**31) - 1, 2**63 - 1, 2**63, 2**64 - 1,
+            -(2**63), 0.0, -0.0, 1.5, float("inf"), float("-inf"), 1e308]
+
+
+@pytest.mark.parametrize("value", _NUMBERS, ids=repr)
+def test_the_fast_path_stores_a_number_as_msgpack_packs_it(value: Any) -> None:
+    side = _ValueSide(False, 100)
+    try:
+        side.run("update", "a", value)
+        assert side.table._cache[side.backend.key_context.key_bytes] == SER.encode(value)
+        got = side.run("value", "a", None)
+        assert got == value and type(got) is type(value)
+    finally:
+        side.backend.close()
+
+
+def test_the_fast_path_refuses_ints_msgpack_cannot_pack_as_python_does() -> None:
+    fast, slow = _ValueSide(False, 100), _ValueSide(True, 100)
+    try:
+        for value in (2**64, -(2**63) - 1):
+            assert fast.outcome(("update", "a", value)) == slow.outcome(("update", "a", value))
+            assert fast.outcome(("update", "a", value))[0] == "raised"
     finally:
         fast.backend.close()
         slow.backend.close()

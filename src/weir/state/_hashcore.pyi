@@ -70,6 +70,7 @@ class RocksPointCore:
     _written: dict[bytes, bytes | None] | None
     _fast_encode: Any
     _fast_decode: Any
+    _fast_scalars: bool
 
 class RocksValueCore(RocksPointCore):
     def value(self) -> Any: ...

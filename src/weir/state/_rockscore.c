@@ -17,6 +17,10 @@
  *     returns without an exception, and _written is a dict (changes tracked) or
  *     _dirty is (not tracked).
  * value() decodes the cached bytes with _fast_decode (a cached None: no entry).
+ * With _fast_scalars set (the default MsgpackSerializer, which the Python side checks)
+ * a value that is one msgpack scalar is decoded here, and an int (of int64 or uint64
+ * range) or a float is encoded here, to the bytes msgpack's Packer gives; any other
+ * value goes through _fast_decode / _fast_encode.
  * Eviction, flushes, RocksDB reads and the cache's completeness are all Python's.
  */
 #include "_hashcore.h"
@@ -31,6 +35,7 @@ typedef struct {
     PyObject *written; /* the change record (a dict) while tracked, else None */
     PyObject *encode;  /* the serializer's encode */
     PyObject *decode;  /* the serializer's decode */
+    char scalars;      /* msgpack scalars decoded, ints and floats encoded in C */
 } PointCore;
 
 static PyObject *str_slow_value, *str_slow_update;
@@ -77,6 +82,8 @@ static PyMemberDef point_members[] = {
      "The change record while changes are tracked, else None."},
     {"_fast_encode", T_OBJECT_EX, offsetof(PointCore, encode), 0, "The serializer's encode."},
     {"_fast_decode", T_OBJECT_EX, offsetof(PointCore, decode), 0, "The serializer's decode."},
+    {"_fast_scalars", T_BOOL, offsetof(PointCore, scalars), 0,
+     "Whether msgpack scalars are decoded, ints and floats encoded, in C."},
     {NULL},
 };
 
@@ -109,6 +116,61 @@ cleared_exception(void)
     return 0;
 }
 
+/* ``n`` as msgpack's Packer packs it (bytes, new reference); NULL without an error
+ * for anything but an exact int of int64 or uint64 range or an exact float. The
+ * int's format is msgpack's (pack_template.h): a fixint if it fits, else the smallest
+ * of uint 8..64 (non-negative) or int 8..64 (negative), big-endian. */
+static PyObject *
+pack_number(PyObject *n)
+{
+    unsigned char b[9];
+    unsigned long long bits;  /* the payload, two's complement for a negative int */
+    int width;                /* payload bytes after the tag b[0] */
+    if (PyFloat_CheckExact(n)) {
+        b[0] = 0xcb;  /* float 64: use_single_float=False packs every float so */
+        if (PyFloat_Pack8(PyFloat_AS_DOUBLE(n), (char *)b + 1, 0) < 0) {
+            return NULL;
+        }
+        return PyBytes_FromStringAndSize((const char *)b, 9);
+    }
+    if (!PyLong_CheckExact(n)) {
+        return NULL;
+    }
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(n, &overflow);
+    if (overflow > 0) {  /* above int64: uint64 */
+        bits = PyLong_AsUnsignedLongLong(n);
+        if (bits == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();  /* out of range: Python's encode says so */
+            return NULL;
+        }
+        b[0] = 0xcf;
+        width = 8;
+    }
+    else if (overflow < 0 || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return NULL;
+    }
+    else if (v >= -32 && v < 128) {  /* positive or negative fixint */
+        b[0] = (unsigned char)(signed char)v;
+        return PyBytes_FromStringAndSize((const char *)b, 1);
+    }
+    else if (v < 0) {
+        bits = (unsigned long long)v;
+        width = v >= -128 ? 1 : v >= -32768 ? 2 : v >= -2147483648LL ? 4 : 8;
+        b[0] = width == 1 ? 0xd0 : width == 2 ? 0xd1 : width == 4 ? 0xd2 : 0xd3;
+    }
+    else {
+        bits = (unsigned long long)v;
+        width = bits < (1ULL << 8) ? 1 : bits < (1ULL << 16) ? 2 : bits < (1ULL << 32) ? 4 : 8;
+        b[0] = width == 1 ? 0xcc : width == 2 ? 0xcd : width == 4 ? 0xce : 0xcf;
+    }
+    for (int i = width; i >= 1; i--, bits >>= 8) {
+        b[i] = (unsigned char)bits;
+    }
+    return PyBytes_FromStringAndSize((const char *)b, 1 + width);
+}
+
 static PyObject *
 point_value(PointCore *self, PyObject *Py_UNUSED(ignored))
 {
@@ -125,6 +187,13 @@ point_value(PointCore *self, PyObject *Py_UNUSED(ignored))
     }
     if (data == Py_None) {
         Py_RETURN_NONE;
+    }
+    if (self->scalars && PyBytes_CheckExact(data)) {
+        PyObject *scalar = weir_msgpack_scalar((const unsigned char *)PyBytes_AS_STRING(data),
+                                               PyBytes_GET_SIZE(data));
+        if (scalar != NULL || PyErr_Occurred()) {
+            return scalar;
+        }
     }
     Py_INCREF(data);  /* the decoder is Python code: the cache may change under it */
     PyObject *value = PyObject_CallOneArg(self->decode, data);
@@ -148,7 +217,10 @@ point_update(PointCore *self, PyObject *value)
                           : PyObject_CallMethodOneArg((PyObject *)self, str_slow_update, value);
     }
     Py_INCREF(key);  /* the encoder is Python code: it may change the current key */
-    PyObject *data = PyObject_CallOneArg(self->encode, value);
+    PyObject *data = self->scalars ? pack_number(value) : NULL;
+    if (data == NULL && !PyErr_Occurred()) {
+        data = PyObject_CallOneArg(self->encode, value);
+    }
     PyObject *result = NULL;
     if (data == NULL) {
         if (cleared_exception()) {

@@ -19,9 +19,10 @@ be(const unsigned char *p, int n)
 
 /* The object of a msgpack scalar that is exactly the n bytes at p (new reference);
  * NULL without an error set when it is not one (the caller decodes it in Python);
- * NULL with an error set on failure (out of memory). */
-static PyObject *
-msgpack_scalar_value(const unsigned char *p, Py_ssize_t n)
+ * NULL with an error set on failure (out of memory). Also the RocksDB value state's
+ * fast path (_rockscore.c). */
+PyObject *
+weir_msgpack_scalar(const unsigned char *p, Py_ssize_t n)
 {
     if (n < 1) {
         return NULL;
@@ -131,7 +132,7 @@ weir_load_values(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyObject *key = PyTuple_GET_ITEM(entry, 0), *raw = PyTuple_GET_ITEM(entry, 1);
         PyObject *value = NULL;
         if (scalars && PyBytes_CheckExact(raw)) {
-            value = msgpack_scalar_value((const unsigned char *)PyBytes_AS_STRING(raw),
+            value = weir_msgpack_scalar((const unsigned char *)PyBytes_AS_STRING(raw),
                                          PyBytes_GET_SIZE(raw));
             if (value == NULL && PyErr_Occurred()) {
                 Py_DECREF(entry);

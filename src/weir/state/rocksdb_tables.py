@@ -59,7 +59,7 @@ import operator
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from weir.api.serializers import Serializer
+from weir.api.serializers import MsgpackSerializer, Serializer
 from weir.api.state import ListState, ValueState
 from weir.errors import StateError
 from weir.state._hashcore import RocksPointCore, RocksValueCore
@@ -191,6 +191,8 @@ class _PointTable(RocksPointCore, RocksTable):
         super().__init__(name, ctx, cf, serializer)
         self._fast_encode = serializer.encode
         self._fast_decode = serializer.decode
+        # (msgpack scalars decoded and numbers encoded in C, to the same bytes)
+        self._fast_scalars = type(serializer) is MsgpackSerializer
         self._written = None  # (the slot shadows ChangeRecord's class default)
         self._writer = writer
         #: at most this many cached entries (0: no cache, every call goes to RocksDB)
