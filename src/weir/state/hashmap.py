@@ -58,7 +58,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
         changed is unknown once any is written (:meth:`changes_known`; the next
         snapshot is a full one). For a state most of whose keys change between
         snapshots (each one a full snapshot anyway): the exact record costs a set
-        insert per write, a fifth to a half of the write itself at 5,000 to 100,000
+        insert per write, 20-50% more per record of a keyed count at 5,000 to 100,000
         keys; the sample a hash test."""
         held = self.change_counts()[1]
         self._sample_mask = SAMPLE_MASK if sampled and held >= SAMPLE_MIN_KEYS else 0
