@@ -60,6 +60,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -383,10 +384,8 @@ def weir_task_stats(location: Path, query: str) -> list[dict[str, Any]]:
     storage = CheckpointStorage(location.as_uri())
     stats = []
     for directory in EpochStore.stage_dirs(storage):
-        store = EpochStore.at(storage, directory)
-        for batch in store.completed_ids(query):
-            done = store.completed(query, batch)
-            io = (done.metadata.source_positions.get("spark_io") or {}) if done else {}
+        for batch, done in EpochStore.at(storage, directory).completed_checkpoints(query):
+            io = done.metadata.source_positions.get("spark_io") or {}
             total, top = io.get("total") or {}, io.get("max") or {}
             stats.append({"batch": batch, **{k: total.get(k) for k in _TASK_STATS},
                           "max_process_ms": top.get("process_ms")})
@@ -564,11 +563,7 @@ def tree_cpu_by_kind() -> dict[str, float] | None:
 
 
 def _median(values: list[float]) -> float | None:
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return statistics.median(values) if values else None
 
 
 def paired_raw_shares(runs: list[dict[str, Any]], keys: int, peer: str) -> list[float]:

@@ -119,12 +119,8 @@ def stage_metrics(location: Any, uid: str, query: Any) -> list[dict[str, Any]]:
     storage, query_id = CheckpointStorage(str(location)), str(query.id)
     out = []
     for directory in EpochStore.stage_dirs(storage):
-        store = EpochStore.at(storage, directory)
-        if query_id not in store.queries():
-            continue
-        for batch in store.completed_ids(query_id):
-            done = store.completed(query_id, batch)
-            values = None if done is None else checkpoint_metrics(done.metadata, uid)
+        for batch, done in EpochStore.at(storage, directory).completed_checkpoints(query_id):
+            values = checkpoint_metrics(done.metadata, uid)
             if values is not None:
                 out.append({"batch": batch, **values})
     return out

@@ -60,6 +60,7 @@ import re
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -230,6 +231,16 @@ class EpochStore:
             if match and storage.exists(f"{name}/{METADATA_FILE}"):
                 ids.append(int(match.group(1)))
         return sorted(ids)
+
+    def completed_checkpoints(self, query: str, newest_first: bool = False
+                              ) -> Iterator[tuple[int, CompletedCheckpoint]]:
+        """``(batch, its completed checkpoint)`` of every completed batch of ``query``
+        in this stage (none if the query never wrote one), oldest first or newest."""
+        ids = self.completed_ids(query) if query in self.queries() else []
+        for batch in reversed(ids) if newest_first else ids:
+            done = self.completed(query, batch)
+            if done is not None:
+                yield batch, done
 
     def batches(self, query: str) -> list[int]:
         """Ids of every batch directory of ``query`` (complete or not), ascending."""

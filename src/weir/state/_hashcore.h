@@ -47,9 +47,9 @@ PyObject *weir_pack_entries(PyObject *module, PyObject *const *args, Py_ssize_t 
 /* pack_fixed(values, kind, pos, limit) -> (groups, next pos | -1) (see _packed.c). */
 PyObject *weir_pack_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* load_values(data, entries, decode, scalars, types) -> None (see _unpacked.c). */
-/* The object of the msgpack scalar that is exactly n bytes at p; NULL without an
- * error when it is not one (see _unpacked.c). */
-PyObject *weir_msgpack_scalar(const unsigned char *p, Py_ssize_t n);
 PyObject *weir_load_values(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* The object of the msgpack scalar that is exactly n bytes at p; NULL without an
+ * error when it is not one (see _unpacked.c; also _rockscore.c's fast path). */
+PyObject *weir_msgpack_scalar(const unsigned char *p, Py_ssize_t n);
 
 #endif /* WEIR_HASHCORE_H */

@@ -93,14 +93,9 @@ class JobClient:
         """This query's completed checkpoints (one per batch and stage), oldest first."""
         location = CheckpointStorage(self.config.storage, storage_options=self._options())
         query = str(self.query.id)
-        found = []
-        for directory in EpochStore.stage_dirs(location):
-            store = EpochStore.at(location, directory)
-            for batch in store.completed_ids(query) if query in store.queries() else []:
-                done = store.completed(query, batch)
-                if done is not None:
-                    found.append(checkpoint_stats(done.metadata, location=done.url,
-                                                  query=query))
+        found = [checkpoint_stats(done.metadata, location=done.url, query=query)
+                 for directory in EpochStore.stage_dirs(location)
+                 for _, done in EpochStore.at(location, directory).completed_checkpoints(query)]
         return sorted(found, key=lambda s: (s.completed_timestamp_ms or 0, s.checkpoint_id))
 
     def metrics(self) -> list[TaskMetrics]:
@@ -118,12 +113,7 @@ class JobClient:
         found: dict[str, TaskMetrics] = {}
         for directory in EpochStore.stage_dirs(location):
             store = EpochStore.at(location, directory)
-            if query not in store.queries():
-                continue
-            for batch in reversed(store.completed_ids(query)):
-                done = store.completed(query, batch)
-                if done is None:
-                    continue
+            for batch, done in store.completed_checkpoints(query, newest_first=True):
                 for uid in done.metadata.operators:  # (a stage's checkpoint: its one uid)
                     values = checkpoint_metrics(done.metadata, uid)
                     if values is not None:
