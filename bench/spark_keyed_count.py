@@ -385,10 +385,9 @@ def weir_task_stats(location: Path, query: str) -> list[dict[str, Any]]:
     stats = []
     for directory in EpochStore.stage_dirs(storage):
         for batch, done in EpochStore.at(storage, directory).completed_checkpoints(query):
-            io = done.metadata.source_positions.get("spark_io") or {}
-            total, top = io.get("total") or {}, io.get("max") or {}
-            stats.append({"batch": batch, **{k: total.get(k) for k in _TASK_STATS},
-                          "max_process_ms": top.get("process_ms")})
+            io = done.metadata.source_positions["spark_io"]  # (every weir task records it)
+            stats.append({"batch": batch, **{k: io["total"][k] for k in _TASK_STATS},
+                          "max_process_ms": io["max"]["process_ms"]})
     return stats
 
 
