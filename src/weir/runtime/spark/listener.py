@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from weir.checkpoint.coordinator import CompletedCheckpoint
 from weir.checkpoint.epochs import EpochStore
@@ -291,47 +291,71 @@ def last_committed(progress: Mapping[str, Any] | None) -> int | None:
     return batch if batch >= 0 else None
 
 
+class _Listener:
+    """Spark's ``PythonStreamingQueryListener`` (a Py4J callback the JVM's listener bus
+    calls), reading only what :class:`Completion` needs: a query's id and run id, a
+    batch's id and whether it ran, in five Py4J calls per progress report. PySpark's
+    ``StreamingQueryListener`` first converts every report into Python objects (every
+    field, every state operator, source and observed metric: dozens of calls and a
+    failing class lookup per metric); with one report per batch that was most of the
+    driver's CPU in a run of short batches."""
+
+    def __init__(self, spark: SparkSession, completion: Completion) -> None:
+        self.spark = spark
+        self.completion = completion
+
+    def onQueryStarted(self, jevent: Any) -> None:
+        query = str(jevent.id().toString())  # called in the query's start(): before any batch
+        handle = self.spark.streams.get(query)
+        if handle is not None:
+            with self.completion.lock:
+                self.completion.started[query] = handle
+
+    def onQueryProgress(self, jevent: Any) -> None:
+        progress = jevent.progress()
+        if not progress.durationMs().containsKey("addBatch"):
+            return  # a trigger that found no new data: no batch ran (batch_ran)
+        query = str(progress.id().toString())
+        self.completion.listener_progress(
+            query, str(progress.runId().toString()), int(progress.batchId()),
+            lambda: spark_checkpoint(self.spark.streams.get(query)))
+
+    def onQueryIdle(self, jevent: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, jevent: Any) -> None:
+        query = str(jevent.id().toString())
+        try:
+            self.completion.listener_terminated(query, str(jevent.runId().toString()))
+        except Exception:
+            log.exception("weir: releasing the stages of query %s failed", query)
+
+    class Java:
+        implements: ClassVar[list[str]] = [
+            "org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
+
+
 def completion(spark: SparkSession) -> Completion:
-    from pyspark.sql.streaming.listener import StreamingQueryListener
+    from pyspark.java_gateway import ensure_callback_server_started
 
     key = id(spark.sparkContext)
     found = COMPLETIONS.get(key)
     if found is not None:
         return found
     completion = Completion()
-
-    class Listener(StreamingQueryListener):
-        def onQueryStarted(self, event: Any) -> None:
-            query = str(event.id)  # called in the query's start(): before any batch
-            handle = spark.streams.get(query)
-            if handle is not None:
-                with completion.lock:
-                    completion.started[query] = handle
-
-        def onQueryProgress(self, event: Any) -> None:
-            if not batch_ran(event.progress.durationMs):
-                return  # a trigger that found no new data: no batch ran
-            query = str(event.progress.id)
-            completion.listener_progress(query, str(event.progress.runId),
-                                         int(event.progress.batchId),
-                                         lambda: spark_checkpoint(spark.streams.get(query)))
-
-        def onQueryIdle(self, event: Any) -> None:
-            pass
-
-        def onQueryTerminated(self, event: Any) -> None:
-            try:
-                completion.listener_terminated(str(event.id), str(event.runId))
-            except Exception:
-                log.exception("weir: releasing the stages of query %s failed", event.id)
-
-    listener = Listener()
-    spark.streams.addListener(listener)
+    gateway = spark.sparkContext._gateway
+    assert gateway is not None
+    ensure_callback_server_started(gateway)  # type: ignore[no-untyped-call]
+    jvm = gateway.jvm
+    listener = jvm.org.apache.spark.sql.streaming.PythonStreamingQueryListenerWrapper(
+        _Listener(spark, completion))
+    manager = spark._jsparkSession.streams()
+    manager.addListener(listener)
     COMPLETIONS[key] = completion
 
     def remove() -> None:  # no callbacks into an exiting interpreter
         with contextlib.suppress(Exception):  # the session may be gone already
-            spark.streams.removeListener(listener)
+            manager.removeListener(listener)
 
     atexit.register(remove)
     return completion
