@@ -46,6 +46,8 @@ def spark():  # type: ignore[no-untyped-def]
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    import weir.spark
+
     session = (
         SparkSession.builder.master("local[2]")
         .appName("weir-tests")
@@ -53,6 +55,7 @@ def spark():  # type: ignore[no-untyped-def]
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.memory", "2g")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        .config("spark.python.daemon.module", weir.spark.DAEMON)  # as weir.spark.session
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

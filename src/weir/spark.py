@@ -146,12 +146,17 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = [
-    "Broadcast", "EventTime", "JobClient", "RestartStrategy", "finish", "process",
+    "DAEMON", "Broadcast", "EventTime", "JobClient", "RestartStrategy", "finish", "process",
     "read_dead_letters", "recover", "register_state_source", "savepoint", "session",
     "stop_with_savepoint", "supervise",
 ]
 
 log = logging.getLogger(__name__)
+
+#: the Python daemon :func:`session` sets (``spark.python.daemon.module``): PySpark's,
+#: forking workers with what a weir task imports loaded once, about a second of CPU
+#: less per new worker (:mod:`weir.runtime.spark.daemon`)
+DAEMON = "weir.runtime.spark.daemon"
 
 
 def session(master: str = "local[*]", app_name: str = "weir", **conf: str) -> SparkSession:
@@ -160,7 +165,8 @@ def session(master: str = "local[*]", app_name: str = "weir", **conf: str) -> Sp
     queries use the cores there are. Its log reports a failed task once: a weir
     function's exception (a :class:`~weir.errors.UserFunctionError`, the user's
     exception first) in the query's failure, not again in each task attempt's and the
-    executor's reports (``weir.runtime.spark.supervise.report_failures_once``)."""
+    executor's reports (``weir.runtime.spark.supervise.report_failures_once``). Its
+    Python workers are forked with weir, pyarrow and pandas loaded (:data:`DAEMON`)."""
     import os
     import sys
 
@@ -170,7 +176,7 @@ def session(master: str = "local[*]", app_name: str = "weir", **conf: str) -> Sp
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master).appName(app_name)
-    settings = {"spark.ui.enabled": "false", **conf}
+    settings = {"spark.ui.enabled": "false", "spark.python.daemon.module": DAEMON, **conf}
     for k, v in settings.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
