@@ -837,7 +837,7 @@ def test_pickle_in_data_files_is_rejected_unexecuted(
             data = b"WEIRDATA" + struct.pack(">H", FORMAT_VERSION) + PAYLOAD
             return data, [[group, 0, len(PAYLOAD)]]
         index = {g: (off, n) for g, off, n in keyed["key_groups"]}
-        groups = decode_keyed(old, index, None, "test")
+        groups = dict(decode_keyed(old, index, None, "test"))  # (read-only: decoded when read)
         groups[group] = {
             name: entries if name.startswith("__weir") else tuple((k, PAYLOAD) for k, _ in entries)
             for name, entries in groups[group].items()

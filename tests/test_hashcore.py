@@ -304,14 +304,16 @@ _BAD_RAW = st.one_of(st.sampled_from([b"\xa2\xc3\x28", b"\xd9\xff", b"\x01\x02",
 
 
 @settings(max_examples=400, deadline=None)
-@given(raws=st.lists(_RAW, max_size=20), bad=st.lists(_BAD_RAW, max_size=1))
+@given(raws=st.lists(_RAW, max_size=20), bad=st.lists(_BAD_RAW, max_size=1),
+       flat=st.booleans())
 def test_a_restored_value_state_decodes_in_c_to_what_msgpack_gives(
-    raws: list[bytes], bad: list[bytes],
+    raws: list[bytes], bad: list[bytes], flat: bool,
 ) -> None:
-    """``HashMapValueTable.load`` decodes the default serializer's scalars in C
-    (``load_values``) and every other value with the serializer: the same objects of
-    the same types as ``MsgpackSerializer.decode`` one by one, or, where that raises,
-    a StateSerializationError naming the state."""
+    """``HashMapValueTable.load`` (and ``load_flat``, from a restore's flat list)
+    decodes the default serializer's scalars in C (``load_values``, ``load_flat``) and
+    every other value with the serializer: the same objects of the same types as
+    ``MsgpackSerializer.decode`` one by one, or, where that raises, a
+    StateSerializationError naming the state."""
     from weir import MsgpackSerializer, StateSerializationError
     from weir.state.keycontext import KeyContext
     from weir.state.keygroups import KeyGroupRange
@@ -320,13 +322,35 @@ def test_a_restored_value_state_decodes_in_c_to_what_msgpack_gives(
     entries = [(bytes([0, 0, i]), raw) for i, raw in enumerate(raws + bad)]
     table = hashmap_tables.HashMapValueTable("count", KeyContext(128, KeyGroupRange(0, 127)),
                                 serializer, True)
+
+    def load() -> None:
+        if flat:
+            table.load_flat([x for entry in entries for x in entry])
+        else:
+            table.load(entries)
+
     try:
         want = {key: serializer.decode(raw) for key, raw in entries}
     except Exception:  # whatever msgpack raises: the typed error instead
         with pytest.raises(StateSerializationError, match="'count'"):
-            table.load(entries)
+            load()
         return
-    table.load(entries)
+    load()
     assert [(k, type(v), repr(v)) for k, v in table._data.items()] == [
         (k, type(v), repr(v)) for k, v in want.items()]
     assert table._loaded_types == {type(v) for v in want.values()}
+
+
+def test_load_flat_takes_only_a_list_of_keys_and_values() -> None:
+    """A flat restore list has an even length (key, raw, key, raw, ...); anything else
+    is refused before a value is stored."""
+    from weir.state._hashcore import load_flat
+
+    data: dict[bytes, Any] = {}
+    for bad in ([b"\x00\x00k"], (b"\x00\x00k", b"\x01"), [b"\x00\x00k", b"\x01", b"x"]):
+        with pytest.raises(TypeError, match="load_flat"):
+            load_flat(data, bad, bytes, True, set())  # type: ignore[arg-type]
+    assert data == {}
+    types: set[type] = set()
+    load_flat(data, [b"\x00\x00a", b"\x05", b"\x00\x00b", b"\xa1z"], bytes, True, types)
+    assert data == {b"\x00\x00a": 5, b"\x00\x00b": "z"} and types == {int, str}

@@ -169,7 +169,7 @@ def replay(
     key_groups: KeyGroupRange,
     metas: Mapping[str, StateMeta],
     where: str,
-) -> dict[int, dict[str, Entries]]:
+) -> Mapping[int, Mapping[str, Entries]]:
     """The keyed state of ``key_groups`` in ``handle``: its base with every delta
     applied in order. ``read`` returns a file's verified bytes. Only key groups that a
     delta touches are rebuilt; the cost is the base plus the changes."""
@@ -199,11 +199,18 @@ def replay(
                 for key, value in entries:
                     primary = split_map_key(key)[0] if is_map else key
                     table.setdefault(primary, []).append((key, value))
-    for group, states in live.items():
-        rebuilt = {name: tuple(e for entries in table.values() for e in entries)
-                   for name, table in states.items()}
-        groups[group] = {name: entries for name, entries in rebuilt.items() if entries}
-    return {g: per for g, per in groups.items() if per}
+    if not live:  # the base as it is (decoded when read: a restore reads it flat)
+        return groups
+
+    def rebuilt(group: int) -> dict[str, Entries]:
+        merged = {name: tuple(e for entries in table.values() for e in entries)
+                  for name, table in live[group].items()}
+        return {name: entries for name, entries in merged.items() if entries}
+
+    # the base's groups in its order, a group only the deltas have after them
+    out = {g: rebuilt(g) if g in live else groups[g] for g in groups}
+    out.update((g, rebuilt(g)) for g in live if g not in out)
+    return {g: per for g, per in out.items() if per}
 
 
 def _by_primary(

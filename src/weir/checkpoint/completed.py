@@ -10,7 +10,7 @@ import os
 import posixpath
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,7 +181,7 @@ class CompletedCheckpoint:
     ) -> OperatorSubtaskSnapshot:
         overlap = handle.key_group_range.intersection(mine)
         keyed = None
-        groups: dict[int, Any] = {}
+        groups: Mapping[int, Any] = {}
         native = None
         full: KeyedFullHandle | None = None
         if isinstance(handle.keyed, KeyedFullHandle):

@@ -189,9 +189,20 @@ def decode_keyed(
     index: Mapping[int, tuple[int, int]],
     key_groups: KeyGroupRange | None,
     where: str,
-) -> dict[int, dict[str, Entries]]:
-    """The key groups of a ``.keyed`` file that fall in ``key_groups`` (all if None)."""
-    return unpack_groups(data, index, key_groups, where, pairs)
+) -> PackedGroups:
+    """The key groups of a ``.keyed`` file that fall in ``key_groups`` (all if None),
+    each decoded when it is read: a restore reads them as flat lists
+    (``PackedGroups.flat``), without a tuple per entry. A span outside the file is a
+    CorruptCheckpointError now, a group that does not decode one when it is read."""
+    _check_header(data, _DATA_MAGIC, where)
+    body = memoryview(data)[_DATA_HEADER:]
+    kept: dict[int, tuple[int, int]] = {}
+    for group, (offset, length) in index.items():
+        if key_groups is None or group in key_groups:
+            if offset < 0 or length < 0 or offset + length > len(body):
+                raise CorruptCheckpointError(f"{where}: key group {group} lies outside the file")
+            kept[group] = (offset, length)
+    return PackedGroups(body, kept, None, where)
 
 
 def encode_operator_file(

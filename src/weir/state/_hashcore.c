@@ -606,6 +606,9 @@ static PyMethodDef module_methods[] = {
      "load_values(data, entries, decode, scalars, types) -> None: each (key, raw) decoded "
      "into data (msgpack scalars in C when scalars is true), its type added to types "
      "(see _unpacked.c)."},
+    {"load_flat", (PyCFunction)(void (*)(void))weir_load_flat, METH_FASTCALL,
+     "load_flat(data, flat, decode, scalars, types) -> None: load_values of the list "
+     "[key0, raw0, key1, raw1, ...] (see _unpacked.c)."},
     {NULL},
 };
 

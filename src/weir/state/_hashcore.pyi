@@ -96,3 +96,9 @@ def load_values(data: dict[bytes, Any], entries: Iterable[tuple[bytes, bytes]],
     """``data[key] = decode(raw)`` for each ``(key, raw)`` of ``entries`` — a msgpack
     scalar decoded in C when ``scalars`` — and each value's type added to ``types``.
     ``decode``'s exceptions propagate."""
+
+def load_flat(data: dict[bytes, Any], flat: list[bytes], decode: Callable[[bytes], Any],
+              scalars: bool, types: set[type]) -> None:
+    """:func:`load_values` of ``[key0, raw0, key1, raw1, ...]`` (a restore's unpacked
+    form), without a tuple per entry. TypeError unless ``flat`` is a list of even
+    length."""

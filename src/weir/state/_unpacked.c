@@ -100,6 +100,45 @@ weir_msgpack_scalar(const unsigned char *p, Py_ssize_t n)
     return s;
 }
 
+/* data[key] = the value of raw (in C when scalars and raw is a bytes object of one
+ * msgpack scalar, else decode(raw)), type(value) added to types unless it is *last
+ * (updated); 0, or -1 with an exception set. */
+static int
+load_one(PyObject *data, PyObject *key, PyObject *raw, PyObject *decode, int scalars,
+         PyObject *types, PyTypeObject **last)
+{
+    PyObject *value = NULL;
+    if (scalars && PyBytes_CheckExact(raw)) {
+        value = weir_msgpack_scalar((const unsigned char *)PyBytes_AS_STRING(raw),
+                                     PyBytes_GET_SIZE(raw));
+        if (value == NULL && PyErr_Occurred()) {
+            return -1;
+        }
+    }
+    if (value == NULL) {
+        value = PyObject_CallOneArg(decode, raw);
+    }
+    int failed = value == NULL || PyDict_SetItem(data, key, value) < 0;
+    if (!failed && Py_TYPE(value) != *last) {
+        *last = Py_TYPE(value);
+        failed = PySet_Add(types, (PyObject *)*last) < 0;
+    }
+    Py_XDECREF(value);
+    return failed ? -1 : 0;
+}
+
+static int
+load_args(const char *name, PyObject *const *args, Py_ssize_t nargs, int *scalars)
+{
+    if (nargs != 5 || !PyDict_Check(args[0]) || !PySet_Check(args[4])) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s(data: dict, entries, decode, scalars: bool, types: set)", name);
+        return -1;
+    }
+    *scalars = PyObject_IsTrue(args[3]);
+    return *scalars < 0 ? -1 : 0;
+}
+
 /* load_values(data, entries, decode, scalars, types): for each (key, raw) of the
  * iterable entries, data[key] = the decoded value — in C when scalars is true and raw
  * is a bytes object of one msgpack scalar, else decode(raw) — and type(value) added
@@ -107,14 +146,8 @@ weir_msgpack_scalar(const unsigned char *p, Py_ssize_t n)
 PyObject *
 weir_load_values(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5 || !PyDict_Check(args[0]) || !PySet_Check(args[4])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "load_values(data: dict, entries, decode, scalars: bool, types: set)");
-        return NULL;
-    }
-    PyObject *data = args[0], *decode = args[2], *types = args[4];
-    int scalars = PyObject_IsTrue(args[3]);
-    if (scalars < 0) {
+    int scalars;
+    if (load_args("load_values", args, nargs, &scalars) < 0) {
         return NULL;
     }
     PyObject *it = PyObject_GetIter(args[1]);
@@ -129,25 +162,8 @@ weir_load_values(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyErr_SetString(PyExc_TypeError, "load_values: entries must be (key, raw) pairs");
             break;
         }
-        PyObject *key = PyTuple_GET_ITEM(entry, 0), *raw = PyTuple_GET_ITEM(entry, 1);
-        PyObject *value = NULL;
-        if (scalars && PyBytes_CheckExact(raw)) {
-            value = weir_msgpack_scalar((const unsigned char *)PyBytes_AS_STRING(raw),
-                                         PyBytes_GET_SIZE(raw));
-            if (value == NULL && PyErr_Occurred()) {
-                Py_DECREF(entry);
-                break;
-            }
-        }
-        if (value == NULL) {
-            value = PyObject_CallOneArg(decode, raw);
-        }
-        int failed = value == NULL || PyDict_SetItem(data, key, value) < 0;
-        if (!failed && Py_TYPE(value) != last) {
-            last = Py_TYPE(value);
-            failed = PySet_Add(types, (PyObject *)last) < 0;
-        }
-        Py_XDECREF(value);
+        int failed = load_one(args[0], PyTuple_GET_ITEM(entry, 0), PyTuple_GET_ITEM(entry, 1),
+                              args[2], scalars, args[4], &last);
         Py_DECREF(entry);
         if (failed) {
             break;
@@ -156,6 +172,35 @@ weir_load_values(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_DECREF(it);
     if (PyErr_Occurred()) {
         return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* load_flat(data, flat, decode, scalars, types): load_values of the list
+ * [key0, raw0, key1, raw1, ...] as a restore unpacks it, without a tuple per entry. */
+PyObject *
+weir_load_flat(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    int scalars;
+    if (load_args("load_flat", args, nargs, &scalars) < 0) {
+        return NULL;
+    }
+    PyObject *flat = args[1];
+    if (!PyList_CheckExact(flat) || PyList_GET_SIZE(flat) % 2 != 0) {
+        PyErr_SetString(PyExc_TypeError, "load_flat: flat must be a list [key, raw, ...]");
+        return NULL;
+    }
+    PyTypeObject *last = NULL;
+    /* the list's length is read each time: decode may run Python that changes it */
+    for (Py_ssize_t i = 0; i + 1 < PyList_GET_SIZE(flat); i += 2) {
+        PyObject *key = Py_NewRef(PyList_GET_ITEM(flat, i));
+        PyObject *raw = Py_NewRef(PyList_GET_ITEM(flat, i + 1));
+        int failed = load_one(args[0], key, raw, args[2], scalars, args[4], &last);
+        Py_DECREF(key);
+        Py_DECREF(raw);
+        if (failed) {
+            return NULL;
+        }
     }
     Py_RETURN_NONE;
 }

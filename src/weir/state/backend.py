@@ -47,6 +47,7 @@ from weir.api.serializers import (
 )
 from weir.errors import StateError, StateSerializationError
 from weir.state.keycontext import NO_KEY, KeyContext
+from weir.state.packed import pairs
 from weir.state.snapshot import NativeRocksDBState
 
 __all__ = [
@@ -383,6 +384,12 @@ class KeyedStateBackend(ABC):
     @abstractmethod
     def restore_entries(self, name: str, entries: Iterable[tuple[bytes, bytes]]) -> None:
         """Add snapshot entries (already clipped to this backend's key-group range)."""
+
+    def restore_flat(self, name: str, flat: list[bytes]) -> None:
+        """:meth:`restore_entries` of ``[key0, raw0, key1, raw1, ...]``, the form a
+        restore unpacks a data file's key group into (the hash map loads it without a
+        tuple per entry)."""
+        self.restore_entries(name, pairs(flat))
 
     @abstractmethod
     def migrate_restored(self, name: str, rewrite: Callable[[bytes], bytes]) -> None:

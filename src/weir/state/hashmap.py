@@ -9,6 +9,7 @@ value returned by ``value()`` is the stored object: call ``update`` after changi
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -25,6 +26,7 @@ from weir.state.hashmap_tables import (
     HashMapValueTable,
 )
 from weir.state.keycontext import KeyContext
+from weir.state.packed import pairs
 
 __all__ = ["SAMPLE_MASK", "SAMPLE_MIN_KEYS", "HashMapKeyedStateBackend"]
 
@@ -37,12 +39,13 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
     def __init__(self, key_context: KeyContext) -> None:
         super().__init__(key_context)
         self._tables: dict[str, AnyTable] = {}
-        self._restored: dict[str, list[tuple[bytes, bytes]]] = defaultdict(list)
+        #: entries of states restored but not registered yet, flat: [key0, raw0, ...]
+        self._restored: dict[str, list[bytes]] = defaultdict(list)
         self._tracking = False
         self._sample_mask = 0
 
     def _register(self, table: AnyTable) -> Any:
-        table.load(self._restored.pop(table.name, ()))
+        table.load_flat(self._restored.pop(table.name, []))
         if self._tracking:  # what it loaded is in the snapshot changes apply to
             table.track_changes(self._sample_mask)
         self._tables[table.name] = table
@@ -83,7 +86,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
         written = sum(len(t._dirty) for t in self._tables.values() if t._dirty)
         held = sum(len(t._data) for t in self._tables.values())
         return written * (self._sample_mask + 1), held + sum(
-            len(e) for e in self._restored.values())
+            len(e) // 2 for e in self._restored.values())
 
     def entry_count(self) -> int:
         """The keyed-state entries held now, as a snapshot holds them: one per key of a
@@ -95,7 +98,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
         cleaned up yet count (a full snapshot with ``cleanup_full_snapshot`` leaves
         them out)."""
         return sum(t.entry_count() for t in self._tables.values()) + sum(
-            len(e) for e in self._restored.values())
+            len(e) // 2 for e in self._restored.values())
 
     def has_table(self, name: str) -> bool:
         """Whether state ``name`` is registered (its entries live in a table)."""
@@ -146,17 +149,25 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
         if table is not None:
             table.load(entries)
         else:
-            self._restored[name].extend(entries)
+            self._restored[name].extend(itertools.chain.from_iterable(entries))
+
+    def restore_flat(self, name: str, flat: list[bytes]) -> None:
+        table = self._tables.get(name)
+        if table is not None:
+            table.load_flat(flat)
+        else:
+            self._restored[name].extend(flat)
 
     def migrate_restored(self, name: str, rewrite: Callable[[bytes], bytes]) -> None:
         if name in self._tables:
             raise StateError(f"state {name!r} is registered already: it cannot be migrated")
         if name in self._restored:
-            self._restored[name] = [(k, rewrite(v)) for k, v in self._restored[name]]
+            flat = self._restored[name]
+            flat[1::2] = [rewrite(v) for v in flat[1::2]]
 
     def snapshot_sources(self) -> Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]]:
         yield from ((name, table.snapshot_entries()) for name, table in self._tables.items())
-        yield from self._restored.items()
+        yield from ((name, pairs(flat)) for name, flat in self._restored.items())
 
     def frozen_sources(self) -> Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]]:
         """Copy-on-snapshot: top-level dicts (and per-key lists and maps) are copied
@@ -167,7 +178,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
         out: list[tuple[str, Iterable[tuple[bytes, bytes]]]] = [
             (name, table.freeze()) for name, table in self._tables.items()
         ]
-        out.extend((name, list(entries)) for name, entries in self._restored.items())
+        out.extend((name, pairs(flat)) for name, flat in self._restored.items())
         return out
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from weir.api.serializers import MsgpackSerializer, Serializer
 from weir.api.state import ListState, MapState, ValueState
 from weir.errors import StateError
-from weir.state._hashcore import ListCore, MapCore, TableCore, ValueCore, load_values
+from weir.state._hashcore import ListCore, MapCore, TableCore, ValueCore, load_flat, load_values
 from weir.state.backend import (
     EncodedValues,
     ListTable,
@@ -28,6 +28,7 @@ from weir.state.backend import (
     unframe,
 )
 from weir.state.keycontext import NO_KEY, KeyContext
+from weir.state.packed import pairs
 
 __all__ = ["SAMPLE_MASK", "SAMPLE_MIN_KEYS", "AnyTable", "HashMapListTable", "HashMapMapTable",
            "HashMapTable", "HashMapValueTable"]
@@ -72,6 +73,13 @@ class HashMapTable(TableCore):
         self._loaded_types: set[type] = set()
         #: prefixed keys written since the last ``take_changes`` (None: not tracked)
         self._dirty = None
+
+    def load(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
+        raise NotImplementedError
+
+    def load_flat(self, flat: list[bytes]) -> None:
+        """:meth:`load` of ``[key0, raw0, key1, raw1, ...]`` (a restore's unpacked form)."""
+        self.load(pairs(flat))
 
     def _values_immutable(self) -> bool:
         return self._check is not _no_check and (self._ok | self._loaded_types) <= _IMMUTABLE
@@ -215,13 +223,19 @@ class HashMapValueTable(ValueCore, HashMapTable, ValueTable, ValueState[Any]):
         return EncodedValues(self.name, self._serializer, self._data.copy())
 
     def load(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
+        self._load_with(load_values, entries)
+
+    def load_flat(self, flat: list[bytes]) -> None:
+        self._load_with(load_flat, flat)
+
+    def _load_with(self, loader: Any, entries: Any) -> None:
         # in C (a restore decodes every entry): the default serializer's scalars
         # decoded there, any other value by the serializer's decode; a failure is
         # reported as decode_checked does
         serializer = self._serializer
         try:
-            load_values(self._data, entries, serializer.decode,
-                        type(serializer) is MsgpackSerializer, self._loaded_types)
+            loader(self._data, entries, serializer.decode,
+                   type(serializer) is MsgpackSerializer, self._loaded_types)
         except Exception as exc:
             raise decode_error(self.name, serializer, exc) from exc
 

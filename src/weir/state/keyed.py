@@ -29,7 +29,7 @@ from weir.errors import StateMigrationError, StateRegistrationError
 from weir.state.backend import EntryFilter, KeyedStateBackend
 from weir.state.keygroups import KeyGroupRange
 from weir.state.migration import AS_IS, migration
-from weir.state.packed import pack_sources
+from weir.state.packed import PackedGroups, pack_sources, pairs
 from weir.state.snapshot import KeyedStateSnapshot, NativeRocksDBState, StateMeta, canonical_schema
 from weir.state.ttl import (
     IncrementalCleaner,
@@ -362,6 +362,8 @@ class KeyedStateStore:
         timers: dict[str, list[tuple[bytes, bytes]]] = {n: [] for n in timer_names}
         canonical_timers = False
         per_state: dict[str, list[tuple[bytes, bytes]]] = {}
+        #: states' entries of packed groups (a data file's), flat: [key0, raw0, ...]
+        flat_state: dict[str, list[bytes]] = {}
         for snap in snapshots:
             for name, meta in snap.metas.items():
                 known = self._restored_metas.setdefault(name, meta)
@@ -370,7 +372,17 @@ class KeyedStateStore:
                         f"{self._owner}: snapshots disagree on state {name!r}: "
                         f"{_describe(known, None)} vs {_describe(meta, None)}"
                     )
-            for per in snap.groups.values():
+            groups = snap.groups
+            if isinstance(groups, PackedGroups):
+                for group in groups:
+                    for name, flat in groups.flat(group).items():
+                        if name in timers:
+                            canonical_timers = True
+                            timers[name].extend(pairs(flat))
+                        else:
+                            flat_state.setdefault(name, []).extend(flat)
+                continue
+            for per in groups.values():
                 for name, entries in per.items():
                     if name in timers:
                         canonical_timers = True
@@ -389,6 +401,8 @@ class KeyedStateStore:
         self.timers_mirrored = not canonical_timers and len(natives) <= 1
         for name, state_entries in per_state.items():
             self.backend.restore_entries(name, state_entries)
+        for name, flat in flat_state.items():
+            self.backend.restore_flat(name, flat)
         return timers
 
 

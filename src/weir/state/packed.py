@@ -48,6 +48,12 @@ def pairs(flat: Sequence[bytes]) -> Entries:
     return tuple(zip(it, it, strict=True))
 
 
+def _flat(raw: Any) -> list[bytes]:
+    if not isinstance(raw, list) or len(raw) % 2:
+        raise ValueError("a state's entries are not a list of keys and values")
+    return raw
+
+
 def unpack_group(
     body: bytes | memoryview, group: int, span: tuple[int, int], where: str,
     decode: Callable[[Any], T],
@@ -84,6 +90,11 @@ class PackedGroups(Mapping[int, Mapping[str, Entries]]):
 
     def __getitem__(self, group: int) -> dict[str, Entries]:
         return unpack_group(self.body, group, self.index[group], self.where, pairs)
+
+    def flat(self, group: int) -> dict[str, list[bytes]]:
+        """Key group ``group`` with each state's entries as the flat list
+        ``[key0, raw0, key1, raw1, ...]`` it is packed as (no tuple per entry)."""
+        return unpack_group(self.body, group, self.index[group], self.where, _flat)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.index)
