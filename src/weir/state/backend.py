@@ -423,16 +423,23 @@ class KeyedStateBackend(ABC):
         per key; the record starts over."""
         raise StateError(f"the {self.name} backend does not record changes")
 
-    def restore_native(self, natives: Sequence[NativeRocksDBState]) -> None:
+    def restore_native(
+        self, natives: Sequence[NativeRocksDBState]
+    ) -> dict[str, list[tuple[bytes, bytes]]]:
         """Load native RocksDB checkpoints (downloaded, already clipped to this backend's
-        range by their ``key_group_range``). The default scans them into canonical
-        entries; the RocksDB backend adopts one as its database instead."""
-        from weir.state.rocksdb import scan_native
+        range by their ``key_group_range``); returns the timers mirrored in them (timer
+        name -> entries in range). The default scans them into canonical entries; the
+        RocksDB backend adopts one as its database instead."""
+        from weir.state.rocksdb import TIMER_CF_PREFIX, scan_native
 
+        timers: dict[str, list[tuple[bytes, bytes]]] = {}
         for native in natives:
+            for name, entries in scan_native(native, TIMER_CF_PREFIX):
+                timers.setdefault(name, []).extend(entries)
             for name, entries in scan_native(native):
                 self.restore_entries(name, entries)
             shutil.rmtree(native.path, ignore_errors=True)
+        return timers
 
     def compact(self, filters: Mapping[str, EntryFilter]) -> int:
         """Run compaction with ``filters`` as compaction filters; returns the number of

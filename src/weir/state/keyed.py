@@ -389,13 +389,10 @@ class KeyedStateStore:
                     target = timers if name in timers else per_state
                     target.setdefault(name, []).extend(entries)
         natives = [snap.native for snap in snapshots if snap.native is not None]
-        if natives:
-            from weir.state.rocksdb import TIMER_CF_PREFIX, scan_native
-        for native in natives:  # timers mirrored into column families (RocksDB backend)
-            for name, mirrored in scan_native(native, TIMER_CF_PREFIX):
-                if name in timers:
-                    timers[name].extend(mirrored)
-        self.backend.restore_native(natives)
+        # timers mirrored into column families (RocksDB backend)
+        for name, mirrored in self.backend.restore_native(natives).items():
+            if name in timers:
+                timers[name].extend(mirrored)
         #: the RocksDB timer mirror holds exactly the restored timers (one native
         #: checkpoint adopted, no timer from elsewhere): changes can go on from it
         self.timers_mirrored = not canonical_timers and len(natives) <= 1

@@ -378,22 +378,32 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def _is_empty(self) -> bool:
         return all(next(iter(cf.keys()), None) is None for cf in self._families.values())
 
-    def restore_native(self, natives: Sequence[NativeRocksDBState]) -> None:
+    def restore_native(
+        self, natives: Sequence[NativeRocksDBState]
+    ) -> dict[str, list[tuple[bytes, bytes]]]:
         """Adopt the native checkpoint with the largest overlap as this backend's
         database and delete the key groups outside its range (range deletes, no
-        per-key rewrite); copy the in-range keys of the others in write batches."""
+        per-key rewrite); copy the in-range keys of the others in write batches.
+        Returns the timers mirrored in them: the adopted one's read from the adopted
+        database (no second open of the checkpoint), the others' scanned."""
+        timers: dict[str, list[tuple[bytes, bytes]]] = {}
         natives = [n for n in natives if len(n.key_group_range)]
         if not natives:
-            return
+            return timers
         natives.sort(key=lambda n: len(n.key_group_range), reverse=True)
         rest = natives
         if not self._families or self._is_empty():
             base, rest = natives[0], natives[1:]
             self._adopt(base)
+            for name, cf in self._timer_families.items():  # clipped to the range by _adopt
+                timers[name] = list(cf.items())
         for native in rest:
+            for name, entries in scan_native(native, TIMER_CF_PREFIX):
+                timers.setdefault(name, []).extend(entries)
             for name, entries in scan_native(native):
                 self.restore_entries(name, entries)
             shutil.rmtree(native.path, ignore_errors=True)
+        return timers
 
     def _close_families(self) -> None:
         for cf in (*self._families.values(), *self._timer_families.values()):
