@@ -85,3 +85,13 @@ def test_threads_counts_this_process() -> None:
     finally:
         stop.set()
         thread.join()
+
+
+def test_threads_is_unknown_without_proc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where threads cannot be counted the daemon does not take that for one thread
+    (it falls back to PySpark's daemon, as with threads running)."""
+    def no_proc(path: str) -> list[str]:
+        raise FileNotFoundError(path)
+
+    monkeypatch.setattr(daemon.os, "listdir", no_proc)
+    assert daemon.threads() is None

@@ -191,18 +191,12 @@ def decode_keyed(
     where: str,
 ) -> PackedGroups:
     """The key groups of a ``.keyed`` file that fall in ``key_groups`` (all if None),
-    each decoded when it is read: a restore reads them as flat lists
-    (``PackedGroups.flat``), without a tuple per entry. A span outside the file is a
-    CorruptCheckpointError now, a group that does not decode one when it is read."""
+    each decoded when it is read (a restore reads them as flat lists,
+    ``PackedGroups.flat``, without a tuple per entry); a group outside the file or
+    malformed is a CorruptCheckpointError then, as :func:`unpack_groups` gives."""
     _check_header(data, _DATA_MAGIC, where)
-    body = memoryview(data)[_DATA_HEADER:]
-    kept: dict[int, tuple[int, int]] = {}
-    for group, (offset, length) in index.items():
-        if key_groups is None or group in key_groups:
-            if offset < 0 or length < 0 or offset + length > len(body):
-                raise CorruptCheckpointError(f"{where}: key group {group} lies outside the file")
-            kept[group] = (offset, length)
-    return PackedGroups(body, kept, None, where)
+    groups = PackedGroups(memoryview(data)[_DATA_HEADER:], dict(index), None, where)
+    return groups if key_groups is None else groups.restrict(key_groups.__contains__)
 
 
 def encode_operator_file(

@@ -397,12 +397,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self._adopt(base)
             for name, cf in self._timer_families.items():  # clipped to the range by _adopt
                 timers[name] = list(cf.items())
-        for native in rest:
-            for name, entries in scan_native(native, TIMER_CF_PREFIX):
-                timers.setdefault(name, []).extend(entries)
-            for name, entries in scan_native(native):
-                self.restore_entries(name, entries)
-            shutil.rmtree(native.path, ignore_errors=True)
+        for name, entries in super().restore_native(rest).items():  # scanned, written
+            timers.setdefault(name, []).extend(entries)
         return timers
 
     def _close_families(self) -> None:

@@ -16,9 +16,10 @@ which Spark sets for its Python processes (``spark.task.cpus``, default 1), and
 Arrow's jemalloc starts no background purger with ``background_thread:false``
 (``JE_ARROW_MALLOC_CONF``, set only for the import). It then checks that the process
 still runs one thread: if not (say ``spark.task.cpus`` > 1, so OpenBLAS started its
-pool), it replaces itself with PySpark's daemon unchanged (``exec``), which is what
-Spark would have run. Workers forked from it find the modules loaded
-(:data:`preloaded`); their behaviour is otherwise PySpark's.
+pool), or if it cannot count them (no ``/proc``), it replaces itself with PySpark's
+daemon unchanged (``exec``), which is what Spark would have run, and says so on stderr.
+Workers forked from it find the modules loaded (:data:`preloaded`); their behaviour
+is otherwise PySpark's.
 """
 
 from __future__ import annotations
@@ -47,12 +48,12 @@ _JEMALLOC_CONF = "JE_ARROW_MALLOC_CONF"
 preloaded = False
 
 
-def threads() -> int:
-    """How many threads this process runs (Linux; 1 where that cannot be read)."""
+def threads() -> int | None:
+    """How many threads this process runs (None where that cannot be read: not Linux)."""
     try:
         return len(os.listdir("/proc/self/task"))
     except OSError:
-        return 1
+        return None
 
 
 def _preload() -> None:
@@ -73,8 +74,11 @@ def main() -> None:
     """Preload, then run PySpark's daemon (or exec it unchanged if threads started)."""
     global preloaded
     _preload()
-    if threads() > 1:
-        print(f"weir: preloading {', '.join(PRELOAD)} started {threads() - 1} thread(s): "
+    running = threads()
+    if running != 1:
+        why = ("could not count its threads" if running is None
+               else f"started {running - 1} thread(s)")
+        print(f"weir: preloading {', '.join(PRELOAD)} {why}: "
               "running PySpark's daemon without preloading", file=sys.stderr)
         sys.stderr.flush()
         os.execv(sys.executable, [sys.executable, "-m", "pyspark.daemon", *sys.argv[1:]])

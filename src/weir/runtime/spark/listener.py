@@ -277,7 +277,7 @@ def batch_ran(duration_ms: Mapping[str, Any] | None) -> bool:
     """Whether a progress report is of a batch that ran. Spark also reports a trigger
     that found no new data (every ``noDataProgressEventInterval``), under the id the
     *next* batch will get and without ``addBatch`` (the time of running a batch)."""
-    return "addBatch" in (duration_ms or {})
+    return duration_ms is not None and "addBatch" in duration_ms
 
 
 def last_committed(progress: Mapping[str, Any] | None) -> int | None:
@@ -313,8 +313,8 @@ class _Listener:
 
     def onQueryProgress(self, jevent: Any) -> None:
         progress = jevent.progress()
-        if not progress.durationMs().containsKey("addBatch"):
-            return  # a trigger that found no new data: no batch ran (batch_ran)
+        if not batch_ran(progress.durationMs()):  # (a Java map: one containsKey call)
+            return  # a trigger that found no new data: no batch ran
         query = str(progress.id().toString())
         self.completion.listener_progress(
             query, str(progress.runId().toString()), int(progress.batchId()),
