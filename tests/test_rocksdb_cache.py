@@ -20,6 +20,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from weir.api.serializers import MsgpackSerializer
 from weir.errors import ConfigurationError
+from weir.state import rocksdb as rocksdb_module
+from weir.state._hashcore import sorted_writes
 from weir.state.keycontext import KeyContext
 from weir.state.keygroups import KeyGroupRange
 from weir.state.rocksdb import RocksDBKeyedStateBackend, RocksDBMemory, scan_native
@@ -403,6 +405,58 @@ def test_a_restored_table_larger_than_the_cache_reads_rocksdb_by_key(rocksdb_tmp
     gets, cached = _read_restored(20, rocksdb_tmp)
     assert gets == 60
     assert cached <= 20
+
+
+def test_a_restore_opens_only_the_checkpoint_it_adopts(
+    rocksdb_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backend opens its database on first use, so a restore that adopts a native
+    checkpoint never opens (and throws away) an empty one first."""
+    opened: list[Path] = []
+    real_open = rocksdb_module.open_db
+
+    def counting_open(path: Path, memory: RocksDBMemory) -> Any:
+        opened.append(path)
+        return real_open(path, memory)
+
+    monkeypatch.setattr(rocksdb_module, "open_db", counting_open)
+    backend = _restored_with({f"k{i}": i for i in range(50)}, 64, rocksdb_tmp)
+    try:
+        assert opened[-1] == backend.path
+        assert len(opened) == 2  # the source's database, then the adopted checkpoint
+        table = backend.create_value_table("v", SER)
+        backend.key_context.set_current_key("k7")
+        assert table.value() == 7  # type: ignore[attr-defined]
+    finally:
+        backend.close()
+    empty = new_backend(16)  # never used: never opened, and its directory removed
+    empty.close()
+    assert len(opened) == 2 and not empty.path.exists()
+
+
+@settings(max_examples=300, deadline=None)
+@given(entries=st.dictionaries(st.binary(max_size=20), st.one_of(st.none(), st.binary(max_size=3)),
+                               max_size=80),
+       common=st.binary(max_size=17))
+def test_writes_reach_a_batch_in_the_byte_order_of_their_keys(
+    entries: dict[bytes, bytes | None], common: bytes
+) -> None:
+    """``sorted_writes`` (a write batch's puts and deletes in key order, so the memtable
+    inserts them cheaply) orders keys as RocksDB's comparator does, a common prefix of
+    any length included (its radix sort goes eight bytes at a time)."""
+    entries = {common + key: value for key, value in entries.items()}
+    keys, values, deleted = sorted_writes(entries)
+    assert list(zip(keys, values, strict=True)) == sorted(
+        (k, v) for k, v in entries.items() if v is not None)
+    assert deleted == sorted(k for k, v in entries.items() if v is None)
+
+
+def test_sorted_writes_takes_only_a_dict_of_bytes_keys() -> None:
+    with pytest.raises(TypeError):
+        sorted_writes([(b"a", b"b")])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="str, not bytes"):
+        sorted_writes({b"a": b"1", "b": b"2"})  # type: ignore[dict-item]
+    assert sorted_writes({}) == ([], [], [])
 
 
 # ------------------------------------------------------------------ the C fast path

@@ -609,6 +609,9 @@ static PyMethodDef module_methods[] = {
     {"load_flat", (PyCFunction)(void (*)(void))weir_load_flat, METH_FASTCALL,
      "load_flat(data, flat, decode, scalars, types) -> None: load_values of the list "
      "[key0, raw0, key1, raw1, ...] (see _unpacked.c)."},
+    {"sorted_writes", (PyCFunction)weir_sorted_writes, METH_O,
+     "sorted_writes(entries) -> (keys, values, deleted): a dict of bytes keys to bytes "
+     "or None as puts and deletes, each in the keys' byte order (see _rockscore.c)."},
     {NULL},
 };
 

@@ -50,6 +50,7 @@ PyObject *weir_pack_fixed(PyObject *module, PyObject *const *args, Py_ssize_t na
 PyObject *weir_load_values(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* load_flat(data, flat, decode, scalars, types) -> None (see _unpacked.c). */
 PyObject *weir_load_flat(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *weir_sorted_writes(PyObject *module, PyObject *entries);
 /* The object of the msgpack scalar that is exactly n bytes at p; NULL without an
  * error when it is not one (see _unpacked.c; also _rockscore.c's fast path). */
 PyObject *weir_msgpack_scalar(const unsigned char *p, Py_ssize_t n);

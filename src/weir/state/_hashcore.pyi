@@ -102,3 +102,9 @@ def load_flat(data: dict[bytes, Any], flat: list[bytes], decode: Callable[[bytes
     """:func:`load_values` of ``[key0, raw0, key1, raw1, ...]`` (a restore's unpacked
     form), without a tuple per entry. TypeError unless ``flat`` is a list of even
     length."""
+
+def sorted_writes(
+    entries: dict[bytes, bytes | None],
+) -> tuple[list[bytes], list[bytes], list[bytes]]:
+    """Writes (None: a delete) as (put keys, their values, deleted keys), each in the
+    keys' byte order."""

@@ -20,6 +20,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,6 +29,7 @@ import rocksdict
 
 from weir.api.serializers import Serializer
 from weir.errors import StateBackendError, StateError
+from weir.state._hashcore import sorted_writes
 from weir.state.backend import (
     EntryFilter,
     KeyedStateBackend,
@@ -161,17 +163,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self.path = Path(path if path is not None else tempfile.mkdtemp(prefix="weir-rocksdb-"))
         #: block cache and write buffers: shared by the process's instances, bounded
         self.memory = memory if memory is not None else RocksDBMemory()
-        try:
-            self._db = open_db(self.path, self.memory)
-        except Exception as exc:
-            raise StateBackendError(
-                f"cannot open RocksDB at {self.path}: {exc}; check that the directory is "
-                f"writable and not used by another process"
-            ) from exc
         self._write_options = rocksdict.WriteOptions()
         # rocksdict's stubs declare disable_wal a method; at run time it is a property.
         self._write_options.disable_wal = True  # type: ignore[method-assign,assignment]
-        self._db.set_write_options(self._write_options)
+        #: the database, opened on first use: a restore that adopts a native checkpoint
+        #: opens only that one (an empty database opened first was 28% of a restore)
+        self._opened: rocksdict.Rdict | None = None
         self._families: dict[str, Any] = {}
         #: the tables made, by state (they record their writes once changes are tracked)
         self._tables: dict[str, RocksValueTable | RocksListTable | RocksMapTable] = {}
@@ -183,6 +180,24 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._closed = False
         #: shared-file references of the SST files of an adopted native checkpoint
         self.adopted_shared: tuple[str, Mapping[str, Any]] | None = None
+
+    @property
+    def _db(self) -> rocksdict.Rdict:
+        db = self._opened
+        if db is None:
+            db = self._opened = self._open("cannot open RocksDB")
+        return db
+
+    def _open(self, what: str) -> rocksdict.Rdict:
+        try:
+            db = open_db(self.path, self.memory)
+        except Exception as exc:
+            raise StateBackendError(
+                f"{what} at {self.path}: {exc}; check that the directory is writable and "
+                f"not used by another process"
+            ) from exc
+        db.set_write_options(self._write_options)
+        return db
 
     def _family(self, name: str) -> Any:
         cf = self._families.get(name)
@@ -217,19 +232,21 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         if reset and next(iter(cf.keys()), None) is not None:
             cf.delete_range(b"", _END)
         self._write(TIMER_CF_PREFIX + name,
-                    ((key, entries[0][1] if entries else None) for key, entries in changes))
+                    {key: entries[0][1] if entries else None for key, entries in changes})
 
-    def _write(self, cf_name: str, entries: Iterable[tuple[bytes, bytes | None]]) -> None:
-        """Write ``entries`` (None: delete) to column family ``cf_name`` in one batch."""
+    def _write(self, cf_name: str, entries: dict[bytes, bytes | None]) -> None:
+        """Write ``entries`` (None: delete) to column family ``cf_name`` in one batch,
+        in key order: a skip-list memtable inserts sorted keys, and flushes them, at a
+        fraction of the cost of random ones (``sorted_writes`` in ``_rockscore.c``); the
+        batch is built by ``map`` over its methods, no Python loop per entry."""
+        if not entries:
+            return
+        keys, values, deleted = sorted_writes(entries)
         batch = rocksdict.WriteBatch(raw_mode=True)
         batch.set_default_column_family(self._db.get_column_family_handle(cf_name))
-        for key, data in entries:
-            if data is None:
-                batch.delete(key)
-            else:
-                batch.put(key, data)
-        if len(batch):
-            self._db.write(batch, self._write_options)
+        deque(map(batch.put, keys, values), maxlen=0)
+        deque(map(batch.delete, deleted), maxlen=0)
+        self._db.write(batch, self._write_options)
 
     def _register(self, table: _Table) -> _Table:
         self._tables[table.name] = table
@@ -257,7 +274,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         """Writes dirty entries of state ``name`` in one batch (the entry cache's flush)."""
 
         def write(entries: dict[bytes, bytes | None]) -> None:
-            self._write(_CF_PREFIX + name, entries.items())
+            self._write(_CF_PREFIX + name, entries)
 
         return write
 
@@ -412,16 +429,13 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             table.drop_cache()
         self._counted.clear()
         self._close_families()
-        self._db.close()
+        if self._opened is not None:
+            self._opened.close()
+            self._opened = None
         shutil.rmtree(self.path, ignore_errors=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(native.path, self.path)
-        try:
-            self._db = open_db(self.path, self.memory)
-        except Exception as exc:
-            raise StateBackendError(
-                f"cannot open the restored RocksDB checkpoint at {self.path}: {exc}"
-            ) from exc
-        self._db.set_write_options(self._write_options)
+        self._opened = self._open("cannot open the restored RocksDB checkpoint")
         self.adopted_shared = native.shared
         low, high = _range_bounds(native.key_group_range)
         clip = [self._family(name) for name in list_column_families(self.path)]
@@ -490,6 +504,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         # Close column families before the database: a handle dropped after the
         # database closed stalls for a second in rocksdict when the WAL is off.
         self._close_families()
-        self._db.close()
+        if self._opened is not None:
+            self._opened.close()
         if self._owns_path:
             shutil.rmtree(self.path, ignore_errors=True)
