@@ -45,11 +45,16 @@ from weir.runtime.spark import keys as spark_keys
 from weir.runtime.spark.keys import UNCONVERTIBLE, check_key_types, keys_of
 from weir.runtime.spark.routing import (
     KEY,
+    KIND,
     NOW,
+    ORDER,
+    ORDER_LIMIT,
     RowKind,
     batch_time,
     keyed_route_pass,
+    packed_order,
     route_table,
+    unpack_kinds,
 )
 from weir.state.keygroups import assign_key_to_parallel_operator, canonical_key_bytes
 from weir.testing import KeyedOperatorHarness
@@ -131,8 +136,8 @@ def test_a_value_python_cannot_hold_is_a_bad_key_of_its_own_row_only() -> None:
                              pa.array([1, 2, 3], pa.int64())], names=["ts", "seq"])
     keys = keys_of(batch, ["ts"])
     assert keys[1] is UNCONVERTIBLE and keys[0] == dt.datetime(1970, 1, 1, tzinfo=UTC)
-    routed = next(keyed_route_pass(["ts"], M, P)(iter([_at(batch, 5)])))
-    kinds = routed.column("_weir_kind").to_pylist()
+    routed = _unpacked(iter([next(keyed_route_pass(["ts"], M, P)(iter([_at(batch, 5)])))]))
+    kinds = routed.column(KIND).to_pylist()
     assert kinds == [RowKind.RECORD, RowKind.BAD_KEY, RowKind.RECORD]
 
 
@@ -140,11 +145,27 @@ def test_the_route_pass_puts_every_new_key_type_with_its_owner() -> None:
     batch = pa.record_batch(
         [pa.array([dt.date(2024, 1, d) for d in range(1, 21)]),
          pa.array([[d, d + 1] for d in range(20)], pa.list_(pa.int32()))], names=["d", "a"])
-    routed = next(keyed_route_pass(["d", "a"], M, P)(iter([_at(batch, 5)])))
+    routed = _unpacked(iter([next(keyed_route_pass(["d", "a"], M, P)(iter([_at(batch, 5)])))]))
     want = [route_table(P)[assign_key_to_parallel_operator((dt.date(2024, 1, d), [d - 1, d]),
                                                           M, P)] for d in range(1, 21)]
     assert routed.column("_weir_route").to_pylist() == want
-    assert set(routed.column("_weir_kind").to_pylist()) == {RowKind.RECORD}
+    assert set(routed.column(KIND).to_pylist()) == {RowKind.RECORD}
+
+
+def test_a_rows_kind_travels_in_its_order_and_unpacks_as_it_was() -> None:
+    """One internal column fewer through the shuffle: the kind rides in the order's top
+    bits, every order the route gives (up to ``ORDER_LIMIT - 1``) keeps its value."""
+    rows = [(kind, order) for kind in RowKind for order in (0, 1, 1234, ORDER_LIMIT - 1)]
+    packed = pa.table({ORDER: pa.array([packed_order(k, o) for k, o in rows], pa.int64())})
+    got = unpack_kinds(packed)
+    assert list(zip(got[KIND].to_pylist(), got[ORDER].to_pylist(), strict=True)) == rows
+    assert min(packed[ORDER].to_pylist()) >= 0  # the sign bit stays clear
+
+
+def _unpacked(batches: Iterator[pa.RecordBatch]) -> pa.Table:
+    """The route pass's output with kind and order unpacked, as the process pass reads
+    them."""
+    return unpack_kinds(pa.Table.from_batches(list(batches)))
 
 
 def _at(batch: pa.RecordBatch, now: int) -> pa.RecordBatch:
@@ -157,14 +178,14 @@ def test_every_subtask_gets_the_batch_time_in_a_clock_row_and_no_row_carries_it(
     key = "k"
     owner = assign_key_to_parallel_operator(key, M, 4)
     batch = pa.record_batch([pa.array([key] * 3), pa.array([1, 2, 3])], names=["k", "v"])
-    out = pa.Table.from_batches(list(keyed_route_pass(["k"], M, 4)(
-        iter([_at(batch.slice(0, 2), 1234), _at(batch.slice(2), 1234)]))))
+    out = _unpacked(keyed_route_pass(["k"], M, 4)(
+        iter([_at(batch.slice(0, 2), 1234), _at(batch.slice(2), 1234)])))
     assert NOW not in out.column_names
     table = route_table(4)
     by_route = {r: out.filter(pc.equal(out["_weir_route"], r)) for r in table}
     for subtask, route in enumerate(table):
         rows = by_route[route]
-        kinds = rows.column("_weir_kind").to_pylist()
+        kinds = rows.column(KIND).to_pylist()
         assert kinds == ([RowKind.RECORD] * 3 if subtask == owner else []) + [RowKind.HEARTBEAT]
         assert batch_time(rows) == 1234
     # the records keep their input order across batches
@@ -481,7 +502,7 @@ def test_the_jvm_route_sends_every_record_where_the_python_route_pass_does(spark
     for keys in JVM_KEYS:
         routed = jvm_keyed_route(df, keys, M, p, F.lit(1234).cast("bigint"))
         assert routed is not None, keys
-        got = routed.toArrow()
+        got = unpack_kinds(routed.toArrow())
         heartbeat = pc.equal(got[KIND], int(RowKind.HEARTBEAT))
         clocks = got.filter(heartbeat)
         assert set(clocks[ORDER].to_pylist()) == {1234}, keys
@@ -490,9 +511,9 @@ def test_the_jvm_route_sends_every_record_where_the_python_route_pass_does(spark
         assert rows["id"].to_pylist() == source["id"].to_pylist()
         orders = rows[ORDER].to_pylist()  # input order, each row its own
         assert orders == sorted(orders) and len(set(orders)) == len(orders), keys
-        python = pa.Table.from_batches(list(keyed_route_pass(keys, M, p)(iter(
+        python = _unpacked(keyed_route_pass(keys, M, p)(iter(
             source.append_column(NOW, pa.array([1234] * source.num_rows, pa.int64()))
-            .to_batches()))))
+            .to_batches())))
         python = python.filter(pc.not_equal(python[KIND], int(RowKind.HEARTBEAT)))
         want = {i: (k, r) for i, k, r in zip(python["id"].to_pylist(), python[KIND].to_pylist(),
                                             python[ROUTE].to_pylist(), strict=True)}
@@ -533,7 +554,7 @@ def test_a_streaming_input_is_routed_in_the_jvm_with_its_rows_numbered_by_a_udf(
                  .option("checkpointLocation", str(tmp_path / f"spark-{n}"))
                  .trigger(availableNow=True).start())
         query.awaitTermination()
-        got = pa.concat_tables(batches)
+        got = unpack_kinds(pa.concat_tables(batches))
         heartbeat = pc.equal(got[KIND], int(RowKind.HEARTBEAT))
         records = got.filter(pc.invert(heartbeat))
         assert sorted(records["id"].to_pylist()) == sorted(source["id"].to_pylist())
@@ -546,9 +567,9 @@ def test_a_streaming_input_is_routed_in_the_jvm_with_its_rows_numbered_by_a_udf(
         assert set(clocks[ORDER].to_pylist()) == {1234}, keys
         assert Counter(clocks[ROUTE].to_pylist()) == {
             r: len(by_partition) for r in route_table(p)}, keys
-        python = pa.Table.from_batches(list(keyed_route_pass(keys, M, p)(iter(
+        python = _unpacked(keyed_route_pass(keys, M, p)(iter(
             source.append_column(NOW, pa.array([1234] * source.num_rows, pa.int64()))
-            .to_batches()))))
+            .to_batches())))
         python = python.filter(pc.equal(python[KIND], int(RowKind.RECORD)))
         want = dict(zip(python["id"].to_pylist(), python[ROUTE].to_pylist(), strict=True))
         have = dict(zip(records["id"].to_pylist(), records[ROUTE].to_pylist(), strict=True))
@@ -562,7 +583,7 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 from pyspark import TaskContext
 from pyspark.sql import SparkSession, functions as F
 from weir.runtime.spark.jvm_route import jvm_keyed_route
-from weir.runtime.spark.routing import KIND, ORDER
+from weir.runtime.spark.routing import KIND_SHIFT, ORDER
 
 spark = (SparkSession.builder.master("local[1,3]").config("spark.ui.enabled", "false")
          .config("spark.sql.execution.arrow.maxRecordsPerBatch", "50").getOrCreate())
@@ -582,9 +603,9 @@ def fail_first_attempt(batches):
 
 out = routed.mapInArrow(fail_first_attempt, routed.schema)
 orders = []
+RECORD = F.shiftright(ORDER, KIND_SHIFT) == 1
 query = (out.writeStream.foreachBatch(
-             lambda df, _: orders.extend(r[0] for r in df.where(F.col(KIND) == 1)
-                                         .select(ORDER).collect()))
+             lambda df, _: orders.extend(r[0] for r in df.where(RECORD).select(ORDER).collect()))
          .option("checkpointLocation", sys.argv[1] + "/spark")
          .trigger(availableNow=True).start())
 query.awaitTermination()

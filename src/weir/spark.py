@@ -126,7 +126,6 @@ from weir.runtime.spark.options import (
 from weir.runtime.spark.routing import (
     BROADCAST_PREFIX,
     KEY,
-    KIND,
     NOW,
     ORDER,
     ROUTE,
@@ -209,11 +208,11 @@ def _output_schema(spark: SparkSession, schema: str | StructType) -> tuple[Any, 
 def _with_internal(struct: StructType) -> StructType:
     """The route pass's output: ``struct`` without ``_weir_now``, with the internal
     columns."""
-    from pyspark.sql.types import ByteType, IntegerType, LongType, StructField, StructType
+    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
     return StructType([
         *[f for f in struct.fields if f.name != NOW], StructField(ROUTE, IntegerType()),
-        StructField(KIND, ByteType()), StructField(ORDER, LongType()),
+        StructField(ORDER, LongType()),
     ])
 
 # ---------------------------------------------------------------- process

@@ -9,10 +9,10 @@ expressions:
 
 * ``_weir_route`` — ``route_table(p)[group * p div M]``, the group being
   ``pmod(hash(key columns), 2**32) % M``;
-* ``_weir_kind`` — ``RECORD``, or ``BAD_KEY`` (dead-lettered by the process pass, as
-  the route pass does) for a null key of one column and for a date or timestamp
-  Python cannot hold;
-* ``_weir_order`` — input partition << 33 | row, so a rerun handles the records in
+* ``_weir_order`` — the row's kind (``RECORD``, or ``BAD_KEY``, dead-lettered by the
+  process pass as the route pass does, for a null key of one column and for a date or
+  timestamp Python cannot hold) in bits 61-62 (``routing.KIND_SHIFT``), below them
+  input partition << 33 | row, so a rerun handles the records in
   the same order: ``monotonically_increasing_id()`` for a static input; Spark refuses
   that in a streaming query (and no other built-in expression numbers a partition's
   rows: ``rand`` is reseeded per micro-batch), so there a Java UDF over
@@ -67,7 +67,7 @@ from pyspark.sql.types import (
 )
 
 from weir.runtime.spark.jvm_udfs import row_order
-from weir.runtime.spark.routing import KIND, ORDER, ROUTE, RowKind, route_table
+from weir.runtime.spark.routing import ORDER, ORDER_LIMIT, ROUTE, RowKind, packed_order, route_table
 
 __all__ = ["jvm_key_hash", "jvm_keyed_route"]
 
@@ -160,12 +160,16 @@ def jvm_keyed_route(
     # a bad key goes to some subtask, to be dead-lettered there
     record_route = F.when(bad, F.element_at(table, (F.pmod(order, F.lit(p)) + 1).cast("int")))
     record_route = record_route.otherwise(F.element_at(table, subtask + 1))
-    record_kind = F.when(bad, F.lit(int(RowKind.BAD_KEY))).otherwise(F.lit(int(RowKind.RECORD)))
+    kind = F.when(bad, F.lit(packed_order(RowKind.BAD_KEY, 0)))
+    record_order = (F.when(order >= F.lit(ORDER_LIMIT), F.raise_error(F.concat(
+        F.lit("weir: an input partition's row order "), order.cast("string"),
+        F.lit(" is too large for weir's route: coalesce the input first"))))
+        .otherwise(kind.otherwise(F.lit(packed_order(RowKind.RECORD, 0))) + order))
     return fanned.select(
         *[F.col(f"`{c}`") for c in events.columns],
         F.when(fan < 0, record_route).otherwise(F.element_at(table, fan + 1))
         .cast("int").alias(ROUTE),
-        F.when(fan < 0, record_kind).otherwise(F.lit(int(RowKind.HEARTBEAT)))
-        .cast("tinyint").alias(KIND),
-        F.when(fan < 0, order).otherwise(now).cast("bigint").alias(ORDER),
+        F.when(fan < 0, record_order)
+        .otherwise(F.lit(packed_order(RowKind.HEARTBEAT, 0)) + now)
+        .cast("bigint").alias(ORDER),
     )

@@ -17,11 +17,13 @@ The route pass (a ``mapInArrow`` on each input) takes the input's columns and
 columns:
 
 * ``_weir_route`` (int) — the route value of the owning subtask;
-* ``_weir_kind`` (tinyint) — what the row is (:class:`RowKind`);
-* ``_weir_order`` (bigint) — input partition id << 40 | row index: the process pass
-  handles rows in this order (a stable sort), so a replayed batch sees its records in
-  the same order (Spark's shuffle interleaves map outputs in arrival order). In
-  ``HEARTBEAT`` rows: the batch timestamp.
+* ``_weir_order`` (bigint) — what the row is (:class:`RowKind`) in bits 61-62, below
+  them input partition id << 40 | row index: the process pass handles rows in this
+  order (a stable sort), so a replayed batch sees its records in the same order
+  (Spark's shuffle interleaves map outputs in arrival order). In ``HEARTBEAT`` rows:
+  the batch timestamp. The kind travels in the order, not in a column of its own: each
+  column Spark shuffles and hands to Python costs the JVM about 0.1 CPU-s per million
+  rows. :func:`unpack_kinds` gives the process pass both as columns again.
 
 Keyed records go to the owner of their key group (weir's key groups: the key hash of
 ``weir.state.keyhash``, the same function on every runtime); keys are read from the key
@@ -44,6 +46,7 @@ from collections.abc import Callable, Iterator, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from weir.errors import ConfigurationError
 from weir.runtime.spark.keys import keys_of
 from weir.state._hashcore import int64_range, route_keys, spark_hash_int
 from weir.state.keygroups import assign_to_key_group
@@ -57,6 +60,7 @@ __all__ = [
     "round_robin_pass",
     "route_table",
     "subtask_of_route",
+    "unpack_kinds",
 ]
 
 ROUTE, KIND, ORDER, NOW, KEY = "_weir_route", "_weir_kind", "_weir_order", "_weir_now", "_weir_key"
@@ -70,6 +74,28 @@ class RowKind(enum.IntEnum):
     RECORD = 1
     BAD_KEY = 2
     HEARTBEAT = 3
+
+
+#: a routed row's kind is ``_weir_order >> KIND_SHIFT``
+KIND_SHIFT = 61
+#: the orders below the kind: a row's order (and a batch time) is less than this
+ORDER_LIMIT = 1 << KIND_SHIFT
+#: input partitions the route pass numbers rows of (``partition << 40 | row``)
+MAX_PARTITIONS = ORDER_LIMIT >> 40
+
+
+def packed_order(kind: RowKind, order: int) -> int:
+    """``_weir_order`` of a row of ``kind`` with ``order``."""
+    return int(kind) << KIND_SHIFT | order
+
+
+def unpack_kinds(table: pa.Table) -> pa.Table:
+    """Routed rows with ``_weir_kind`` (int8) and ``_weir_order`` unpacked from the
+    packed ``_weir_order``."""
+    packed = table[ORDER]
+    table = table.set_column(table.schema.get_field_index(ORDER), ORDER,
+                             pc.bit_wise_and(packed, ORDER_LIMIT - 1))
+    return table.append_column(KIND, pc.shift_right(packed, KIND_SHIFT).cast(pa.int8()))
 
 
 def _spark_hash_int(value: int) -> int:
@@ -100,7 +126,13 @@ def _partition_id() -> int:
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
-    return ctx.partitionId() if ctx is not None else 0
+    pid = ctx.partitionId() if ctx is not None else 0
+    if pid >= MAX_PARTITIONS:
+        raise ConfigurationError(
+            f"weir's route pass numbers the rows of at most {MAX_PARTITIONS:,} input "
+            f"partitions, and this input has partition {pid}: coalesce the input first"
+        )
+    return pid
 
 
 def _without_now(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, int]:
@@ -112,17 +144,17 @@ def _without_now(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, int]:
 
 
 def _with_internal(
-    batch: pa.RecordBatch, routes: Sequence[int], kinds: Sequence[int], orders: Sequence[int]
+    batch: pa.RecordBatch, routes: Sequence[int], kind: RowKind, orders: Sequence[int]
 ) -> pa.RecordBatch:
-    return _with_arrays(batch, pa.array(routes, pa.int32()), pa.array(kinds, pa.int8()),
-                        pa.array(orders, pa.int64()))
+    """``batch`` with the internal columns of rows of one ``kind``."""
+    high = int(kind) << KIND_SHIFT
+    return _with_arrays(batch, pa.array(routes, pa.int32()),
+                        pa.array([high | order for order in orders], pa.int64()))
 
 
-def _with_arrays(
-    batch: pa.RecordBatch, routes: pa.Array, kinds: pa.Array, orders: pa.Array
-) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays([*batch.columns, routes, kinds, orders],
-                                      names=[*batch.schema.names, ROUTE, KIND, ORDER])
+def _with_arrays(batch: pa.RecordBatch, routes: pa.Array, orders: pa.Array) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([*batch.columns, routes, orders],
+                                      names=[*batch.schema.names, ROUTE, ORDER])
 
 
 def _column(kind: pa.DataType, n: int, data: bytearray) -> pa.Array:
@@ -149,7 +181,8 @@ def keyed_route_pass(
             # str and int keys in C (the same bytes and hash); the rest here
             data, slow = route_keys(keys, max_parallelism, parallelism, table)
             routes = memoryview(data).cast("i")
-            kinds = bytearray([int(RowKind.RECORD)]) * n
+            order = base + row
+            orders = int64_range(packed_order(RowKind.RECORD, order), n)
             for j in slow:
                 try:
                     key = keys[j]
@@ -159,9 +192,8 @@ def keyed_route_pass(
                     routes[j] = table[group * parallelism // max_parallelism]
                 except Exception:
                     routes[j] = table[(row + j) % parallelism]
-                    kinds[j] = int(RowKind.BAD_KEY)
-            yield _with_arrays(batch, _column(pa.int32(), n, data), _column(pa.int8(), n, kinds),
-                               _column(pa.int64(), n, int64_range(base + row, n)))
+                    memoryview(orders).cast("q")[j] = packed_order(RowKind.BAD_KEY, order + j)
+            yield _with_arrays(batch, _column(pa.int32(), n, data), _column(pa.int64(), n, orders))
             row += n
         yield from clock.rows()
 
@@ -184,9 +216,7 @@ def round_robin_pass(
             clock.saw(batch, now)
             n = batch.num_rows
             routes = [table[(pid + row + j) % parallelism] for j in range(n)]
-            yield _with_internal(
-                batch, routes, [int(RowKind.RECORD)] * n, range(base + row, base + row + n)
-            )
+            yield _with_internal(batch, routes, RowKind.RECORD, range(base + row, base + row + n))
             row += n
         yield from clock.rows()
 
@@ -212,8 +242,8 @@ class _Clock:
         if self.template is None:
             return
         k = len(self.table)
-        yield _with_internal(self.template.take([0] * k), self.table,
-                             [int(RowKind.HEARTBEAT)] * k, [self.now] * k)
+        yield _with_internal(self.template.take([0] * k), self.table, RowKind.HEARTBEAT,
+                             [self.now] * k)
 
 
 def batch_time(table: pa.Table) -> int | None:
@@ -243,9 +273,7 @@ def fan_out_pass(
             if kind is RowKind.HEARTBEAT or not n:
                 continue
             for value in table:
-                yield _with_internal(
-                    batch, [value] * n, [int(kind)] * n, range(base + row, base + row + n)
-                )
+                yield _with_internal(batch, [value] * n, kind, range(base + row, base + row + n))
             row += n
         yield from clock.rows()
 

@@ -94,6 +94,7 @@ from weir.runtime.spark.routing import (
     RowKind,
     batch_time,
     subtask_of_route,
+    unpack_kinds,
 )
 from weir.runtime.spark.spec import StageSpec
 from weir.runtime.spark.spill import SpillBuffer, sorted_slices
@@ -247,6 +248,7 @@ class _Task:
                 if self.batch is not None:
                     self.store.mark_empty(self.query, self.batch)
                 return
+            table = unpack_kinds(table)
             now = batch_time(table)
             if now is None:  # then a subtask without rows took the batch as empty
                 raise TaskPlacementError(
