@@ -25,6 +25,7 @@ from weir.state._hashcore import sorted_writes
 from weir.state.keycontext import KeyContext
 from weir.state.keygroups import KeyGroupRange
 from weir.state.rocksdb import RocksDBKeyedStateBackend, RocksDBMemory, scan_native
+from weir.state.rocksdb_writes import INGEST_MIN_PUTS
 from weir.state.snapshot import NativeRocksDBState
 
 KEYS = ("a", "b", "c", 7, ("t", 1))
@@ -305,6 +306,51 @@ def test_a_frozen_snapshot_holds_the_cached_writes_as_of_then_without_flushing_t
         assert sorted(SER.decode(v) for _, v in frozen) == [3, 10]
     finally:
         backend.close()
+
+
+def test_a_large_flush_is_ingested_as_a_file_with_the_same_reads_snapshots_and_restores(
+        rocksdb_tmp: Path) -> None:
+    """From INGEST_MIN_PUTS puts on, a flush writes an SST file RocksDB ingests, not a
+    write batch: keys read back, deletes in the same flush apply, a frozen snapshot
+    from before still reads the old values, and a native checkpoint restores it all."""
+    n = INGEST_MIN_PUTS + 500
+    backend = new_backend(0)  # no entry cache: every read goes to RocksDB
+    table = backend.create_value_table("v", SER)
+    raw = backend._family("v")
+    try:
+        for i in range(n):
+            backend.key_context.set_current_key(f"k{i}")
+            table.update(i)  # type: ignore[attr-defined]
+        backend.flush()  # a write batch each (no cache): the first state
+        frozen = dict(backend.frozen_sources())["v"]
+        big = {f"k{i}": (None if i % 7 == 0 else -i) for i in range(n)}
+        writes: dict[bytes, bytes | None] = {}
+        for key, value in big.items():
+            backend.key_context.set_current_key(key)
+            writes[backend.key_context.key_bytes] = None if value is None else SER.encode(value)
+        backend._write(raw, "s:v", writes)
+        assert not list(backend.path.glob("weir-ingest*"))  # moved in under RocksDB's name
+        # the puts skipped the memtable (flushed before the ingestion): only deletes in it
+        deletes = sum(v is None for v in writes.values())
+        assert raw.property_int_value("rocksdb.num-entries-active-mem-table") == deletes
+        want = {k: v for k, v in big.items() if v is not None}
+        for key in big:
+            backend.key_context.set_current_key(key)
+            assert table.value() == want.get(key)  # type: ignore[attr-defined]
+        assert sorted(SER.decode(v) for _, v in frozen) == list(range(n))  # as of then
+        backend.native_checkpoint(rocksdb_tmp / "chk")
+    finally:
+        backend.close()
+    restored = new_backend(0)
+    try:
+        restored.restore_native([NativeRocksDBState(str(rocksdb_tmp / "chk"),
+                                                    KeyGroupRange(0, MAX_P - 1))])
+        table = restored.create_value_table("v", SER)
+        for key in big:
+            restored.key_context.set_current_key(key)
+            assert table.value() == want.get(key)  # type: ignore[attr-defined]
+    finally:
+        restored.close()
 
 
 def test_tracked_writes_reach_rocksdb_after_their_changes_are_taken(rocksdb_tmp: Path) -> None:

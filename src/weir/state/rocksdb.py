@@ -20,7 +20,6 @@ import os
 import shutil
 import sys
 import tempfile
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,7 +28,6 @@ import rocksdict
 
 from weir.api.serializers import Serializer
 from weir.errors import StateBackendError, StateError
-from weir.state._hashcore import sorted_writes
 from weir.state.backend import (
     EntryFilter,
     KeyedStateBackend,
@@ -47,6 +45,7 @@ from weir.state.rocksdb_tables import (
     RocksValueTable,
     count_keys,
 )
+from weir.state.rocksdb_writes import write_entries
 from weir.state.snapshot import NativeRocksDBState
 
 __all__ = [
@@ -231,22 +230,14 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self._timer_families[name] = cf
         if reset and next(iter(cf.keys()), None) is not None:
             cf.delete_range(b"", _END)
-        self._write(TIMER_CF_PREFIX + name,
+        self._write(cf, TIMER_CF_PREFIX + name,
                     {key: entries[0][1] if entries else None for key, entries in changes})
 
-    def _write(self, cf_name: str, entries: dict[bytes, bytes | None]) -> None:
-        """Write ``entries`` (None: delete) to column family ``cf_name`` in one batch,
-        in key order: a skip-list memtable inserts sorted keys, and flushes them, at a
-        fraction of the cost of random ones (``sorted_writes`` in ``_rockscore.c``); the
-        batch is built by ``map`` over its methods, no Python loop per entry."""
-        if not entries:
-            return
-        keys, values, deleted = sorted_writes(entries)
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        batch.set_default_column_family(self._db.get_column_family_handle(cf_name))
-        deque(map(batch.put, keys, values), maxlen=0)
-        deque(map(batch.delete, deleted), maxlen=0)
-        self._db.write(batch, self._write_options)
+    def _write(self, family: Any, cf_name: str, entries: dict[bytes, bytes | None]) -> None:
+        """Write ``entries`` (None: delete) to column family ``family`` (``cf_name``):
+        in key order, by a write batch or an ingested file (``rocksdb_writes``)."""
+        write_entries(self._db, family, cf_name, entries, self._write_options, self.memory,
+                      self.path)
 
     def _register(self, table: _Table) -> _Table:
         self._tables[table.name] = table
@@ -274,7 +265,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         """Writes dirty entries of state ``name`` in one batch (the entry cache's flush)."""
 
         def write(entries: dict[bytes, bytes | None]) -> None:
-            self._write(_CF_PREFIX + name, entries)
+            self._write(self._family(name), _CF_PREFIX + name, entries)
 
         return write
 
