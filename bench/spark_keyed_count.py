@@ -218,7 +218,10 @@ def _dict_counts(run: str, routed: bool = False) -> Any:
         get = counts.get
         for batch in batches:
             if routed:
-                batch = batch.filter(pc.equal(batch.column("_weir_kind"), 1))
+                # records only: the row's kind rides in bits 61-62 of its order
+                # (weir.runtime.spark.routing.KIND_SHIFT; spelled out: pickled by value)
+                kinds = pc.shift_right(batch.column("_weir_order"), 61)
+                batch = batch.filter(pc.equal(kinds, 1))
             keys = batch.column(0)
             out: list[int] = []
             append = out.append

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from weir.api.serializers import MsgpackSerializer
-from weir.errors import ConfigurationError
+from weir.errors import ConfigurationError, StateBackendError
 from weir.state import rocksdb as rocksdb_module
 from weir.state._hashcore import sorted_writes
 from weir.state.keycontext import KeyContext
@@ -477,6 +477,9 @@ def test_a_restore_opens_only_the_checkpoint_it_adopts(
         backend.close()
     empty = new_backend(16)  # never used: never opened, and its directory removed
     empty.close()
+    assert len(opened) == 2 and not empty.path.exists()
+    with pytest.raises(StateBackendError, match="is closed"):  # not recreated either
+        empty.create_value_table("v", SER)
     assert len(opened) == 2 and not empty.path.exists()
 
 

@@ -184,6 +184,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def _db(self) -> rocksdict.Rdict:
         db = self._opened
         if db is None:
+            if self._closed:  # never reopened (nor recreated) once closed
+                raise StateBackendError(f"the RocksDB backend at {self.path} is closed")
             db = self._opened = self._open("cannot open RocksDB")
         return db
 
