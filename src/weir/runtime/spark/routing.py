@@ -144,12 +144,13 @@ def _without_now(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, int]:
 
 
 def _with_internal(
-    batch: pa.RecordBatch, routes: Sequence[int], kind: RowKind, orders: Sequence[int]
+    batch: pa.RecordBatch, routes: Sequence[int], kind: RowKind, first: int
 ) -> pa.RecordBatch:
-    """``batch`` with the internal columns of rows of one ``kind``."""
-    high = int(kind) << KIND_SHIFT
+    """``batch`` with the internal columns of rows of one ``kind``, ordered from
+    ``first`` on."""
+    n = batch.num_rows
     return _with_arrays(batch, pa.array(routes, pa.int32()),
-                        pa.array([high | order for order in orders], pa.int64()))
+                        _column(pa.int64(), n, int64_range(packed_order(kind, first), n)))
 
 
 def _with_arrays(batch: pa.RecordBatch, routes: pa.Array, orders: pa.Array) -> pa.RecordBatch:
@@ -181,8 +182,8 @@ def keyed_route_pass(
             # str and int keys in C (the same bytes and hash); the rest here
             data, slow = route_keys(keys, max_parallelism, parallelism, table)
             routes = memoryview(data).cast("i")
-            order = base + row
-            orders = int64_range(packed_order(RowKind.RECORD, order), n)
+            orders = int64_range(packed_order(RowKind.RECORD, base + row), n)
+            packed = memoryview(orders).cast("q")
             for j in slow:
                 try:
                     key = keys[j]
@@ -192,7 +193,7 @@ def keyed_route_pass(
                     routes[j] = table[group * parallelism // max_parallelism]
                 except Exception:
                     routes[j] = table[(row + j) % parallelism]
-                    memoryview(orders).cast("q")[j] = packed_order(RowKind.BAD_KEY, order + j)
+                    packed[j] = packed_order(RowKind.BAD_KEY, base + row + j)
             yield _with_arrays(batch, _column(pa.int32(), n, data), _column(pa.int64(), n, orders))
             row += n
         yield from clock.rows()
@@ -216,7 +217,7 @@ def round_robin_pass(
             clock.saw(batch, now)
             n = batch.num_rows
             routes = [table[(pid + row + j) % parallelism] for j in range(n)]
-            yield _with_internal(batch, routes, RowKind.RECORD, range(base + row, base + row + n))
+            yield _with_internal(batch, routes, RowKind.RECORD, base + row)
             row += n
         yield from clock.rows()
 
@@ -242,8 +243,9 @@ class _Clock:
         if self.template is None:
             return
         k = len(self.table)
-        yield _with_internal(self.template.take([0] * k), self.table, RowKind.HEARTBEAT,
-                             [self.now] * k)
+        clock = packed_order(RowKind.HEARTBEAT, self.now)  # the same in every clock row
+        yield _with_arrays(self.template.take([0] * k), pa.array(self.table, pa.int32()),
+                           pa.array([clock] * k, pa.int64()))
 
 
 def batch_time(table: pa.Table) -> int | None:
@@ -273,7 +275,7 @@ def fan_out_pass(
             if kind is RowKind.HEARTBEAT or not n:
                 continue
             for value in table:
-                yield _with_internal(batch, [value] * n, kind, range(base + row, base + row + n))
+                yield _with_internal(batch, [value] * n, kind, base + row)
             row += n
         yield from clock.rows()
 
