@@ -252,12 +252,14 @@ def build(peer: str, events: Any, with_ts: bool, weir_dir: str) -> Any:
 
         # the batch time as weir.spark.process passes it (out of the generated code)
         now = opaque_millis(F.unix_millis(F.current_timestamp()))
-        routed = jvm_keyed_route(events, ["key"], 128, 2, now) if peer == "dict-routed" else None
-        if routed is None:
+        jvm = jvm_keyed_route(events, ["key"], 128, 2, now) if peer == "dict-routed" else None
+        if jvm is not None:  # partitioned by the route expression, as weir's stage is
+            shuffled = jvm.rows.repartition(2, jvm.route)
+        else:
             stamped = events.select("*", now.alias(NOW))
-            routed = stamped.mapInArrow(keyed_route_pass(["key"], 128, 2),
-                                        _with_internal(stamped.schema))
-        return routed.repartition(2, ROUTE).mapInArrow(_dict_counts(weir_dir, True), schema)
+            shuffled = stamped.mapInArrow(keyed_route_pass(["key"], 128, 2),
+                                          _with_internal(stamped.schema)).repartition(2, ROUTE)
+        return shuffled.mapInArrow(_dict_counts(weir_dir, True), schema)
     if peer == "tws-pandas":
         return events.groupBy("key").transformWithStateInPandas(
             statefulProcessor=PandasCount(with_ts), outputStructType=schema,

@@ -50,7 +50,8 @@ from weir.runtime.spark.routing import (
     ORDER,
     ORDER_LIMIT,
     RowKind,
-    batch_time,
+    clock_of,
+    clock_order,
     keyed_route_pass,
     packed_order,
     route_table,
@@ -187,12 +188,14 @@ def test_every_subtask_gets_the_batch_time_in_a_clock_row_and_no_row_carries_it(
         rows = by_route[route]
         kinds = rows.column(KIND).to_pylist()
         assert kinds == ([RowKind.RECORD] * 3 if subtask == owner else []) + [RowKind.HEARTBEAT]
-        assert batch_time(rows) == 1234
+        assert clock_of(rows) == (1234, [subtask])  # the batch time, and which subtask
     # the records keep their input order across batches
     mine = by_route[table[owner]]
     assert mine.column("v").to_pylist()[:3] == [1, 2, 3]
     assert mine.column("_weir_order").to_pylist()[:3] == [0, 1, 2]
-    assert batch_time(mine.slice(0, 3)) is None  # no clock row: no batch time
+    assert clock_of(mine.slice(0, 3)) is None  # no clock row: no batch time
+    both = pa.concat_tables([by_route[table[0]], by_route[table[1]]])
+    assert clock_of(both) == (1234, [0, 1])  # (the process pass refuses that)
     # an input partition with no row sends nothing, not even a clock row
     empty = keyed_route_pass(["k"], M, 4)(iter([_at(batch.slice(0, 0), 1)]))
     assert sum(b.num_rows for b in empty) == 0
@@ -502,11 +505,13 @@ def test_the_jvm_route_sends_every_record_where_the_python_route_pass_does(spark
     for keys in JVM_KEYS:
         routed = jvm_keyed_route(df, keys, M, p, F.lit(1234).cast("bigint"))
         assert routed is not None, keys
-        got = unpack_kinds(routed.toArrow())
+        got = unpack_kinds(routed.rows.select("*", routed.route.alias(ROUTE)).toArrow())
         heartbeat = pc.equal(got[KIND], int(RowKind.HEARTBEAT))
         clocks = got.filter(heartbeat)
-        assert set(clocks[ORDER].to_pylist()) == {1234}, keys
-        assert Counter(clocks[ROUTE].to_pylist()) == {r: 2 for r in route_table(p)}, keys
+        # each input partition's clock rows: one per subtask, with its route
+        assert Counter(zip(clocks[ORDER].to_pylist(), clocks[ROUTE].to_pylist(), strict=True)) == {
+            (clock_order(i, 1234) & (ORDER_LIMIT - 1), r): 2
+            for i, r in enumerate(route_table(p))}, keys
         rows = got.filter(pc.invert(heartbeat))
         assert rows["id"].to_pylist() == source["id"].to_pylist()
         orders = rows[ORDER].to_pylist()  # input order, each row its own
@@ -546,8 +551,9 @@ def test_a_streaming_input_is_routed_in_the_jvm_with_its_rows_numbered_by_a_udf(
     source = spark.read.parquet(str(tmp_path / "in")).toArrow()
     for n, keys in enumerate((["s"], ["l"], ["ai", "as_", "i", "sh", "b"])):
         stream = spark.readStream.schema(JVM_SCHEMA).parquet(str(tmp_path / "in"))
-        routed = jvm_keyed_route(stream, keys, M, p, F.lit(1234).cast("bigint"))
-        assert routed is not None, keys
+        jvm = jvm_keyed_route(stream, keys, M, p, F.lit(1234).cast("bigint"))
+        assert jvm is not None, keys
+        routed = jvm.rows.select("*", jvm.route.alias(ROUTE))
         batches: list[pa.Table] = []
         query = (routed.writeStream.foreachBatch(lambda df, _, out=batches: out.append(
                      df.toArrow()))
@@ -564,9 +570,9 @@ def test_a_streaming_input_is_routed_in_the_jvm_with_its_rows_numbered_by_a_udf(
         assert len(by_partition) > 1, keys  # several input partitions, each numbered 0..
         assert all(sorted(r) == list(range(len(r))) for r in by_partition.values()), keys
         clocks = got.filter(heartbeat)
-        assert set(clocks[ORDER].to_pylist()) == {1234}, keys
-        assert Counter(clocks[ROUTE].to_pylist()) == {
-            r: len(by_partition) for r in route_table(p)}, keys
+        assert Counter(zip(clocks[ORDER].to_pylist(), clocks[ROUTE].to_pylist(), strict=True)) == {
+            (clock_order(i, 1234) & (ORDER_LIMIT - 1), r): len(by_partition)
+            for i, r in enumerate(route_table(p))}, keys
         python = _unpacked(keyed_route_pass(keys, M, p)(iter(
             source.append_column(NOW, pa.array([1234] * source.num_rows, pa.int64()))
             .to_batches())))
@@ -590,7 +596,7 @@ spark = (SparkSession.builder.master("local[1,3]").config("spark.ui.enabled", "f
 spark.range(400, numPartitions=1).select(F.col("id").cast("string").alias("s")).write.parquet(
     sys.argv[1] + "/in")
 stream = spark.readStream.schema("s string").parquet(sys.argv[1] + "/in")
-routed = jvm_keyed_route(stream, ["s"], 128, 2, F.lit(7).cast("bigint"))
+routed = jvm_keyed_route(stream, ["s"], 128, 2, F.lit(7).cast("bigint")).rows
 
 MARKER = sys.argv[1] + "/failed"
 
@@ -642,7 +648,6 @@ def test_the_route_stage_of_a_stream_compiles_its_code_once_not_in_every_batch(
 
     from weir.runtime.spark.jvm_route import jvm_keyed_route
     from weir.runtime.spark.jvm_udfs import opaque_millis
-    from weir.runtime.spark.routing import ROUTE
 
     metric = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
 
@@ -655,7 +660,7 @@ def test_the_route_stage_of_a_stream_compiles_its_code_once_not_in_every_batch(
     now = opaque_millis(F.unix_millis(F.current_timestamp()))
     routed = jvm_keyed_route(stream, ["s"], M, P, now)
     assert routed is not None
-    query = (routed.repartition(P, ROUTE).writeStream.format("noop")
+    query = (routed.rows.repartition(P, routed.route).writeStream.format("noop")
              .option("checkpointLocation", str(tmp_path / "spark")).start())
     compiled: list[int] = []
     try:
@@ -696,8 +701,10 @@ def test_keys_the_jvm_cannot_hash_as_weir_take_the_python_route_pass(spark: Any)
         parallelism=P,
     )
     text = plan._jdf.queryExecution().executedPlan().toString()
-    # the only route pass is the heartbeat's (a static input's one clock row)
-    assert re.findall(r"MapInArrow route\((\w+)#", text) == ["_weir_now"], text
+    # no route pass at all (the heartbeat's clock rows too come from the JVM), and no
+    # route column: Spark partitions by the route expression
+    assert re.findall(r"MapInArrow route\(", text) == [], text
+    assert "_weir_route" not in text, text
     stream = spark.readStream.format("rate").load().select(
         F.col("value").cast("string").alias("s"), F.col("value").alias("l"))
     plan = weir.spark.process(
@@ -711,5 +718,37 @@ def test_keys_the_jvm_cannot_hash_as_weir_take_the_python_route_pass(spark: Any)
     )
     text = plan._jdf.queryExecution().analyzed().toString()
     # a stream's records do not reach Python before the shuffle: a Java UDF numbers them
-    assert re.findall(r"MapInArrow route\((\w+)#", text) == ["_weir_now"], text
+    # (and the heartbeat's clock rows come from the JVM too)
+    assert re.findall(r"MapInArrow route\(", text) == [], text
+    assert "_weir_route" not in text, text
     assert re.findall(r"UDF\((\w+)\(\)\) AS _weir_order", text) == ["SPARK_PARTITION_ID"], text
+
+
+@pytest.mark.spark
+def test_a_task_given_the_rows_of_two_subtasks_refuses_the_batch_naming_them(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No route column reaches the process pass: a task learns its subtask from its
+    clock rows. Were the stage's partitioning changed between the route and the process
+    pass (here: every row into one partition), the task refuses the batch
+    (``TaskPlacementError``) instead of running two subtasks' rows as one."""
+    from pyspark.sql import functions as F
+
+    import weir.spark as ws
+    from weir.runtime.spark.jvm_route import jvm_clock_rows, jvm_keyed_route
+
+    specs: list[Any] = []
+    real = ws.process_pass
+    monkeypatch.setattr(ws, "process_pass", lambda spec: specs.append(spec) or real(spec))
+    df = spark.createDataFrame([(f"k{i}",) for i in range(50)], "s string")
+    placed = ws.process(df, key_by="s", function=_Nothing(), output_schema="x int",
+                        uid="placed", config=weir.JobConfig(tmp_path.as_uri(), max_parallelism=M),
+                        parallelism=P)
+    assert placed.collect() == []  # as weir partitions it: each task one subtask
+    now = F.lit(1234).cast("bigint")
+    jvm = jvm_keyed_route(df, ["s"], M, P, now)
+    assert jvm is not None
+    rows = jvm.rows.unionByName(jvm_clock_rows(spark.range(1), P, now), allowMissingColumns=True)
+    merged = rows.repartition(1).mapInArrow(real(specs[0]), "x int")
+    with pytest.raises(Exception, match=r"TaskPlacementError[^\n]*subtasks \[0, 1\] of 2"):
+        merged.collect()

@@ -129,8 +129,7 @@ from weir.runtime.spark.routing import (
     NOW,
     ORDER,
     ROUTE,
-    RowKind,
-    fan_out_pass,
+    broadcast_pass,
     keyed_route_pass,
     round_robin_pass,
 )
@@ -348,7 +347,7 @@ def process(
     from pyspark.sql import Column
     from pyspark.sql import functions as F
 
-    from weir.runtime.spark.jvm_route import jvm_keyed_route
+    from weir.runtime.spark.jvm_route import clock_route, jvm_clock_rows, jvm_keyed_route
     from weir.runtime.spark.jvm_udfs import opaque_millis
     from weir.runtime.spark.observed import observe, with_metrics_field
 
@@ -443,32 +442,40 @@ def process(
     # an input whose keys Spark hashes as weir does is routed in the JVM (the records do
     # not pass through Python before the shuffle); other keys and non-keyed input by a
     # route pass
-    routed = (jvm_keyed_route(inputs, key_columns, max_parallelism, p, batch_ms)
-              if keyed else None)
-    if routed is None:
-        events = inputs.select("*", now)
-        route = (keyed_route_pass(key_columns, max_parallelism, p) if keyed
-                 else round_robin_pass(p))
-        routed = events.mapInArrow(route, _with_internal(events.schema))
-    if broadcast_df is not None:
-        b = broadcast_df.select(
-            *[F.col(f"`{c}`").alias(BROADCAST_PREFIX + c) for c in broadcast_df.columns], now
-        )
-        routed = routed.unionByName(
-            b.mapInArrow(fan_out_pass(RowKind.BROADCAST, p), _with_internal(b.schema)),
-            allowMissingColumns=True,
-        )
+    jvm = jvm_keyed_route(inputs, key_columns, max_parallelism, p, batch_ms) if keyed else None
     beat: DataFrame | None = None
     if streaming and heartbeat:
         beat = (spark.readStream.format("rate").option("rowsPerSecond", 1)
-                .option("numPartitions", 1).load().select(now))
+                .option("numPartitions", 1).load())
     elif not streaming:
-        beat = spark.range(1, numPartitions=1).select(now)
-    if beat is not None:
-        routed = routed.unionByName(
-            beat.mapInArrow(fan_out_pass(RowKind.HEARTBEAT, p), _with_internal(beat.schema)),
-            allowMissingColumns=True,
-        )
+        beat = spark.range(1, numPartitions=1)
+    clocks = jvm_clock_rows(beat, p, batch_ms) if beat is not None else None
+    if jvm is not None and broadcast_df is None:
+        # partitioned by the route expression: no route column crosses the shuffle
+        routed = (jvm.rows if clocks is None
+                  else jvm.rows.unionByName(clocks, allowMissingColumns=True))
+        shuffled = routed.repartition(p, jvm.route)
+    else:  # rows of a route pass among them: every row carries its route
+        if jvm is not None:
+            routed = jvm.rows.select("*", jvm.route.alias(ROUTE))
+        else:
+            events = inputs.select("*", now)
+            route = (keyed_route_pass(key_columns, max_parallelism, p) if keyed
+                     else round_robin_pass(p))
+            routed = events.mapInArrow(route, _with_internal(events.schema))
+        if broadcast_df is not None:
+            b = broadcast_df.select(
+                *[F.col(f"`{c}`").alias(BROADCAST_PREFIX + c) for c in broadcast_df.columns],
+                now,
+            )
+            routed = routed.unionByName(
+                b.mapInArrow(broadcast_pass(p), _with_internal(b.schema)),
+                allowMissingColumns=True,
+            )
+        if clocks is not None:
+            routed = routed.unionByName(clocks.select("*", clock_route(p).alias(ROUTE)),
+                                        allowMissingColumns=True)
+        shuffled = routed.repartition(p, ROUTE)
     if streaming:
         # Trigger.AvailableNow over several sources (the heartbeat's rate source cannot
         # bound itself) honours maxFilesPerTrigger & co. only through Spark's wrapper
@@ -479,7 +486,6 @@ def process(
         listener.settle_stopped()
         with listener.lock:
             listener.stages[(storage.location, uid)] = Stage(store, lineage, p)
-    shuffled = routed.repartition(p, ROUTE)
     if not metrics:
         return shuffled.mapInArrow(process_pass(spec), out_struct)
     return observe(shuffled.mapInArrow(process_pass(spec), with_metrics_field(out_struct)), uid)

@@ -4,11 +4,8 @@ so the records' columns do not pass through Python before the shuffle.
 A key's group is ``weir.state.keyhash.key_hash(key) % max_parallelism``, and the key
 hash is Spark's ``hash()`` of the key as a Spark value. So for a keyed input whose
 key columns Spark hashes as weir does (:func:`jvm_key_hash`), :func:`jvm_keyed_route`
-adds the route pass's internal columns (``weir.runtime.spark.routing``) with Spark
-expressions:
+computes with Spark expressions (a :class:`JvmRoute`):
 
-* ``_weir_route`` — ``route_table(p)[group * p div M]``, the group being
-  ``pmod(hash(key columns), 2**32) % M``;
 * ``_weir_order`` — the row's kind (``RECORD``, or ``BAD_KEY``, dead-lettered by the
   process pass as the route pass does, for a null key of one column and for a date or
   timestamp Python cannot hold) in bits 61-62 (``routing.KIND_SHIFT``), below them
@@ -18,13 +15,22 @@ expressions:
   rows: ``rand`` is reseeded per micro-batch), so there a Java UDF over
   ``spark_partition_id()`` numbers each task's rows in the JVM
   (``weir.runtime.spark.jvm_udfs.row_order``);
+* after the first row of each input partition one ``HEARTBEAT`` clock row per
+  subtask (an ``explode`` of that row) with the subtask and the batch time in its
+  order (``routing.clock_order``), as the route pass ends each partition with them:
+  in a batch with any row, every subtask runs, learns its subtask and sees the batch
+  time;
+* the route — ``route_table(p)[group * p div M]`` for a record, the group being
+  ``pmod(hash(key columns), 2**32) % M``; a clock row's subtask's; a bad key's by its
+  row — as an *expression* over the key columns and the order, not a column: Spark's
+  shuffle partitions by it (``repartition(p, route)``) and no route column crosses the
+  shuffle or reaches Python (a column costs the JVM about 0.1 to 0.2 CPU-s per million
+  rows). Where these rows are unioned with a route pass's (broadcast rows, say) the
+  expression is added as ``_weir_route`` instead.
 
-and after the first row of each input partition one ``HEARTBEAT`` clock row per
-subtask with the batch time as its order (an ``explode`` of that row), as the route
-pass ends each partition with them: in a batch with any row, every subtask runs and
-sees the batch time. The caller passes the batch time as
-``weir.runtime.spark.jvm_udfs.opaque_millis`` gives it, so this stage's generated code
-is the same in every micro-batch.
+:func:`jvm_clock_rows` makes the heartbeat's clock rows the same way. The caller
+passes the batch time as ``weir.runtime.spark.jvm_udfs.opaque_millis`` gives it, so
+this stage's generated code is the same in every micro-batch.
 
 =============================  ==================================================
 key column type                hashed as
@@ -47,6 +53,7 @@ fails the batch (``KeyGroupError``), so the JVM and Python can never disagree si
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -67,12 +74,22 @@ from pyspark.sql.types import (
 )
 
 from weir.runtime.spark.jvm_udfs import row_order
-from weir.runtime.spark.routing import ORDER, ORDER_LIMIT, ROUTE, RowKind, packed_order, route_table
+from weir.runtime.spark.routing import (
+    CLOCK_SHIFT,
+    KIND_SHIFT,
+    ORDER,
+    ORDER_LIMIT,
+    RowKind,
+    clock_order,
+    packed_order,
+    route_table,
+)
 
-__all__ = ["jvm_key_hash", "jvm_keyed_route"]
+__all__ = ["JvmRoute", "clock_route", "jvm_clock_rows", "jvm_key_hash", "jvm_keyed_route"]
 
 _ROW_MASK = (1 << 33) - 1  # monotonically_increasing_id: partition << 33 | row
 _FAN = "_weir_fan"
+_SUBTASK_MASK = (1 << (KIND_SHIFT - CLOCK_SHIFT)) - 1  # a clock row's subtask bits
 #: Python's datetime range (years 1 to 9999): keys outside it are bad keys
 _DATE_RANGE = ("date'0001-01-01'", "date'9999-12-31'")
 _NTZ_RANGE = ("timestamp_ntz'0001-01-01 00:00:00'", "timestamp_ntz'9999-12-31 23:59:59.999999'")
@@ -133,18 +150,47 @@ def _bad_key(schema: StructType, key_columns: Sequence[str]) -> Column:
     return bad
 
 
+@dataclass(frozen=True)
+class JvmRoute:
+    """A keyed input routed in the JVM: ``rows``, its columns with ``_weir_order`` and
+    the clock rows, and ``route``, each row's route value as an expression over the
+    key columns and the order. Partition by it (``repartition(p, route)``), or add it
+    as ``_weir_route`` where the rows are unioned with route passes' rows."""
+
+    rows: DataFrame
+    route: Column
+
+
+def _route_table(parallelism: int) -> Column:
+    return F.array(*[F.lit(v) for v in route_table(parallelism)])
+
+
+def clock_route(parallelism: int) -> Column:
+    """The route value of a clock row: its subtask's, read from its order."""
+    subtask = F.shiftright(F.col(ORDER), CLOCK_SHIFT).bitwiseAND(F.lit(_SUBTASK_MASK))
+    return F.element_at(_route_table(parallelism), (subtask + 1).cast("int"))
+
+
+def jvm_clock_rows(beat: DataFrame, parallelism: int, now: Column) -> DataFrame:
+    """One clock row (``_weir_order`` only) per subtask for each row of ``beat``."""
+    fan = F.explode(F.sequence(F.lit(0), F.lit(parallelism - 1))).alias(_FAN)
+    return beat.select(fan).select(
+        (F.lit(clock_order(0, 0)) + F.shiftleft(F.col(_FAN).cast("bigint"), CLOCK_SHIFT)
+         + now).cast("bigint").alias(ORDER))
+
+
 def jvm_keyed_route(
     events: DataFrame, key_columns: Sequence[str], max_parallelism: int, parallelism: int,
     now: Column,
-) -> DataFrame | None:
-    """``events`` with the route pass's internal columns and clock rows (the batch time
-    ``now``) computed in the JVM (the order of a stream's rows by a Java UDF); None if
-    a key column needs the Python route pass (:func:`jvm_key_hash`)."""
+) -> JvmRoute | None:
+    """``events`` with the order column and clock rows (the batch time ``now``) and
+    the route expression, computed in the JVM (the order of a stream's rows by a Java
+    UDF); None if a key column needs the Python route pass (:func:`jvm_key_hash`)."""
     hashed = jvm_key_hash(events.schema, key_columns)
     if hashed is None:
         return None
     m, p = max_parallelism, parallelism
-    table = F.array(*[F.lit(v) for v in route_table(p)])
+    table = _route_table(p)
     group = F.pmod(hashed.cast("bigint"), F.lit(1 << 32)) % F.lit(m)
     subtask = F.floor(group * F.lit(p) / F.lit(m)).cast("int")  # exact: group * p < 2**30
     bad = _bad_key(events.schema, key_columns)
@@ -157,19 +203,22 @@ def jvm_keyed_route(
         F.when(first, F.sequence(F.lit(-1), F.lit(p - 1))).otherwise(F.array(F.lit(-1)))
     ).alias(_FAN))
     fan = F.col(_FAN)
-    # a bad key goes to some subtask, to be dead-lettered there
-    record_route = F.when(bad, F.element_at(table, (F.pmod(order, F.lit(p)) + 1).cast("int")))
-    record_route = record_route.otherwise(F.element_at(table, subtask + 1))
     kind = F.when(bad, F.lit(packed_order(RowKind.BAD_KEY, 0)))
     record_order = (F.when(order >= F.lit(ORDER_LIMIT), F.raise_error(F.concat(
         F.lit("weir: an input partition's row order "), order.cast("string"),
         F.lit(" is too large for weir's route: coalesce the input first"))))
         .otherwise(kind.otherwise(F.lit(packed_order(RowKind.RECORD, 0))) + order))
-    return fanned.select(
+    clock = (F.lit(clock_order(0, 0)) + F.shiftleft(fan.cast("bigint"), CLOCK_SHIFT) + now)
+    rows = fanned.select(
         *[F.col(f"`{c}`") for c in events.columns],
-        F.when(fan < 0, record_route).otherwise(F.element_at(table, fan + 1))
-        .cast("int").alias(ROUTE),
-        F.when(fan < 0, record_order)
-        .otherwise(F.lit(packed_order(RowKind.HEARTBEAT, 0)) + now)
-        .cast("bigint").alias(ORDER),
+        F.when(fan < 0, record_order).otherwise(clock).cast("bigint").alias(ORDER),
     )
+    # the route from the order's kind: a clock row's subtask; a bad key to some subtask
+    # (to be dead-lettered there, by its row); a record to the owner of its key group
+    row_kind = F.shiftright(order, KIND_SHIFT)
+    route = (F.when(row_kind == F.lit(int(RowKind.HEARTBEAT)), clock_route(p))
+             .when(row_kind == F.lit(int(RowKind.BAD_KEY)), F.element_at(
+                 table, (F.pmod(order.bitwiseAND(F.lit(ORDER_LIMIT - 1)), F.lit(p)) + 1)
+                 .cast("int")))
+             .otherwise(F.element_at(table, subtask + 1)))
+    return JvmRoute(rows, route.cast("int"))

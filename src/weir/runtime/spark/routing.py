@@ -5,8 +5,10 @@
 *route value*: for subtask ``i`` the smallest non-negative int ``v`` with
 ``pmod(murmur3_32(v), p) == i`` (:func:`route_table`, computed with Spark's
 ``hashInt``, seed 42, as ``weir.state.keyhash`` has it). Hash partitioning of
-that column is then the identity on subtasks, on every executor layout, for every
-batch; the process pass checks it for every row (``TaskPlacementError``).
+that column (or the same value as an expression: the JVM route) is then the identity
+on subtasks, on every executor layout, for every batch; the process pass checks it:
+every record's key group (``KeyGroupError``), one subtask in its clock rows
+(``TaskPlacementError``).
 
 Keyed inputs whose key columns Spark hashes as weir does are routed in the JVM
 (``weir.runtime.spark.jvm_route``, the same columns and clock rows); other inputs,
@@ -20,10 +22,17 @@ columns:
 * ``_weir_order`` (bigint) — what the row is (:class:`RowKind`) in bits 61-62, below
   them input partition id << 40 | row index: the process pass handles rows in this
   order (a stable sort), so a replayed batch sees its records in the same order
-  (Spark's shuffle interleaves map outputs in arrival order). In ``HEARTBEAT`` rows:
-  the batch timestamp. The kind travels in the order, not in a column of its own: each
-  column Spark shuffles and hands to Python costs the JVM about 0.1 CPU-s per million
-  rows. :func:`unpack_kinds` gives the process pass both as columns again.
+  (Spark's shuffle interleaves map outputs in arrival order). In ``HEARTBEAT`` (clock)
+  rows: the subtask they are for << 45 | the batch timestamp (:func:`clock_order`).
+  The kind travels in the order, not in a column of its own: each column Spark
+  shuffles and hands to Python costs the JVM about 0.1 CPU-s per million rows.
+  :func:`unpack_kinds` gives the process pass both as columns again.
+
+The JVM route shuffles no route column at all: Spark partitions its rows by the route
+*expression* over the key columns and the order (``jvm_route.JvmRoute``). So the
+process pass never reads a route: it learns its subtask, and the batch time, from its
+clock rows (:func:`clock_of`), and its key-group check (``KeyGroupError``) catches
+any record routed elsewhere.
 
 Keyed records go to the owner of their key group (weir's key groups: the key hash of
 ``weir.state.keyhash``, the same function on every runtime); keys are read from the key
@@ -32,9 +41,9 @@ whose key cannot be computed (null, or a value Python cannot hold) goes to some
 subtask as ``BAD_KEY`` to be dead-lettered there. Broadcast rows are copied to every
 subtask. Each input partition with rows (and the heartbeat stream's) ends with a
 *clock row* (``HEARTBEAT``, the batch timestamp in ``_weir_order``) to every subtask:
-in a batch with any row, every subtask runs and sees the batch time. The batch time
-is a constant of the batch: it travels in p rows per input partition, not in a
-column of every row (a column costs every row of the shuffle).
+in a batch with any row, every subtask runs and learns which subtask it is and the
+batch time. The batch time is a constant of the batch: it travels in p rows per input
+partition, not in a column of every row (a column costs every row of the shuffle).
 """
 
 from __future__ import annotations
@@ -54,8 +63,9 @@ from weir.state.keyhash import KEY_HASH_SEED
 
 __all__ = [
     "RowKind",
-    "batch_time",
-    "fan_out_pass",
+    "clock_of",
+    "clock_order",
+    "broadcast_pass",
     "keyed_route_pass",
     "round_robin_pass",
     "route_table",
@@ -82,11 +92,20 @@ KIND_SHIFT = 61
 ORDER_LIMIT = 1 << KIND_SHIFT
 #: input partitions the route pass numbers rows of (``partition << 40 | row``)
 MAX_PARTITIONS = ORDER_LIMIT >> 40
+#: a clock row's order: the subtask it is for << CLOCK_SHIFT | the batch time (ms; below
+#: 2**45 until the year 3084)
+CLOCK_SHIFT = 45
+_CLOCK_TIME = (1 << CLOCK_SHIFT) - 1
 
 
 def packed_order(kind: RowKind, order: int) -> int:
     """``_weir_order`` of a row of ``kind`` with ``order``."""
     return int(kind) << KIND_SHIFT | order
+
+
+def clock_order(subtask: int, now: int) -> int:
+    """``_weir_order`` of the clock row for ``subtask`` in a batch of time ``now``."""
+    return packed_order(RowKind.HEARTBEAT, subtask << CLOCK_SHIFT | now)
 
 
 def unpack_kinds(table: pa.Table) -> pa.Table:
@@ -243,25 +262,26 @@ class _Clock:
         if self.template is None:
             return
         k = len(self.table)
-        clock = packed_order(RowKind.HEARTBEAT, self.now)  # the same in every clock row
         yield _with_arrays(self.template.take([0] * k), pa.array(self.table, pa.int32()),
-                           pa.array([clock] * k, pa.int64()))
+                           pa.array([clock_order(i, self.now) for i in range(k)], pa.int64()))
 
 
-def batch_time(table: pa.Table) -> int | None:
-    """The batch timestamp (ms) in a subtask's routed rows: the order of its clock rows
-    (None if it got none)."""
+def clock_of(table: pa.Table) -> tuple[int, list[int]] | None:
+    """``(batch time in ms, the subtasks named)`` by the clock rows among a task's
+    routed rows (kinds unpacked), or None if it got none. A task of a correctly
+    partitioned stage sees one subtask."""
     clocks = pc.filter(table[ORDER], pc.equal(table[KIND], int(RowKind.HEARTBEAT)))
-    now = pc.max(clocks).as_py()
-    return None if now is None else int(now)
+    if not len(clocks):
+        return None
+    now = pc.max(pc.bit_wise_and(clocks, _CLOCK_TIME)).as_py()
+    subtasks = pc.unique(pc.shift_right(clocks, CLOCK_SHIFT)).to_pylist()
+    return int(now), sorted(subtasks)
 
 
-def fan_out_pass(
-    kind: RowKind, parallelism: int
+def broadcast_pass(
+    parallelism: int,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The route pass of broadcast rows (every row to every subtask, then clock rows)
-    and of the heartbeat stream (clock rows only: one per subtask per input partition
-    that had any row)."""
+    """The route pass of broadcast rows: every row to every subtask, then clock rows."""
     table = route_table(parallelism)
 
     def route(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -272,10 +292,10 @@ def fan_out_pass(
             batch, now = _without_now(batch)
             clock.saw(batch, now)
             n = batch.num_rows
-            if kind is RowKind.HEARTBEAT or not n:
+            if not n:
                 continue
             for value in table:
-                yield _with_internal(batch, [value] * n, kind, base + row)
+                yield _with_internal(batch, [value] * n, RowKind.BROADCAST, base + row)
             row += n
         yield from clock.rows()
 

@@ -44,7 +44,6 @@ from types import CodeType
 from typing import Any, cast
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from weir.api.functions import KeyedBroadcastProcessFunction
 from weir.checkpoint.coordinator import CompletedCheckpoint
@@ -90,10 +89,8 @@ from weir.runtime.spark.routing import (
     BROADCAST_PREFIX,
     KIND,
     ORDER,
-    ROUTE,
     RowKind,
-    batch_time,
-    subtask_of_route,
+    clock_of,
     unpack_kinds,
 )
 from weir.runtime.spark.spec import StageSpec
@@ -118,7 +115,7 @@ class _Task:
         self.spec = spec
         self.io_start = storage_counts()  # this task's storage operations: in its part
         ctx = TaskContext.get()
-        self.subtask = 0  # set from the rows' route (_gather)
+        self.subtask = 0  # set from the clock rows (_clock)
         batch = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
         query = ctx.getLocalProperty("sql.streaming.queryId") if ctx is not None else None
         self.batch = int(batch) if batch is not None else None
@@ -138,28 +135,34 @@ class _Task:
 
     # input -----------------------------------------------------------------------------
     def _gather(self, batches: Iterator[pa.RecordBatch], into: SpillBuffer) -> None:
-        """The task's rows, as they arrive, into ``into``; sets ``self.subtask`` from
-        their route (Spark's partition id is not the subtask's when the output is
-        unioned with another DataFrame). No row: no subtask got one (the route pass
-        gives every subtask clock rows whenever the batch has any row)."""
-        owners = subtask_of_route(self.spec.parallelism)
-        route: int | None = None
+        """The task's rows, as they arrive, into ``into``. No row: no subtask got one
+        (every subtask gets clock rows whenever the batch has any row)."""
         for batch in batches:
-            if not batch.num_rows:
-                continue
-            routes = pc.unique(batch[ROUTE]).to_pylist()
-            if route is None and len(routes) == 1:
-                route = routes[0]
-            if len(routes) != 1 or routes[0] != route or route not in owners:
-                seen = {*routes, *([] if route is None else [route])}
-                raise TaskPlacementError(
-                    f"operator {self.spec.uid!r}: one task received rows routed to subtasks "
-                    f"{sorted(owners.get(r, r) for r in seen)} of {self.spec.parallelism}; "
-                    f"the stage's partitioning was changed between the route and process passes"
-                )
-            into.append(batch)
-        if route is not None:
-            self.subtask = owners[route]
+            if batch.num_rows:
+                into.append(batch)
+
+    def _clock(self, table: pa.Table) -> int:
+        """The batch time, from the task's clock rows, which also say which subtask it
+        runs (Spark's partition id is not the subtask's when the output is unioned with
+        another DataFrame); sets ``self.subtask``."""
+        spec = self.spec
+        clock = clock_of(table)
+        if clock is None:  # then a subtask without rows took the batch as empty
+            raise TaskPlacementError(
+                f"operator {spec.uid!r}, batch {self.batch}: rows came without a clock row "
+                f"(every input partition with rows sends one to each subtask); the routing "
+                f"of this Spark version is not what weir expects: report it with the Spark "
+                f"version"
+            )
+        now, subtasks = clock
+        if len(subtasks) != 1 or not 0 <= subtasks[0] < spec.parallelism:
+            raise TaskPlacementError(
+                f"operator {spec.uid!r}, batch {self.batch}: one task received the rows of "
+                f"subtasks {subtasks} of {spec.parallelism}; the stage's partitioning was "
+                f"changed between the route and process passes"
+            )
+        self.subtask = subtasks[0]
+        return now
 
     # state -----------------------------------------------------------------------------
     def _acquire(self) -> tuple[LiveSubtask, dict[str, Any]]:
@@ -249,14 +252,7 @@ class _Task:
                     self.store.mark_empty(self.query, self.batch)
                 return
             table = unpack_kinds(table)
-            now = batch_time(table)
-            if now is None:  # then a subtask without rows took the batch as empty
-                raise TaskPlacementError(
-                    f"operator {spec.uid!r}, subtask {self.subtask}, batch {self.batch}: rows "
-                    f"came without a clock row (every input partition with rows sends one "
-                    f"to each subtask); the routing of this Spark version is not what weir "
-                    f"expects: report it with the Spark version"
-                )
+            now = self._clock(table)
             started = time.perf_counter()
             live, positions = self._acquire()
             try:
