@@ -6,6 +6,7 @@ internal and may change.
 """
 
 from weir.api.avro_serializer import AvroSerializer
+from weir.api.batch import BatchValueState, KeyedBatchContext, KeyedBatchFunction
 from weir.api.checkpointing import CheckpointConfig, CheckpointingMode, SnapshotStrategy
 from weir.api.config import (
     HashMapStateBackend,
@@ -157,6 +158,7 @@ __all__ = [
     "AggregatingStateDescriptor",
     "AvroSerializer",
     "BroadcastContext",
+    "BatchValueState",
     "BroadcastState",
     "BytesSerializer",
     "CheckpointedFunction",
@@ -169,6 +171,8 @@ __all__ = [
     "IntSerializer",
     "KeyGroupError",
     "KeyGroupRange",
+    "KeyedBatchContext",
+    "KeyedBatchFunction",
     "KeyedBroadcastProcessFunction",
     "KeyedContext",
     "KeyedProcessFunction",

@@ -10,6 +10,7 @@ import datetime
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from weir.api.batch import KeyedBatchFunction
 from weir.api.connectors import Sink
 from weir.api.descriptors import MapStateDescriptor
 from weir.api.functions import KeyedBroadcastProcessFunction, KeyedProcessFunction, ProcessFunction
@@ -184,6 +185,11 @@ class KeyedStream(DataStream):
         """Run ``function`` (a :class:`~weir.KeyedProcessFunction`) per key, with keyed
         state and timers; ``uid`` names its state in checkpoints and savepoints. Bad
         records go to the dead letters as with :meth:`DataStream.process`."""
+        if isinstance(function, KeyedBatchFunction):
+            raise ConfigurationError(
+                f"{type(function).__name__} is a KeyedBatchFunction: the continuous runtime "
+                f"does not run batch functions yet; run it as a Spark micro-batch stage "
+                f"(weir.spark.process) or write it as a KeyedProcessFunction")
         if not isinstance(function, KeyedProcessFunction):
             raise ConfigurationError(f"process on a keyed stream needs a "
                                      f"KeyedProcessFunction, got {type(function).__name__}")

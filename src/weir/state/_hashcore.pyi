@@ -16,6 +16,9 @@ class KeyCell:
     def set_current_key(self, key: Any) -> None:
         """Make ``key`` current; raises KeyGroupError if another subtask owns it."""
 
+    def prefixed_keys(self, keys: list[Any]) -> list[bytes]:
+        """The prefixed keys of ``keys``, each checked as ``set_current_key`` checks it."""
+
 def route_keys(
     keys: list[Any], max_parallelism: int, parallelism: int, table: tuple[int, ...]
 ) -> tuple[bytearray, list[int]]:

@@ -78,6 +78,44 @@ keycell_set_current_key(KeyCell *self, PyObject *key)
     Py_RETURN_NONE;
 }
 
+/* prefixed_keys(keys) -> list of the prefixed keys of a list of keys, each checked as
+ * set_current_key checks it (the keys this subtask owns; the rest through
+ * _slow_set_current_key, which raises KeyGroupError or encodes any other key type).
+ * The cell's current key is left set to the last key's (the caller clears it). */
+static PyObject *
+keycell_prefixed_keys(KeyCell *self, PyObject *keys)
+{
+    if (!PyList_CheckExact(keys)) {
+        PyErr_SetString(PyExc_TypeError, "prefixed_keys(keys: list)");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        int group = -1;
+        PyObject *prefixed = weir_prefixed_key(key, self->max_parallelism, &group);
+        if (prefixed == NULL || group < self->kg_start || group > self->kg_end) {
+            Py_XDECREF(prefixed);
+            Py_INCREF(key);  /* (the slow path may run code that changes the list) */
+            PyObject *done = PyObject_CallMethodOneArg((PyObject *)self,
+                                                       str_slow_set_current_key, key);
+            Py_DECREF(key);
+            if (done == NULL) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(done);
+            prefixed = Py_NewRef(self->key_bytes);
+        }
+        PyList_SET_ITEM(out, i, prefixed);
+    }
+    return out;
+}
+
 static PyMemberDef keycell_members[] = {
     {"key_bytes", T_OBJECT_EX, offsetof(KeyCell, key_bytes), 0,
      "The current key's prefixed bytes (2-byte key group + canonical key bytes)."},
@@ -95,6 +133,8 @@ static PyMemberDef keycell_members[] = {
 static PyMethodDef keycell_methods[] = {
     {"set_current_key", (PyCFunction)keycell_set_current_key, METH_O,
      "Make key current; raises KeyGroupError if another subtask owns it."},
+    {"prefixed_keys", (PyCFunction)keycell_prefixed_keys, METH_O,
+     "The prefixed keys of a list of keys, each checked as set_current_key checks it."},
     {NULL},
 };
 

@@ -7,6 +7,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+import pyarrow as pa
+
+from weir.api.batch import KeyedBatchFunction
 from weir.api.descriptors import MapStateDescriptor, StateDescriptor, StateKind
 from weir.api.functions import (
     KeyedBroadcastProcessFunction,
@@ -16,6 +19,7 @@ from weir.api.functions import (
 from weir.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import ConfigurationError
+from weir.runtime.batch_function import BatchFunctionAdapter
 from weir.runtime.checkpointer import SnapshotMode, SubtaskCheckpointer
 from weir.runtime.drivers import take_checkpoint, take_savepoint
 from weir.runtime.operator import (
@@ -146,7 +150,8 @@ def _clock_and_config(
 
 
 class KeyedOperatorHarness(_HarnessBase):
-    """Runs one subtask of a :class:`~weir.KeyedProcessFunction`.
+    """Runs one subtask of a :class:`~weir.KeyedProcessFunction`, or of a
+    :class:`~weir.KeyedBatchFunction` (fed by :meth:`process_batch`).
 
     ``clock`` is the processing-time clock (a :class:`ManualClock` at 0 unless
     given); :meth:`advance_processing_time` moves a ManualClock and fires timers.
@@ -156,7 +161,8 @@ class KeyedOperatorHarness(_HarnessBase):
 
     def __init__(
         self,
-        function: KeyedProcessFunction[Any, Any] | KeyedBroadcastProcessFunction[Any, Any, Any],
+        function: KeyedProcessFunction[Any, Any] | KeyedBroadcastProcessFunction[Any, Any, Any]
+        | KeyedBatchFunction,
         key_selector: Callable[[Any], Any],
         *,
         state_backend: StateBackendKind | str = "hashmap",
@@ -174,6 +180,8 @@ class KeyedOperatorHarness(_HarnessBase):
             parallelism=parallelism, subtask_index=subtask_index, rocksdb_path=rocksdb_path,
             rocksdb_memory=rocksdb_memory,
         )
+        if isinstance(function, KeyedBatchFunction):
+            function = BatchFunctionAdapter(function)
         self._op: KeyedOperator = KeyedOperator(
             function, key_selector, config, clock=self.clock,
             broadcast_state_descriptors=broadcast_state_descriptors,
@@ -216,6 +224,22 @@ class KeyedOperatorHarness(_HarnessBase):
         """Feed one element; returns what the function emitted."""
         self._op._require_open()
         return self._op.process_element(value, timestamp)
+
+    def process_batch(self, batch: pa.RecordBatch | pa.Table, keys: Sequence[Any] | None = None
+                      ) -> list[pa.RecordBatch | pa.Table]:
+        """Feed a batch to a :class:`~weir.KeyedBatchFunction` (its records' keys: ``keys``,
+        else the key selector applied to each row as a dict); returns its outputs."""
+        self._op._require_open()
+        adapter = self._op.function
+        if not isinstance(adapter, BatchFunctionAdapter):
+            raise ConfigurationError(
+                f"process_batch needs a KeyedBatchFunction, got {type(adapter).__name__}")
+        if isinstance(batch, pa.Table):
+            batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else (
+                pa.RecordBatch.from_pylist([], schema=batch.schema))
+        if keys is None:
+            keys = [self._op.key_selector(row) for row in batch.to_pylist()]
+        return adapter.process_batch(batch, list(keys))
 
     def process_elements(self, values: Iterable[Any]) -> list[Any]:
         """Feed several elements (no timestamps); returns all outputs."""

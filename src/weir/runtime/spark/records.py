@@ -29,7 +29,8 @@ from pyspark.sql import Row
 
 from weir.errors import ConfigurationError, OutputSchemaError
 
-__all__ = ["column_lists", "columns_to_records", "event_times_ms", "json_safe", "to_record_batch"]
+__all__ = ["column_lists", "columns_to_records", "conform_batch", "event_times_ms", "json_safe",
+           "to_record_batch"]
 
 
 def columns_to_records(
@@ -123,6 +124,40 @@ def to_record_batch(rows: Sequence[Any], schema: pa.Schema, uid: str) -> pa.Reco
             ) from None
         _check_not_null(field, arrays[-1], uid)
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def conform_batch(out: Any, schema: pa.Schema, uid: str) -> list[pa.RecordBatch]:
+    """A batch function's output (a ``RecordBatch`` or ``Table``) as batches of
+    ``schema``: its fields by name, cast to their types (safely: a value that does not
+    fit fails); :class:`~weir.errors.OutputSchemaError` names what does not fit."""
+    if not isinstance(out, pa.RecordBatch | pa.Table):
+        raise OutputSchemaError(
+            f"operator {uid!r}: process_batch returned {type(out).__name__}; it returns a "
+            f"pyarrow RecordBatch or Table in output_schema {_ddl(schema)}, several, or None"
+        )
+    missing = [n for n in schema.names if n not in out.schema.names]
+    if missing:
+        raise OutputSchemaError(
+            f"operator {uid!r}: process_batch returned columns {out.schema.names}; "
+            f"output_schema {_ddl(schema)} also needs {missing}"
+        )
+    columns = []
+    for field in schema:
+        column = out.column(field.name)
+        if column.type != field.type:
+            try:
+                column = column.cast(field.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                raise OutputSchemaError(
+                    f"operator {uid!r}: output field {field.name!r} is {field.type} but "
+                    f"process_batch returned {column.type} ({exc})"
+                ) from None
+        _check_not_null(field, column, uid)
+        columns.append(column)
+    if isinstance(out, pa.RecordBatch):
+        return [pa.RecordBatch.from_arrays(columns, schema=schema)] if out.num_rows else []
+    table = pa.Table.from_arrays(columns, schema=schema)
+    return [b for b in table.to_batches() if b.num_rows]
 
 
 def _check_not_null(field: pa.Field, array: pa.Array, uid: str) -> None:

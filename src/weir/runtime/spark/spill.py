@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["SpillBuffer", "local_base", "sorted_runs", "sorted_slices"]
+__all__ = ["SpillBuffer", "local_base", "merged_slices", "sorted_runs", "sorted_slices"]
 
 
 def local_base() -> str:
@@ -149,6 +149,28 @@ def sorted_slices(
                 yield group, whole.slice(start, end - start)
             else:
                 yield group, table.take(order[start:end])
+
+
+def merged_slices(slices: Iterator[tuple[int, pa.Table]], kind: int, limit: int
+            ) -> Iterator[tuple[int, pa.Table]]:
+    """``slices`` with consecutive ones of ``kind`` concatenated up to ``limit`` rows
+    (a shuffle's runs of records: one per map output block)."""
+    pending: list[pa.Table] = []
+    rows = 0
+    for group, part in slices:
+        if group == kind and rows + part.num_rows <= limit:
+            pending.append(part)
+            rows += part.num_rows
+            continue
+        if pending:
+            yield kind, pa.concat_tables(pending)
+            pending, rows = [], 0
+        if group == kind:
+            pending, rows = [part], part.num_rows
+        else:
+            yield group, part
+    if pending:
+        yield kind, pa.concat_tables(pending)
 
 
 #: runs at most per group for :func:`sorted_runs` (beyond: a take is as cheap)

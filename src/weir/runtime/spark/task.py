@@ -59,6 +59,7 @@ from weir.errors import (
     UserFunctionError,
     WeirError,
 )
+from weir.runtime.batch_function import BatchFunctionAdapter
 from weir.runtime.collection import fewer_collections
 from weir.runtime.operator import (
     MAX_WATERMARK,
@@ -80,6 +81,7 @@ from weir.runtime.spark.plan import plan_batch, recover_hint
 from weir.runtime.spark.records import (
     column_lists,
     columns_to_records,
+    conform_batch,
     dumps_line,
     event_times_ms,
     to_record_batch,
@@ -94,7 +96,7 @@ from weir.runtime.spark.routing import (
     unpack_kinds,
 )
 from weir.runtime.spark.spec import StageSpec
-from weir.runtime.spark.spill import SpillBuffer, sorted_slices
+from weir.runtime.spark.spill import SpillBuffer, merged_slices, sorted_slices
 
 __all__ = ["process_pass"]
 
@@ -102,6 +104,8 @@ log = logging.getLogger(__name__)
 _OUTPUT_CHUNK = 65_536
 #: rows handled per slice: the Python records (and outputs) of one slice exist at once
 _SLICE_ROWS = 8_192
+#: records per call of a batch function (Arrow only: no Python object per record)
+_BATCH_SLICE_ROWS = 131_072
 _ROW_ORDER = [(KIND, "ascending"), (ORDER, "ascending")]
 #: the column Spark's PERMISSIVE readers fill with the raw text of a malformed line
 CORRUPT_RECORD = "_corrupt_record"
@@ -331,12 +335,20 @@ class _Task:
             self._emit(self._timers(op, op.advance_processing_time, now, "processing-time"),
                        outputs)
         kinds = (int(RowKind.BROADCAST), int(RowKind.RECORD), int(RowKind.BAD_KEY))
-        for kind, part in sorted_slices(table, _ROW_ORDER, KIND, kinds, _SLICE_ROWS, in_memory):
+        batches = isinstance(spec.function, BatchFunctionAdapter)
+        slices = sorted_slices(table, _ROW_ORDER, KIND, kinds,
+                               _BATCH_SLICE_ROWS if batches else _SLICE_ROWS, in_memory)
+        if batches:  # one call per batch function for runs of records that fit one
+            slices = merged_slices(slices, int(RowKind.RECORD), _BATCH_SLICE_ROWS)
+        for kind, part in slices:
             if kind == RowKind.BROADCAST:
                 self._emit(self._broadcast(op, part), outputs)
             elif kind == RowKind.RECORD:
                 self.counts["records"] += part.num_rows
-                self._emit(self._records(live, part), outputs)
+                if batches:
+                    self._emit_arrow(self._batch(live, part), outputs)
+                else:
+                    self._emit(self._records(live, part), outputs)
             else:
                 corrupt = (part[CORRUPT_RECORD].to_pylist() if CORRUPT_RECORD in
                            part.column_names else [None] * part.num_rows)
@@ -346,6 +358,50 @@ class _Task:
                         self.counts["malformed"] += 1
                     self._dead_letter(record, MALFORMED if raw is not None else (
                         f"the key could not be computed (key columns {list(spec.key_columns)})"))
+
+    def _emit_arrow(self, out: list[pa.RecordBatch | pa.Table], outputs: SpillBuffer) -> None:
+        """A batch function's outputs, in the output schema, held until the batch's part
+        is published."""
+        for result in out:
+            for batch in conform_batch(result, self.spec.output_schema, self.spec.uid):
+                self.counts["outputs"] += batch.num_rows
+                outputs.append(batch)
+
+    def _event_times(self, part: pa.Table) -> list[int | None]:
+        """The records' event times (ms; all None without an event-time column); the
+        batch's largest so far kept for the next watermark."""
+        if self.spec.event_time is None:
+            return [None] * part.num_rows
+        times = event_times_ms(part[self.spec.event_time])
+        known = [t for t in times if t is not None]
+        if known:
+            top = max(known)
+            self.max_event = top if self.max_event is None else max(self.max_event, top)
+        return times
+
+    def _batch(self, live: LiveSubtask, part: pa.Table) -> list[pa.RecordBatch | pa.Table]:
+        """A batch function's call over the records of ``part`` (those the event time
+        and malformed input leave; the others dead-lettered or dropped)."""
+        spec = self.spec
+        screen = self._screen(part, self._event_times(part))
+        if screen is not None:
+            records = columns_to_records(part, spec.columns, spec.record_format)
+            for record, reason in zip(records, screen, strict=True):
+                if reason:
+                    self._dead_letter(record, reason)
+            part = part.filter(pa.array([reason is None for reason in screen]))
+        if not part.num_rows:
+            return []
+        batch = part.select(list(spec.columns)).combine_chunks().to_batches()[0]
+        keys = keys_of(part, spec.key_columns)
+        adapter = cast("BatchFunctionAdapter", live.operator.function)  # (the opened one)
+        try:
+            return adapter.process_batch(batch, keys)
+        except Exception as exc:
+            if not self._raised_by_user(exc):
+                raise
+            raise self._user_error(exc, "process_batch", keyed=True,
+                                   note=f", a batch of {batch.num_rows} records") from exc
 
     def _broadcast(self, op: KeyedOperator | NonKeyedOperator, part: pa.Table) -> list[Any]:
         spec = self.spec
@@ -374,15 +430,7 @@ class _Task:
         op = live.operator
         columns = column_lists(part, spec.columns)
         records = columns_to_records(part, spec.columns, spec.record_format, columns)
-        times: list[int | None]
-        if spec.event_time is not None:
-            times = event_times_ms(part[spec.event_time])
-            known = [t for t in times if t is not None]
-            if known:
-                top = max(known)
-                self.max_event = top if self.max_event is None else max(self.max_event, top)
-        else:
-            times = [None] * len(records)
+        times = self._event_times(part)
         keys: list[Any] = (keys_of(part, spec.key_columns, dict(zip(spec.columns, columns,
                                                                     strict=True)))
                            if spec.keyed else [None] * len(records))
@@ -429,7 +477,9 @@ class _Task:
         around the call: restoring state, firing timers)."""
         if isinstance(exc, WeirError):
             return False
-        codes = _user_codes(type(self.spec.function))
+        function = self.spec.function
+        codes = _user_codes(type(function.function if isinstance(function, BatchFunctionAdapter)
+                                 else function))
         tb = exc.__traceback__
         while tb is not None:
             if tb.tb_frame.f_code in codes:

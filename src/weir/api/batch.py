@@ -1,0 +1,113 @@
+"""Keyed functions that take a batch of records per call (columnar processing).
+
+A :class:`KeyedBatchFunction` gets a ``pyarrow.RecordBatch`` of the records of one
+subtask, in input order (all keys of the subtask mixed), and reads and writes the
+state of many keys in one call each: ``state.get(keys)`` is an Arrow array with a
+null where a key has no value, ``state.put(keys, values)`` and ``state.delete(keys)``
+write them. The state is the same keyed state a :class:`~weir.KeyedProcessFunction`
+keeps under the same descriptor (same entries, same checkpoints), so a savepoint of one
+restores into the other when the descriptors agree. Outputs are Arrow batches in the
+stage's output schema.
+
+Within a call, ``put`` of a key given twice keeps the last value; a later call sees
+everything earlier calls wrote. An exception of ``process_batch`` fails the batch (no
+dead letters per record).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
+
+from weir.api.context import Instant
+from weir.api.descriptors import ValueStateDescriptor
+
+if TYPE_CHECKING:  # (``import weir`` imports no pyarrow: the Spark daemon sets up its
+    # allocator before it does)
+    import pyarrow as pa
+
+    #: keys as a batch function passes them: an Arrow array (one key column) or a
+    #: sequence of Python keys (tuples for several key columns)
+    Keys: TypeAlias = pa.Array | pa.ChunkedArray | Sequence[Any]
+    #: what ``process_batch`` returns: a batch or table in the output schema, several,
+    #: or None
+    BatchOutput: TypeAlias = (pa.RecordBatch | pa.Table | Iterable[pa.RecordBatch | pa.Table]
+                              | None)
+
+__all__ = ["BatchValueState", "KeyedBatchContext", "KeyedBatchFunction"]
+
+T = TypeVar("T")
+
+
+class BatchValueState(ABC, Generic[T]):
+    """One value per key, read and written for many keys at once."""
+
+    @abstractmethod
+    def get(self, keys: Keys, type: pa.DataType | None = None) -> pa.Array:
+        """The values of ``keys`` in order, null where a key has none. The array's type
+        is ``type``, else the descriptor's (int, float, str, bytes serializers), else
+        inferred from the values."""
+
+    @abstractmethod
+    def put(self, keys: Keys, values: pa.Array | pa.ChunkedArray | Sequence[T]) -> None:
+        """Set the value of each key (a key given twice keeps the last); a null value
+        deletes the key's value."""
+
+    @abstractmethod
+    def delete(self, keys: Keys) -> None:
+        """Remove the values of ``keys``."""
+
+
+class KeyedBatchContext(ABC):
+    """What a :class:`KeyedBatchFunction` sees of its subtask."""
+
+    @property
+    @abstractmethod
+    def keys(self) -> Keys:
+        """The key of each record of the batch being processed, in its rows' order: an
+        Arrow array for one key column, else a list of tuples. Empty outside
+        ``process_batch``."""
+
+    @abstractmethod
+    def get_state(self, descriptor: ValueStateDescriptor[T]) -> BatchValueState[T]:
+        """The keyed value state of ``descriptor`` (register it in ``open``)."""
+
+    @property
+    @abstractmethod
+    def subtask_index(self) -> int:
+        """This subtask's index."""
+
+    @property
+    @abstractmethod
+    def parallelism(self) -> int:
+        """The operator's parallelism."""
+
+    @property
+    @abstractmethod
+    def current_processing_time(self) -> Instant:
+        """Processing time now (epoch ms): a micro-batch's timestamp on Spark."""
+
+    @property
+    @abstractmethod
+    def current_watermark(self) -> Instant:
+        """The event-time watermark (epoch ms)."""
+
+
+class KeyedBatchFunction(ABC):
+    """A keyed function that processes a batch of records per call, with keyed value
+    state read and written for many keys at once (:class:`BatchValueState`)."""
+
+    def open(self, ctx: KeyedBatchContext) -> None:
+        """Called once before the first batch; register state here."""
+        return None
+
+    @abstractmethod
+    def process_batch(self, batch: pa.RecordBatch, ctx: KeyedBatchContext) -> BatchOutput:
+        """Process the records of ``batch`` (their keys: ``ctx.keys``); return the
+        outputs as Arrow in the stage's output schema, or None."""
+
+    def close(self) -> None:
+        """Called once after the last batch."""
+        return None
+

@@ -1,0 +1,232 @@
+"""A :class:`~weir.KeyedBatchFunction` inside a keyed operator.
+
+:class:`BatchFunctionAdapter` is the keyed function a :class:`KeyedOperator` runs for a
+batch function: its ``open`` hands the function a :class:`KeyedBatchContext` over the
+operator, and :meth:`BatchFunctionAdapter.process_batch` is what a runtime calls per
+batch of records. The batch states read and write the operator's keyed state under the
+same descriptors, so their entries and checkpoints are a per-record function's.
+
+:class:`_BatchValueState` reads and writes key by key through the state's own table
+(every backend, TTL included), except the hash map's plain value state, which it
+reads and writes as one dict operation over the keys' prefixed bytes (the same
+entries, the same write check and change tracking as ``ValueState.update``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from weir.api.batch import BatchValueState, KeyedBatchContext, KeyedBatchFunction
+from weir.api.context import Instant, KeyedContext
+from weir.api.descriptors import ValueStateDescriptor
+from weir.api.functions import KeyedProcessFunction
+from weir.api.serializers import BytesSerializer, FloatSerializer, IntSerializer, StrSerializer
+from weir.errors import ConfigurationError, StateError
+from weir.state.hashmap_tables import HashMapValueTable
+
+if TYPE_CHECKING:
+    from weir.api.batch import BatchOutput, Keys
+
+__all__ = ["BatchFunctionAdapter"]
+
+_ARROW_TYPES: dict[type, pa.DataType] = {
+    IntSerializer: pa.int64(), FloatSerializer: pa.float64(), StrSerializer: pa.string(),
+    BytesSerializer: pa.binary(),
+}
+
+
+def _pylist(values: Any) -> list[Any]:
+    """Python values of an Arrow array, a NumPy array (``tolist``: Python ints, not
+    NumPy scalars, reach the state) or any sequence."""
+    if isinstance(values, pa.Array | pa.ChunkedArray):
+        return values.to_pylist()  # type: ignore[no-any-return]
+    if isinstance(values, list):
+        return values
+    tolist = getattr(values, "tolist", None)
+    return tolist() if callable(tolist) else list(values)
+
+
+class _BatchValueState(BatchValueState[Any]):
+    def __init__(self, op: Any, state: Any, descriptor: ValueStateDescriptor[Any]) -> None:
+        self._op = op
+        self._state = state
+        self._name = descriptor.name
+        self._type = _ARROW_TYPES.get(type(descriptor.serializer))
+        # the hash map's plain value state: one dict operation over the keys
+        self._table = state if type(state) is HashMapValueTable else None
+
+    def _prefixed(self, keys: list[Any]) -> list[bytes]:
+        """Each key's prefixed bytes (checked: a key of this subtask's key groups)."""
+        ctx = self._op.key_context
+        try:
+            return ctx.prefixed_keys(keys)  # type: ignore[no-any-return]
+        finally:
+            ctx.clear()
+
+    def get(self, keys: Keys, type: pa.DataType | None = None) -> pa.Array:
+        keys = _pylist(keys)
+        if self._table is not None:
+            values = list(map(self._table._data.get, self._prefixed(keys)))
+        else:
+            values = self._each(keys, lambda: self._state.value())
+        kind = type or self._type
+        try:
+            return pa.array(values, type=kind)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
+            raise StateError(
+                f"state {self._name!r}: its values do not make one Arrow array ({exc}); "
+                f"pass get(keys, type=...)"
+            ) from None
+
+    def put(self, keys: Keys, values: pa.Array | pa.ChunkedArray | Sequence[Any]) -> None:
+        keys, values = _pylist(keys), _pylist(values)
+        if len(keys) != len(values):
+            raise ValueError(f"state {self._name!r}: put of {len(keys)} keys with "
+                             f"{len(values)} values")
+        table = self._table
+        if table is None:
+            state = self._state
+            for key, value in zip(keys, values, strict=True):
+                self._at(key)
+                if value is None:
+                    state.clear()
+                else:
+                    state.update(value)
+            self._op.key_context.clear()
+            return
+        prefixed = self._prefixed(keys)
+        if None in values:  # a null deletes, as update(None) does
+            gone = [k for k, v in zip(prefixed, values, strict=True) if v is None]
+            pairs = [(k, v) for k, v in zip(prefixed, values, strict=True) if v is not None]
+            self._remove(gone)
+            prefixed = [k for k, _ in pairs]
+            values = [v for _, v in pairs]
+        check, ok = table._check, table._ok
+        for kind in set(map(type, values)) - ok:  # the write check, once per new type
+            check(next(v for v in values if type(v) is kind))
+        table._data.update(zip(prefixed, values, strict=True))
+        self._mark(prefixed)
+
+    def delete(self, keys: Keys) -> None:
+        keys = _pylist(keys)
+        if self._table is None:
+            for key in keys:
+                self._at(key)
+                self._state.clear()
+            self._op.key_context.clear()
+            return
+        self._remove(self._prefixed(keys))
+
+    # helpers ---------------------------------------------------------------------------
+    def _at(self, key: Any) -> None:
+        self._op.key_context.set_current_key(key)
+
+    def _each(self, keys: list[Any], read: Any) -> list[Any]:
+        out: list[Any] = []
+        try:
+            for key in keys:
+                self._at(key)
+                out.append(read())
+        finally:
+            self._op.key_context.clear()
+        return out
+
+    def _remove(self, prefixed: list[bytes]) -> None:
+        assert self._table is not None
+        pop = self._table._data.pop
+        for key in prefixed:
+            pop(key, None)
+        self._mark(prefixed)
+
+    def _mark(self, prefixed: list[bytes]) -> None:
+        """Record the writes as ``ValueState.update`` does (``HashMapTable._mark``)."""
+        table = self._table
+        assert table is not None
+        dirty = table._dirty
+        if dirty is None:
+            return
+        table._writes += len(prefixed)
+        mask = table._sample_mask
+        dirty.update(prefixed if not mask else (k for k in prefixed if not hash(k) & mask))
+
+
+class _BatchContext(KeyedBatchContext):
+    def __init__(self, op: Any) -> None:
+        self._op = op
+        self.batch_keys: Keys = []
+
+    @property
+    def keys(self) -> Keys:
+        return self.batch_keys
+
+    def get_state(self, descriptor: ValueStateDescriptor[Any]) -> BatchValueState[Any]:
+        if not isinstance(descriptor, ValueStateDescriptor):
+            raise ConfigurationError(
+                f"{self._op.config.describe()}: a KeyedBatchFunction keeps ValueState only "
+                f"for now, got {type(descriptor).__name__} {getattr(descriptor, 'name', '')!r}"
+            )
+        return _BatchValueState(self._op, self._op.get_state(descriptor), descriptor)
+
+    @property
+    def subtask_index(self) -> int:
+        return self._op.subtask_index  # type: ignore[no-any-return]
+
+    @property
+    def parallelism(self) -> int:
+        return self._op.parallelism  # type: ignore[no-any-return]
+
+    @property
+    def current_processing_time(self) -> Instant:
+        return Instant(self._op.clock())
+
+    @property
+    def current_watermark(self) -> Instant:
+        return Instant(self._op.watermark)
+
+
+class BatchFunctionAdapter(KeyedProcessFunction[Any, Any]):
+    """The keyed function a keyed operator runs for ``function``: a runtime calls
+    :meth:`process_batch`, never ``process_element``."""
+
+    def __init__(self, function: KeyedBatchFunction) -> None:
+        if not isinstance(function, KeyedBatchFunction):
+            raise ConfigurationError(
+                f"expected a KeyedBatchFunction, got {type(function).__name__}")
+        self.function = function
+        self._ctx: _BatchContext | None = None
+
+    def open(self, ctx: KeyedContext) -> None:
+        self._ctx = _BatchContext(ctx)
+        self.function.open(self._ctx)
+
+    def process_element(self, value: Any, ctx: KeyedContext) -> Iterable[Any] | None:
+        raise ConfigurationError(
+            f"{type(self.function).__name__} is a KeyedBatchFunction: it processes batches "
+            f"(process_batch), on a runtime that passes them"
+        )
+
+    def close(self) -> None:
+        self.function.close()
+
+    def process_batch(self, batch: pa.RecordBatch, keys: Keys) -> list[pa.RecordBatch | pa.Table]:
+        """The function's outputs for ``batch``, whose records have ``keys``."""
+        ctx = self._ctx
+        if ctx is None:
+            raise ConfigurationError("process_batch before open")
+        ctx.batch_keys = keys
+        op = ctx._op
+        try:
+            result: BatchOutput = self.function.process_batch(batch, ctx)
+        finally:
+            ctx.batch_keys = []
+            op.key_context.clear()
+        if op.keyed_state.record_cleaners:
+            op.keyed_state.on_record()
+        if result is None:
+            return []
+        if isinstance(result, pa.RecordBatch | pa.Table):
+            return [result]
+        return list(result)

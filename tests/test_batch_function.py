@@ -1,0 +1,272 @@
+"""A KeyedBatchFunction reads and writes keyed value state for many keys per call, with
+the semantics and the checkpoints of the same logic as a per-record function, on both
+backends."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import weir
+from weir import CheckpointCoordinator, CheckpointStorage
+from weir.errors import ConfigurationError, KeyGroupError, StateError
+from weir.testing import KeyedOperatorHarness, ManualClock
+
+SUM = weir.ValueStateDescriptor("sum", serializer=weir.IntSerializer())
+BACKENDS = ("hashmap", "rocksdb")
+
+
+def _step(total: int | None, v: int) -> int | None:
+    """The running sum, cleared whenever it reaches a multiple of 7."""
+    n = (total or 0) + v
+    return None if n % 7 == 0 else n
+
+
+class RecordSum(weir.KeyedProcessFunction[tuple[str, int], tuple[str, int | None]]):
+    def open(self, ctx: weir.KeyedContext) -> None:
+        self.sum = ctx.get_state(SUM)
+
+    def process_element(self, value: tuple[str, int], ctx: weir.KeyedContext) -> Any:
+        n = _step(self.sum.value(), value[1])
+        if n is None:
+            self.sum.clear()
+        else:
+            self.sum.update(n)
+        return [(value[0], n)]
+
+
+class BatchSum(weir.KeyedBatchFunction):
+    """The same logic a batch at a time: one get for every row's key, the running sums
+    in order, one put of every row's sum (a key given twice keeps its last)."""
+
+    def open(self, ctx: weir.KeyedBatchContext) -> None:
+        self.sum = ctx.get_state(SUM)
+
+    def process_batch(self, batch: pa.RecordBatch, ctx: weir.KeyedBatchContext) -> Any:
+        keys = list(ctx.keys)
+        current = dict(zip(keys, self.sum.get(keys).to_pylist(), strict=True))
+        out = []
+        for key, v in zip(keys, batch.column("v").to_pylist(), strict=True):
+            current[key] = _step(current[key], v)
+            out.append(current[key])
+        gone = [k for k, n in current.items() if n is None]
+        self.sum.put(keys, out)  # (a null deletes)
+        self.sum.delete(gone)
+        return pa.record_batch([pa.array(keys, pa.string()), pa.array(out, pa.int64())],
+                               names=["k", "sum"])
+
+
+def _harness(function: Any, backend: str, tmp: Path, **kwargs: Any) -> KeyedOperatorHarness:
+    return KeyedOperatorHarness(function, lambda row: row[0] if isinstance(row, tuple)
+                                else row["k"], state_backend=backend,
+                                rocksdb_path=tmp / "rocks" / function.__class__.__name__,
+                                **kwargs)
+
+
+def _batch(rows: list[tuple[str, int]]) -> pa.RecordBatch:
+    return pa.record_batch([pa.array([k for k, _ in rows], pa.string()),
+                            pa.array([v for _, v in rows], pa.int64())], names=["k", "v"])
+
+
+def _state(h: KeyedOperatorHarness, keys: set[str]) -> dict[str, int | None]:
+    """Each key's sum as a per-record function restored from ``h``'s snapshot reads it."""
+    snap = h.snapshot()
+    reader = KeyedOperatorHarness.restore(RecordSum(), lambda row: row[0], [snap],
+                                          parallelism=1, subtask_index=0)
+    op = reader.operator
+    state = op.get_state(SUM)
+    out = {}
+    for key in sorted(keys):
+        op.key_context.set_current_key(key)
+        out[key] = state.value()
+    reader.close()
+    return out
+
+
+BATCHES = st.lists(st.lists(st.tuples(st.sampled_from("abcdefghij"), st.integers(-9, 9)),
+                            max_size=30), min_size=1, max_size=6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=25, deadline=None)
+@given(batches=BATCHES, cut=st.integers(0, 6))
+def test_a_batch_function_gives_the_outputs_and_state_of_the_same_per_record_logic(
+    backend: str, batches: list[list[tuple[str, int]]], cut: int, tmp_path_factory: Any
+) -> None:
+    """For random batches, including a restore from a snapshot part way: the batch
+    function's outputs equal the per-record function's, and so does every key's state
+    (read back through a per-record function restored from the batch one's snapshot)."""
+    tmp = tmp_path_factory.mktemp("b")
+    record = _harness(RecordSum(), backend, tmp)
+    batch = _harness(BatchSum(), backend, tmp)
+    record.open()
+    batch.open()
+    seen: set[str] = set()
+    for i, rows in enumerate(batches):
+        if i == cut:  # restore the batch function from its own snapshot and go on
+            snap = batch.snapshot()
+            batch.close()
+            batch = KeyedOperatorHarness.restore(
+                BatchSum(), lambda row: row["k"], [snap], parallelism=1, subtask_index=0,
+                state_backend=backend, rocksdb_path=tmp / "rocks" / f"restored{i}")
+        want = record.process_elements(rows)
+        got = [r for out in batch.process_batch(_batch(rows)) for r in zip(
+            out.column("k").to_pylist(), out.column("sum").to_pylist(), strict=True)]
+        assert got == want
+        seen.update(k for k, _ in rows)
+    assert _state(batch, seen) == _state(record, seen)
+    record.close()
+    batch.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_per_record_savepoint_restores_into_a_batch_function_and_back(
+    backend: str, tmp_path: Path
+) -> None:
+    rows = [("a", 1), ("b", 2), ("a", 3), ("c", 5)]
+    record = _harness(RecordSum(), backend, tmp_path)
+    record.open()
+    record.process_elements(rows)
+    batch = KeyedOperatorHarness.restore(BatchSum(), lambda row: row["k"], [record.snapshot()],
+                                         parallelism=1, subtask_index=0, state_backend=backend,
+                                         rocksdb_path=tmp_path / "b")
+    assert batch.operator.function.function.sum.get(["a", "b", "c", "z"]).to_pylist() == [
+        4, 2, 5, None]
+    out = batch.process_batch(_batch([("a", 2), ("z", 1)]))
+    assert out[0].column("sum").to_pylist() == [6, 1]
+    assert _state(batch, {"a", "b", "c", "z"}) == {"a": 6, "b": 2, "c": 5, "z": 1}
+    record.close()
+    batch.close()
+
+
+@pytest.mark.parametrize("mode", ["changelog", "incremental", "full"])
+def test_batch_writes_reach_every_snapshot_mode_of_the_hash_map(mode: str, tmp_path: Path
+                                                                 ) -> None:
+    """The hash map's one-operation path records its writes as ``update`` does, so a
+    changelog (or incremental) checkpoint after batch writes restores the same state."""
+    coordinator = CheckpointCoordinator(CheckpointStorage(str(tmp_path / "cp")))
+    h = _harness(BatchSum(), "hashmap", tmp_path)
+    h.open()
+    h.process_batch(_batch([("a", 1), ("b", 2), ("d", 1)]))
+    h.checkpoint(coordinator, mode=mode)
+    h.process_batch(_batch([("a", 2), ("c", 4), ("b", 5)]))  # b reaches 7: deleted
+    completed = h.checkpoint(coordinator, mode=mode)
+    h.close()
+    restored = KeyedOperatorHarness.restore(RecordSum(), lambda row: row[0], completed,
+                                            parallelism=1, subtask_index=0)
+    assert _state(restored, {"a", "b", "c", "d"}) == {"a": 3, "b": None, "c": 4, "d": 1}
+    restored.close()
+
+
+def test_get_types_come_from_the_serializer_or_are_given_and_a_bad_value_fails(
+    tmp_path: Path
+) -> None:
+    h = _harness(BatchSum(), "hashmap", tmp_path)
+    h.open()
+    ctx = h.operator.function._ctx
+    assert ctx is not None
+    sums = ctx.get_state(SUM)
+    assert sums.get(["x"]).type == pa.int64()  # IntSerializer: int64, even all null
+    anything = ctx.get_state(weir.ValueStateDescriptor("any"))
+    assert anything.get(["x"]).type == pa.null()
+    assert anything.get(["x"], type=pa.string()).type == pa.string()
+    anything.put(["x", "y"], [1.5, "two"])
+    with pytest.raises(StateError, match=r"pass get\(keys, type=\.\.\.\)"):
+        anything.get(["x", "y"])
+    with pytest.raises(weir.errors.StateSerializationError):
+        sums.put(["x"], ["not an int"])
+    sums.put(["x", "y"], np.array([3, 4]))  # NumPy values arrive as Python ints
+    per_record = h.operator.get_state(SUM)
+    h.operator.key_context.set_current_key("y")
+    assert type(per_record.value()) is int and per_record.value() == 4
+    h.operator.key_context.clear()
+    with pytest.raises(ValueError, match="2 keys with 1 values"):
+        sums.put(["x", "y"], [1])
+    with pytest.raises(ConfigurationError, match="ValueState only"):
+        ctx.get_state(weir.ListStateDescriptor("l"))
+    h.close()
+
+
+def test_a_key_of_another_subtask_fails_as_it_does_per_record(tmp_path: Path) -> None:
+    h = _harness(BatchSum(), "hashmap", tmp_path, parallelism=2, subtask_index=0)
+    h.open()
+    mine = [k for k in "abcdefghijklmnop"
+            if weir.state.keygroups.assign_key_to_parallel_operator(k, 128, 2) == 0]
+    other = next(k for k in "abcdefghijklmnop" if k not in mine)
+    sums = h.operator.function._ctx.get_state(SUM)
+    sums.put(mine[:1], [1])
+    with pytest.raises(KeyGroupError):
+        sums.get([mine[0], other])
+    with pytest.raises(weir.errors.NoKeyContextError):  # no key left current after a call
+        h.operator.get_state(SUM).value()
+    h.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_ttl_state_expires_for_a_batch_function_as_per_record(backend: str, tmp_path: Path
+                                                                 ) -> None:
+    ttl = weir.ValueStateDescriptor("t", serializer=weir.IntSerializer(),
+                                    ttl=weir.StateTtlConfig(ttl_ms=10_000))
+    clock = ManualClock(1_000)
+    h = _harness(BatchSum(), backend, tmp_path, clock=clock)
+    h.open()
+    state = h.operator.function._ctx.get_state(ttl)
+    state.put(["a", "b"], [1, 2])
+    clock.advance(5_000)
+    state.put(["b"], [3])
+    clock.advance(6_000)  # a written 11 s ago: expired; b 6 s ago
+    assert state.get(["a", "b"]).to_pylist() == [None, 3]
+    h.close()
+
+
+def test_process_element_on_a_batch_function_says_what_to_call(tmp_path: Path) -> None:
+    h = _harness(BatchSum(), "hashmap", tmp_path)
+    h.open()
+    with pytest.raises(ConfigurationError, match="process_batch"):
+        h.process_element(("a", 1))
+    per_record = _harness(RecordSum(), "hashmap", tmp_path)
+    per_record.open()
+    with pytest.raises(ConfigurationError, match="needs a KeyedBatchFunction"):
+        per_record.process_batch(_batch([("a", 1)]))
+    h.close()
+    per_record.close()
+
+
+def test_the_continuous_runtime_refuses_a_batch_function_saying_where_it_runs(
+    tmp_path: Path
+) -> None:
+    from weir.connectors import SequenceSource
+    from weir.stream import StreamEnvironment
+
+    env = StreamEnvironment(weir.JobConfig(tmp_path, parallelism=1))
+    keyed = env.from_source(SequenceSource(3), uid="a").key_by(lambda n: n)
+    with pytest.raises(ConfigurationError, match=r"weir\.spark\.process"):
+        keyed.process(BatchSum(), uid="sum")
+
+
+@settings(max_examples=50, deadline=None)
+@given(sizes=st.lists(st.tuples(st.sampled_from([1, 2, 3]), st.integers(1, 5)), max_size=12),
+       limit=st.integers(5, 9))
+def test_the_spark_pass_hands_a_batch_function_runs_of_records_merged_up_to_its_limit(
+    sizes: list[tuple[int, int]], limit: int
+) -> None:
+    """A shuffle gives a subtask its records in runs (one per map output): consecutive
+    runs of records reach the function as one batch while they fit ``limit`` rows, in
+    order; other kinds pass through where they were."""
+    from weir.runtime.spark.spill import merged_slices
+
+    counter = iter(range(1000))
+    slices = [(kind, pa.table({"i": [next(counter) for _ in range(n)]})) for kind, n in sizes]
+    merged = list(merged_slices(iter(slices), 2, limit))
+    flat = [(k, i) for k, t in merged for i in t.column("i").to_pylist()]
+    assert flat == [(k, i) for k, t in slices for i in t.column("i").to_pylist()]
+    assert all(t.num_rows <= limit for k, t in merged if k == 2)
+    assert all(not (a == b == 2 and ta.num_rows + tb.num_rows <= limit)
+               for (a, ta), (b, tb) in itertools.pairwise(merged))
