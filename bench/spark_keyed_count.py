@@ -9,6 +9,9 @@ one row ``(key, count)`` per input record. Peers (``--peers``, all by default):
 * ``weir-hashmap`` / ``weir-rocksdb`` — ``weir.spark.process`` with a
   ``KeyedProcessFunction`` and a ``ValueState``, on each state backend. Skipped with a
   message when ``weir.spark`` cannot be imported;
+* ``weir-batch-hashmap`` / ``weir-batch-rocksdb`` — the same count as a
+  ``KeyedBatchFunction``: per call, one ``get`` of the batch's distinct keys, the
+  per-record counts by NumPy, one ``put`` (issue 43);
 * ``dict`` — the raw limit of a Python stateful stage on Spark: the same shuffle of the
   same input rows (every column, as weir's function receives them) into p = 2
   partitions (``repartition(2, "key")``) and a ``mapInArrow`` keeping the running count
@@ -90,7 +93,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 #: the weir peers' snapshot strategy (--snapshot; None: CheckpointConfig's default)
 SNAPSHOT: str | None = None
 PEERS = ("tws-pandas", "tws-row", "weir-hashmap", "weir-rocksdb", "dict", "dict-routed",
-         "dict-route-pass", "weir-hashmap-observed", "weir-rocksdb-observed")
+         "dict-route-pass", "weir-hashmap-observed", "weir-rocksdb-observed",
+         "weir-batch-hashmap", "weir-batch-rocksdb")
 #: peers whose count sequences are not checked (no state across Python workers)
 UNCHECKED_SEQUENCE = ("dict", "dict-routed", "dict-route-pass")
 LATENCY_PEERS = ("tws-row", "weir-hashmap", "weir-rocksdb")
@@ -184,6 +188,36 @@ class CountFunction(weir.KeyedProcessFunction[dict[str, Any], tuple[Any, ...]]):
             yield (value["key"], n)
 
 
+class BatchCountFunction(weir.KeyedBatchFunction):
+    """weir, a batch at a time: the count of each record is its key's count before the
+    batch plus its occurrence in the batch; one get and one put of the distinct keys."""
+
+    def __init__(self, with_ts: bool = False) -> None:
+        self.with_ts = with_ts
+
+    def open(self, ctx: weir.KeyedBatchContext) -> None:
+        self.count = ctx.get_state(COUNT)
+
+    def process_batch(self, batch: pa.RecordBatch, ctx: weir.KeyedBatchContext) -> Any:
+        encoded = pc.dictionary_encode(batch.column("key"))
+        codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        distinct = encoded.dictionary
+        before = pc.fill_null(self.count.get(distinct, type=pa.int64()), 0).to_numpy()
+        order = np.argsort(codes, kind="stable")
+        runs = np.bincount(codes, minlength=len(distinct))
+        starts = np.concatenate(([0], np.cumsum(runs)[:-1]))
+        occurrence = np.empty(len(codes), dtype=np.int64)
+        occurrence[order] = np.arange(len(codes)) - np.repeat(starts, runs)
+        counts = before[codes] + occurrence + 1
+        self.count.put(distinct, before + runs)
+        columns = [batch.column("key"), pa.array(counts, pa.int64())]
+        names = ["key", "count"]
+        if self.with_ts:
+            columns.append(batch.column("ts"))
+            names.append("ts")
+        return pa.record_batch(columns, names=names)
+
+
 if __name__ != "__main__":  # imported (tests, REPL): still ship the classes by value
     from pyspark import cloudpickle
 
@@ -271,14 +305,15 @@ def build(peer: str, events: Any, with_ts: bool, weir_dir: str) -> Any:
     ws, why = weir_spark()
     if ws is None:
         raise RuntimeError(why)
-    backend = peer.removeprefix("weir-").removesuffix("-observed")
+    backend = peer.removeprefix("weir-").removeprefix("batch-").removesuffix("-observed")
     # (diagnostic peers: the stage's metrics also in Spark's progress, spark.weir.metrics)
     events.sparkSession.conf.set("spark.weir.metrics",
                                  "true" if peer.endswith("-observed") else "false")
     return ws.process(
         events,
         key_by="key",
-        function=CountFunction(with_ts),
+        function=(BatchCountFunction(with_ts) if peer.startswith("weir-batch-")
+                  else CountFunction(with_ts)),
         output_schema=schema,
         uid="count",
         config=weir.JobConfig(Path(weir_dir).as_uri(), max_parallelism=128,
