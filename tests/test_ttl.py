@@ -579,3 +579,18 @@ def test_changing_ttl_of_a_restored_state_is_a_migration_error(backend, before, 
             r.open()
     finally:
         r.close()
+
+
+def test_a_ttl_is_given_as_a_timedelta_a_duration_string_or_int_milliseconds() -> None:
+    import datetime as dt
+
+    from weir.errors import ConfigurationError
+
+    assert weir.StateTtlConfig(dt.timedelta(seconds=10)).ttl_ms == 10_000  # type: ignore[arg-type]
+    assert weir.StateTtlConfig.of(dt.timedelta(minutes=2)).ttl_ms == 120_000
+    assert weir.StateTtlConfig.of("500 ms").ttl_ms == 500
+    assert weir.StateTtlConfig.of(7).ttl_ms == 7
+    with pytest.raises(ConfigurationError, match="must be a positive int"):
+        weir.StateTtlConfig.of(dt.timedelta(0))
+    with pytest.raises(ConfigurationError, match="must be a duration"):
+        weir.StateTtlConfig.of(dt.timedelta(seconds=-1))

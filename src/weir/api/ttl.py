@@ -35,7 +35,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass
+from datetime import timedelta
 
+from weir.api.durations import duration_ms
 from weir.errors import ConfigurationError
 
 __all__ = [
@@ -89,6 +91,8 @@ DEFAULT_ROCKSDB_COMPACT_FILTER_CLEANUP = RocksDBCompactFilterCleanup(1000)
 class StateTtlConfig:
     """Time-to-live of a state's values.
 
+    ``ttl_ms`` is in milliseconds; a ``datetime.timedelta`` or a duration string
+    (``"10 min"``) given for it is converted (:meth:`of` takes either, typed).
     ``incremental_cleanup`` and ``rocksdb_compact_filter_cleanup`` are the strategies
     chosen explicitly; :attr:`incremental_cleanup_strategy` and
     :attr:`rocksdb_compact_filter_cleanup_strategy` are the ones in force (the
@@ -110,6 +114,8 @@ class StateTtlConfig:
     cleanup_in_background: bool = True
 
     def __post_init__(self) -> None:
+        if isinstance(self.ttl_ms, timedelta | str):  # a duration: whole milliseconds
+            object.__setattr__(self, "ttl_ms", duration_ms(self.ttl_ms, "StateTtlConfig.ttl_ms"))
         if not isinstance(self.ttl_ms, int) or self.ttl_ms <= 0:
             raise ConfigurationError(
                 f"StateTtlConfig.ttl_ms={self.ttl_ms!r} must be a positive int (milliseconds)"
@@ -130,6 +136,12 @@ class StateTtlConfig:
                 "query_time_after_num_entries must be positive, "
                 f"got {rf.query_time_after_num_entries}"
             )
+
+    @classmethod
+    def of(cls, ttl: timedelta | str | int) -> StateTtlConfig:
+        """A config with a TTL given as a ``datetime.timedelta``, a duration string
+        (``"10 min"``) or int milliseconds."""
+        return cls(ttl_ms=duration_ms(ttl, "StateTtlConfig.of(ttl)"))
 
     @classmethod
     def of_seconds(cls, seconds: float) -> StateTtlConfig:
