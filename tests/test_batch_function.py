@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import weir
 from weir import CheckpointCoordinator, CheckpointStorage
 from weir.errors import ConfigurationError, KeyGroupError, StateError
+from weir.state.keygroups import assign_key_to_parallel_operator
 from weir.testing import KeyedOperatorHarness, ManualClock
 
 SUM = weir.ValueStateDescriptor("sum", serializer=weir.IntSerializer())
@@ -124,6 +125,42 @@ def test_a_batch_function_gives_the_outputs_and_state_of_the_same_per_record_log
     assert _state(batch, seen) == _state(record, seen)
     record.close()
     batch.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=15, deadline=None)
+@given(before=BATCHES, after=BATCHES)
+def test_a_batch_function_rescaled_from_one_subtask_to_two_goes_on_as_per_record(
+    backend: str, before: list[list[tuple[str, int]]], after: list[list[tuple[str, int]]],
+    tmp_path_factory: Any
+) -> None:
+    """A batch function's snapshot at parallelism 1 restored into two subtasks: each
+    goes on with its keys' state, its outputs those of one per-record subtask that saw
+    everything, for its keys, in order."""
+    tmp = tmp_path_factory.mktemp("r")
+    record = _harness(RecordSum(), backend, tmp)
+    batch = _harness(BatchSum(), backend, tmp)
+    record.open()
+    batch.open()
+    for rows in before:
+        record.process_elements(rows)
+        batch.process_batch(_batch(rows))
+    snap = batch.snapshot()
+    batch.close()
+    subtasks = [KeyedOperatorHarness.restore(
+        BatchSum(), lambda row: row["k"], [snap], parallelism=2, subtask_index=i,
+        state_backend=backend, rocksdb_path=tmp / "rescaled" / str(i)) for i in (0, 1)]
+    owner = {k: assign_key_to_parallel_operator(k, 128, 2) for k in "abcdefghij"}
+    for rows in after:
+        want = record.process_elements(rows)
+        for i, h in enumerate(subtasks):
+            mine = [r for r in rows if owner[r[0]] == i]
+            got = [r for out in (h.process_batch(_batch(mine)) if mine else []) for r in zip(
+                out.column("k").to_pylist(), out.column("sum").to_pylist(), strict=True)]
+            assert got == [w for w in want if owner[w[0]] == i]
+    record.close()
+    for h in subtasks:
+        h.close()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
