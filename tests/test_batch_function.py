@@ -307,3 +307,21 @@ def test_the_spark_pass_hands_a_batch_function_runs_of_records_merged_up_to_its_
     assert all(t.num_rows <= limit for k, t in merged if k == 2)
     assert all(not (a == b == 2 and ta.num_rows + tb.num_rows <= limit)
                for (a, ta), (b, tb) in itertools.pairwise(merged))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_same_arrow_keys_read_then_written_then_read_again(backend: str, tmp_path: Path
+                                                               ) -> None:
+    """The usual pattern — ``get(keys)``, compute, ``put(keys, ...)`` with the same Arrow
+    array — and a later call with other keys of the same values."""
+    h = _harness(BatchSum(), backend, tmp_path)
+    h.open()
+    sums = h.operator.function._ctx.get_state(SUM)
+    keys = pa.array(["a", "b", "c"])
+    assert sums.get(keys).to_pylist() == [None, None, None]
+    sums.put(keys, pa.array([1, 2, None]))
+    assert sums.get(keys).to_pylist() == [1, 2, None]
+    assert sums.get(pa.chunked_array([["c", "a"]])).to_pylist() == [None, 1]
+    sums.delete(keys)
+    assert sums.get(["a", "b"]).to_pylist() == [None, None]
+    h.close()

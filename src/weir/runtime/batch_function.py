@@ -14,7 +14,7 @@ entries, the same write check and change tracking as ``ValueState.update``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -57,6 +57,8 @@ class _BatchValueState(BatchValueState[Any]):
         self._type = _ARROW_TYPES.get(type(descriptor.serializer))
         # the hash map's plain value state: one dict operation over the keys
         self._table = state if type(state) is HashMapValueTable else None
+        #: the Arrow keys of the last call, their Python values and prefixed bytes
+        self._last: tuple[Any, list[Any], list[bytes]] | None = None
 
     def _prefixed(self, keys: list[Any]) -> list[bytes]:
         """Each key's prefixed bytes (checked: a key of this subtask's key groups)."""
@@ -66,10 +68,25 @@ class _BatchValueState(BatchValueState[Any]):
         finally:
             ctx.clear()
 
+    def _keys(self, keys: Any) -> tuple[list[Any], list[bytes] | None]:
+        """``keys`` as Python values, and their prefixed bytes when the hash map's path
+        needs them: an Arrow array (immutable) given again, as a ``get`` and then a
+        ``put`` of the same keys do, reuses the last call's."""
+        if self._table is None:
+            return _pylist(keys), None
+        last = self._last
+        if last is not None and last[0] is keys:
+            return last[1], last[2]
+        values = _pylist(keys)
+        prefixed = self._prefixed(values)
+        self._last = ((keys, values, prefixed) if isinstance(keys, pa.Array | pa.ChunkedArray)
+                      else None)
+        return values, prefixed
+
     def get(self, keys: Keys, type: pa.DataType | None = None) -> pa.Array:
-        keys = _pylist(keys)
-        if self._table is not None:
-            values = list(map(self._table._data.get, self._prefixed(keys)))
+        keys, prefixed = self._keys(keys)
+        if self._table is not None and prefixed is not None:
+            values = list(map(self._table._data.get, prefixed))
         else:
             values = self._each(keys, lambda: self._state.value())
         kind = type or self._type
@@ -82,7 +99,8 @@ class _BatchValueState(BatchValueState[Any]):
             ) from None
 
     def put(self, keys: Keys, values: pa.Array | pa.ChunkedArray | Sequence[Any]) -> None:
-        keys, values = _pylist(keys), _pylist(values)
+        keys, prefixed = self._keys(keys)
+        values = _pylist(values)
         if len(keys) != len(values):
             raise ValueError(f"state {self._name!r}: put of {len(keys)} keys with "
                              f"{len(values)} values")
@@ -97,7 +115,7 @@ class _BatchValueState(BatchValueState[Any]):
                     state.update(value)
             self._op.key_context.clear()
             return
-        prefixed = self._prefixed(keys)
+        assert prefixed is not None
         if None in values:  # a null deletes, as update(None) does
             gone = [k for k, v in zip(prefixed, values, strict=True) if v is None]
             pairs = [(k, v) for k, v in zip(prefixed, values, strict=True) if v is not None]
@@ -111,14 +129,14 @@ class _BatchValueState(BatchValueState[Any]):
         self._mark(prefixed)
 
     def delete(self, keys: Keys) -> None:
-        keys = _pylist(keys)
-        if self._table is None:
+        keys, prefixed = self._keys(keys)
+        if prefixed is None:
             for key in keys:
                 self._at(key)
                 self._state.clear()
             self._op.key_context.clear()
             return
-        self._remove(self._prefixed(keys))
+        self._remove(prefixed)
 
     # helpers ---------------------------------------------------------------------------
     def _at(self, key: Any) -> None:
@@ -156,10 +174,13 @@ class _BatchValueState(BatchValueState[Any]):
 class _BatchContext(KeyedBatchContext):
     def __init__(self, op: Any) -> None:
         self._op = op
-        self.batch_keys: Keys = []
+        #: the batch's keys, or a function that makes them (on first use)
+        self.batch_keys: Keys | Callable[[], Keys] = []
 
     @property
     def keys(self) -> Keys:
+        if callable(self.batch_keys):
+            self.batch_keys = self.batch_keys()
         return self.batch_keys
 
     def get_state(self, descriptor: ValueStateDescriptor[Any]) -> BatchValueState[Any]:
@@ -211,8 +232,10 @@ class BatchFunctionAdapter(KeyedProcessFunction[Any, Any]):
     def close(self) -> None:
         self.function.close()
 
-    def process_batch(self, batch: pa.RecordBatch, keys: Keys) -> list[pa.RecordBatch | pa.Table]:
-        """The function's outputs for ``batch``, whose records have ``keys``."""
+    def process_batch(self, batch: pa.RecordBatch, keys: Keys | Callable[[], Keys]
+                      ) -> list[pa.RecordBatch | pa.Table]:
+        """The function's outputs for ``batch``, whose records have ``keys`` (or the
+        keys a function makes, called only if the function reads ``ctx.keys``)."""
         ctx = self._ctx
         if ctx is None:
             raise ConfigurationError("process_batch before open")

@@ -34,6 +34,7 @@ nothing: every action recomputes the same result.
 
 from __future__ import annotations
 
+import functools
 import logging
 import operator
 import os
@@ -393,7 +394,7 @@ class _Task:
         if not part.num_rows:
             return []
         batch = part.select(list(spec.columns)).combine_chunks().to_batches()[0]
-        keys = keys_of(part, spec.key_columns)
+        keys = functools.partial(keys_of, part, spec.key_columns)  # (if the function asks)
         adapter = cast("BatchFunctionAdapter", live.operator.function)  # (the opened one)
         try:
             return adapter.process_batch(batch, keys)
