@@ -325,3 +325,98 @@ def test_the_same_arrow_keys_read_then_written_then_read_again(backend: str, tmp
     sums.delete(keys)
     assert sums.get(["a", "b"]).to_pylist() == [None, None]
     h.close()
+
+
+LAST = weir.ValueStateDescriptor("last", serializer=weir.IntSerializer())
+GAP = 5
+
+
+class RecordSessions(weir.KeyedProcessFunction[tuple[str, int], tuple[str, int]]):
+    """A key's session ends GAP ms of event time after its latest record: a timer at
+    latest + GAP per record; a timer that is not the latest one is stale."""
+
+    def open(self, ctx: weir.KeyedContext) -> None:
+        self.last = ctx.get_state(LAST)
+
+    def process_element(self, value: tuple[str, int], ctx: weir.KeyedContext) -> Any:
+        latest = max(self.last.value() or value[1], value[1])
+        self.last.update(latest)
+        ctx.timer_service.register_event_time_timer(latest + GAP)
+        return ()
+
+    def on_timer(self, timestamp: int, ctx: weir.KeyedContext) -> Any:
+        if (self.last.value() or 0) + GAP == timestamp:
+            self.last.clear()
+            yield (ctx.current_key, timestamp)
+
+
+class BatchSessions(weir.KeyedBatchFunction):
+    """The same sessions a batch at a time: one timer per key and batch."""
+
+    def open(self, ctx: weir.KeyedBatchContext) -> None:
+        self.last = ctx.get_state(LAST)
+
+    def process_batch(self, batch: pa.RecordBatch, ctx: weir.KeyedBatchContext) -> Any:
+        latest: dict[str, int] = {}
+        for key, ts in zip(ctx.keys, batch.column("v").to_pylist(), strict=True):
+            latest[key] = max(latest.get(key, ts), ts)
+        keys = list(latest)
+        before = self.last.get(keys).to_pylist()
+        new = [max(b, latest[k]) if b is not None else latest[k]
+               for k, b in zip(keys, before, strict=True)]
+        self.last.put(keys, new)
+        ctx.register_event_time_timers(keys, np.array(new) + GAP)
+        return None
+
+    def on_timers(self, timestamps: pa.Array, ctx: weir.KeyedBatchContext) -> Any:
+        assert ctx.time_domain is weir.TimeDomain.EVENT_TIME
+        keys = list(ctx.keys)
+        last = self.last.get(keys).to_pylist()
+        ended = [(k, t) for k, t, b in zip(keys, timestamps.to_pylist(), last, strict=True)
+                 if (b or 0) + GAP == t]
+        self.last.delete([k for k, _ in ended])
+        return pa.record_batch([pa.array([k for k, _ in ended], pa.string()),
+                                pa.array([t for _, t in ended], pa.int64())],
+                               names=["k", "ended"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=20, deadline=None)
+@given(steps=st.lists(st.tuples(
+    st.lists(st.tuples(st.sampled_from("abcde"), st.integers(0, 40)), max_size=12),
+    st.integers(0, 15)), min_size=1, max_size=6))
+def test_batch_timers_end_the_sessions_the_per_record_timers_end(
+    backend: str, steps: list[tuple[list[tuple[str, int]], int]], tmp_path_factory: Any
+) -> None:
+    """Event-time timers registered from arrays and fired into ``on_timers``: after each
+    batch the watermark moves on, and the sessions ended (key, end) are the per-record
+    function's, in the same order; so is the state left."""
+    tmp = tmp_path_factory.mktemp("t")
+    record = _harness(RecordSessions(), backend, tmp)
+    batch = _harness(BatchSessions(), backend, tmp)
+    record.open()
+    batch.open()
+    watermark = 0
+    for rows, step in steps:
+        record.process_elements(rows)
+        batch.process_batch(_batch(rows))
+        watermark += step
+        want = list(record.advance_watermark(watermark))
+        got = [r for out in batch.advance_watermark(watermark) for r in zip(
+            out.column("k").to_pylist(), out.column("ended").to_pylist(), strict=True)]
+        assert got == want
+    keys = {k for rows, _ in steps for k, _ in rows}
+    assert _values(batch, LAST, keys) == _values(record, LAST, keys)
+    record.close()
+    batch.close()
+
+
+def _values(h: KeyedOperatorHarness, descriptor: Any, keys: set[str]) -> dict[str, Any]:
+    op = h.operator
+    state = op.get_state(descriptor)
+    out = {}
+    for key in sorted(keys):
+        op.key_context.set_current_key(key)
+        out[key] = state.value()
+    op.key_context.clear()
+    return out

@@ -131,3 +131,58 @@ def test_process_refuses_a_batch_function_without_key_by(spark: Any, tmp_path: P
     with pytest.raises(ConfigurationError, match="KeyedBatchFunction needs key_by"):
         weir.spark.process(df, key_by=None, function=BatchCount(), output_schema=COUNT_OUT,
                            uid="nokey", config=weir.JobConfig(tmp_path.as_uri()))
+
+
+LAST = weir.ValueStateDescriptor("last", serializer=weir.IntSerializer())
+
+
+class Sessions(weir.KeyedBatchFunction):
+    """A key's session ends 5 ms of event time after its latest record."""
+
+    def open(self, ctx: weir.KeyedBatchContext) -> None:
+        self.last = ctx.get_state(LAST)
+
+    def process_batch(self, batch: pa.RecordBatch, ctx: weir.KeyedBatchContext) -> Any:
+        latest: dict[str, int] = {}
+        for key, ts in zip(ctx.keys, batch.column("ts").to_pylist(), strict=True):
+            latest[key] = max(latest.get(key, ts), ts)
+        keys = list(latest)
+        before = self.last.get(keys).to_pylist()
+        new = [latest[k] if b is None else max(b, latest[k]) for k, b in zip(keys, before,
+                                                                             strict=True)]
+        self.last.put(keys, new)
+        ctx.register_event_time_timers(keys, [t + 5 for t in new])
+        return None
+
+    def on_timers(self, timestamps: pa.Array, ctx: weir.KeyedBatchContext) -> Any:
+        keys = list(ctx.keys)
+        last = self.last.get(keys).to_pylist()
+        ended = [(k, t) for k, t, b in zip(keys, timestamps.to_pylist(), last, strict=True)
+                 if b is not None and b + 5 == t]
+        self.last.delete([k for k, _ in ended])
+        return pa.table({"key": [k for k, _ in ended], "ended": [t for _, t in ended],
+                         "watermark": [ctx.current_watermark] * len(ended)})
+
+
+@pytest.mark.spark
+def test_a_batch_stages_event_time_timers_fire_when_the_watermark_passes_them(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Sessions on a stream of three files (one batch each): a session ends when the
+    watermark from earlier batches passes its latest record + 5, in ``on_timers``."""
+    timed = pa.schema([("key", pa.string()), ("ts", pa.int64())])
+    write_file(tmp_path / "in", [{"key": "a", "ts": t} for t in (1, 3, 2)]
+               + [{"key": "b", "ts": 8}], timed)
+    write_file(tmp_path / "in", [{"key": "b", "ts": 12}, {"key": "c", "ts": 30}], timed)
+    write_file(tmp_path / "in", [{"key": "c", "ts": 31}], timed)
+    sink = run(spark, tmp_path / "in", "key string, ts long",
+               lambda ev: weir.spark.process(
+                   ev, key_by="key", function=Sessions(),
+                   output_schema="key string, ended long, watermark long", uid="sessions",
+                   config=weir.JobConfig(str(tmp_path / "weir")), parallelism=2,
+                   event_time="ts", heartbeat=False),
+               tmp_path / "spark")
+    ended = {b: sorted(tuple(r) for r in rows) for b, rows in sink.batches.items()}
+    assert ended[0] == []
+    assert ended[1] == [("a", 8, 8)]                      # watermark 8: a's 3 + 5 reached
+    assert ended[2] == [("b", 17, 30)]          # watermark 30: b's 13 is stale; c goes on

@@ -10,7 +10,9 @@ restores into the other when the descriptors agree. Outputs are Arrow batches in
 stage's output schema.
 
 Within a call, ``put`` of a key given twice keeps the last value; a later call sees
-everything earlier calls wrote. An exception of ``process_batch`` fails the batch (no
+everything earlier calls wrote. Timers are registered from arrays of keys and times
+(``ctx.register_event_time_timers``); the timers due when time advances reach
+``on_timers`` together. An exception of ``process_batch`` fails the batch (no
 dead letters per record).
 """
 
@@ -20,7 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
-from weir.api.context import Instant
+from weir.api.context import Instant, TimeDomain
 from weir.api.descriptors import ValueStateDescriptor
 
 if TYPE_CHECKING:  # (``import weir`` imports no pyarrow: the Spark daemon sets up its
@@ -73,6 +75,28 @@ class KeyedBatchContext(ABC):
     def get_state(self, descriptor: ValueStateDescriptor[T]) -> BatchValueState[T]:
         """The keyed value state of ``descriptor`` (register it in ``open``)."""
 
+    @abstractmethod
+    def register_event_time_timers(self, keys: Keys, timestamps: Any) -> None:
+        """A timer for each key at the event time beside it (epoch ms; an Arrow array,
+        a NumPy array or a sequence); a key's timer at a time it already has is one."""
+
+    @abstractmethod
+    def register_processing_time_timers(self, keys: Keys, timestamps: Any) -> None:
+        """A processing-time timer for each key at the time beside it (epoch ms)."""
+
+    @abstractmethod
+    def delete_event_time_timers(self, keys: Keys, timestamps: Any) -> None:
+        """Remove each key's event-time timer at the time beside it (if any)."""
+
+    @abstractmethod
+    def delete_processing_time_timers(self, keys: Keys, timestamps: Any) -> None:
+        """Remove each key's processing-time timer at the time beside it (if any)."""
+
+    @property
+    @abstractmethod
+    def time_domain(self) -> TimeDomain | None:
+        """In ``on_timers``: the domain of the timers firing; else None."""
+
     @property
     @abstractmethod
     def subtask_index(self) -> int:
@@ -106,6 +130,13 @@ class KeyedBatchFunction(ABC):
     def process_batch(self, batch: pa.RecordBatch, ctx: KeyedBatchContext) -> BatchOutput:
         """Process the records of ``batch`` (their keys: ``ctx.keys``); return the
         outputs as Arrow in the stage's output schema, or None."""
+
+    def on_timers(self, timestamps: pa.Array, ctx: KeyedBatchContext) -> BatchOutput:
+        """The timers due when event time or processing time advances, all of one
+        domain (``ctx.time_domain``), in the order they fire: their times, and their
+        keys in ``ctx.keys``. A timer registered here at a time already passed fires
+        at the next advance (a micro-batch: the next batch)."""
+        return None
 
     def close(self) -> None:
         """Called once after the last batch."""

@@ -4,7 +4,11 @@
 batch function: its ``open`` hands the function a :class:`KeyedBatchContext` over the
 operator, and :meth:`BatchFunctionAdapter.process_batch` is what a runtime calls per
 batch of records. The batch states read and write the operator's keyed state under the
-same descriptors, so their entries and checkpoints are a per-record function's.
+same descriptors, so their entries and checkpoints are a per-record function's. Timers
+go into the operator's timer queues; the operator fires due timers one by one through
+the adapter's ``on_timer``, which gathers them, and a runtime calls
+:meth:`BatchFunctionAdapter.fire_timers` after each advance of event or processing time
+to pass them to the function's ``on_timers`` together.
 
 :class:`_BatchValueState` reads and writes key by key through the state's own table
 (every backend, TTL included), except the hash map's plain value state, which it
@@ -20,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from weir.api.batch import BatchValueState, KeyedBatchContext, KeyedBatchFunction
-from weir.api.context import Instant, KeyedContext
+from weir.api.context import Instant, KeyedContext, TimeDomain
 from weir.api.descriptors import ValueStateDescriptor
 from weir.api.functions import KeyedProcessFunction
 from weir.api.serializers import BytesSerializer, FloatSerializer, IntSerializer, StrSerializer
@@ -176,6 +180,8 @@ class _BatchContext(KeyedBatchContext):
         self._op = op
         #: the batch's keys, or a function that makes them (on first use)
         self.batch_keys: Keys | Callable[[], Keys] = []
+        #: the domain of the timers ``on_timers`` gets, while it runs
+        self.firing: TimeDomain | None = None
 
     @property
     def keys(self) -> Keys:
@@ -190,6 +196,34 @@ class _BatchContext(KeyedBatchContext):
                 f"for now, got {type(descriptor).__name__} {getattr(descriptor, 'name', '')!r}"
             )
         return _BatchValueState(self._op, self._op.get_state(descriptor), descriptor)
+
+    def _timers(self, keys: Keys, timestamps: Any, act: Callable[[int, bytes], None]) -> None:
+        times = _pylist(timestamps)
+        ctx = self._op.key_context
+        try:
+            prefixed = ctx.prefixed_keys(_pylist(keys))
+        finally:
+            ctx.clear()
+        if len(prefixed) != len(times):
+            raise ValueError(f"{len(prefixed)} keys with {len(times)} timer timestamps")
+        for key, at in zip(prefixed, times, strict=True):
+            act(int(at), key)
+
+    def register_event_time_timers(self, keys: Keys, timestamps: Any) -> None:
+        self._timers(keys, timestamps, self._op.event_timers.register)
+
+    def register_processing_time_timers(self, keys: Keys, timestamps: Any) -> None:
+        self._timers(keys, timestamps, self._op.processing_timers.register)
+
+    def delete_event_time_timers(self, keys: Keys, timestamps: Any) -> None:
+        self._timers(keys, timestamps, self._op.event_timers.delete)
+
+    def delete_processing_time_timers(self, keys: Keys, timestamps: Any) -> None:
+        self._timers(keys, timestamps, self._op.processing_timers.delete)
+
+    @property
+    def time_domain(self) -> TimeDomain | None:
+        return self.firing
 
     @property
     def subtask_index(self) -> int:
@@ -218,10 +252,34 @@ class BatchFunctionAdapter(KeyedProcessFunction[Any, Any]):
                 f"expected a KeyedBatchFunction, got {type(function).__name__}")
         self.function = function
         self._ctx: _BatchContext | None = None
+        #: (key, timestamp, domain) of timers fired and not yet passed to on_timers
+        self._fired: list[tuple[Any, int, TimeDomain | None]] = []
 
     def open(self, ctx: KeyedContext) -> None:
         self._ctx = _BatchContext(ctx)
         self.function.open(self._ctx)
+
+    def on_timer(self, timestamp: int, ctx: KeyedContext) -> Iterable[Any] | None:
+        """The operator fires due timers one by one: gathered for :meth:`fire_timers`."""
+        self._fired.append((ctx.current_key, timestamp, ctx.time_domain))
+        return None
+
+    def fire_timers(self) -> list[pa.RecordBatch | pa.Table]:
+        """``on_timers`` of the timers fired since the last call (one domain: a
+        runtime calls this after each advance of event or processing time)."""
+        fired, self._fired = self._fired, []
+        ctx = self._ctx
+        if not fired or ctx is None:
+            return []
+        ctx.batch_keys = [key for key, _, _ in fired]
+        ctx.firing = fired[0][2]
+        try:
+            result = self.function.on_timers(pa.array([t for _, t, _ in fired], pa.int64()), ctx)
+        finally:
+            ctx.batch_keys = []
+            ctx.firing = None
+            ctx._op.key_context.clear()
+        return _outputs(result)
 
     def process_element(self, value: Any, ctx: KeyedContext) -> Iterable[Any] | None:
         raise ConfigurationError(
@@ -248,8 +306,12 @@ class BatchFunctionAdapter(KeyedProcessFunction[Any, Any]):
             op.key_context.clear()
         if op.keyed_state.record_cleaners:
             op.keyed_state.on_record()
-        if result is None:
-            return []
-        if isinstance(result, pa.RecordBatch | pa.Table):
-            return [result]
-        return list(result)
+        return _outputs(result)
+
+
+def _outputs(result: BatchOutput) -> list[pa.RecordBatch | pa.Table]:
+    if result is None:
+        return []
+    if isinstance(result, pa.RecordBatch | pa.Table):
+        return [result]
+    return list(result)

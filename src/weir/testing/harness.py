@@ -249,16 +249,22 @@ class KeyedOperatorHarness(_HarnessBase):
         return out
 
     def advance_watermark(self, watermark: int) -> list[Any]:
-        """Move event time; returns outputs of the event-time timers that fired."""
+        """Move event time; returns outputs of the event-time timers that fired (a
+        batch function's: the Arrow outputs of its ``on_timers``)."""
         self._op._require_open()
-        return self._op.advance_watermark(watermark)
+        return self._batch_timers(self._op.advance_watermark(watermark))
 
     def advance_processing_time(self, now_ms: int) -> list[Any]:
-        """Move processing time to ``now_ms``; returns outputs of the timers that fired."""
+        """Move processing time to ``now_ms``; returns outputs of the timers that fired
+        (a batch function's: the Arrow outputs of its ``on_timers``)."""
         self._op._require_open()
         if isinstance(self.clock, ManualClock):
             self.clock.set(now_ms)
-        return self._op.advance_processing_time(now_ms)
+        return self._batch_timers(self._op.advance_processing_time(now_ms))
+
+    def _batch_timers(self, out: list[Any]) -> list[Any]:
+        adapter = self._op.function
+        return adapter.fire_timers() if isinstance(adapter, BatchFunctionAdapter) else out
 
     # inspection ---------------------------------------------------------------------
     def state_of(self, key: Any, descriptor: StateDescriptor) -> Any:

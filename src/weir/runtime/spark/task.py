@@ -330,13 +330,17 @@ class _Task:
                 watermark = MAX_WATERMARK  # drained: every event-time timer fires now
         self.watermark, self.max_event = watermark, max_event
         live.clock.now = self.batch_time = now
+        batches = isinstance(spec.function, BatchFunctionAdapter)
         if isinstance(op, KeyedOperator):
             self._emit(self._timers(op, op.advance_watermark, watermark, "event-time"),
                        outputs)
+            if batches:
+                self._emit_arrow(self._batch_timers(op, "event-time"), outputs)
             self._emit(self._timers(op, op.advance_processing_time, now, "processing-time"),
                        outputs)
+            if batches:
+                self._emit_arrow(self._batch_timers(op, "processing-time"), outputs)
         kinds = (int(RowKind.BROADCAST), int(RowKind.RECORD), int(RowKind.BAD_KEY))
-        batches = isinstance(spec.function, BatchFunctionAdapter)
         slices = sorted_slices(table, _ROW_ORDER, KIND, kinds,
                                _BATCH_SLICE_ROWS if batches else _SLICE_ROWS, in_memory)
         if batches:  # one call per batch function for runs of records that fit one
@@ -403,6 +407,17 @@ class _Task:
                 raise
             raise self._user_error(exc, "process_batch", keyed=True,
                                    note=f", a batch of {batch.num_rows} records") from exc
+
+    def _batch_timers(self, op: KeyedOperator, domain: str) -> list[pa.RecordBatch | pa.Table]:
+        """A batch function's ``on_timers`` of the ``domain`` timers that just fired."""
+        adapter = cast("BatchFunctionAdapter", op.function)
+        try:
+            return adapter.fire_timers()
+        except Exception as exc:
+            if not self._raised_by_user(exc):
+                raise
+            raise self._user_error(exc, "on_timers", keyed=True,
+                                   note=f", {domain} timers") from exc
 
     def _broadcast(self, op: KeyedOperator | NonKeyedOperator, part: pa.Table) -> list[Any]:
         spec = self.spec
