@@ -125,12 +125,22 @@ def test_an_exception_of_process_batch_fails_the_batch_naming_it(spark: Any, tmp
         out.collect()
 
 
+class Validating(BatchCount):
+    bad_record_exceptions = (ValueError,)
+
+
 @pytest.mark.spark
-def test_process_refuses_a_batch_function_without_key_by(spark: Any, tmp_path: Path) -> None:
+def test_process_refuses_a_batch_function_without_key_by_or_with_bad_record_exceptions(
+    spark: Any, tmp_path: Path
+) -> None:
     df = spark.createDataFrame([("a", 1)], SCHEMA)
+    config = weir.JobConfig(tmp_path.as_uri())
     with pytest.raises(ConfigurationError, match="KeyedBatchFunction needs key_by"):
         weir.spark.process(df, key_by=None, function=BatchCount(), output_schema=COUNT_OUT,
-                           uid="nokey", config=weir.JobConfig(tmp_path.as_uri()))
+                           uid="nokey", config=config)
+    with pytest.raises(ConfigurationError, match="no dead letters per record"):
+        weir.spark.process(df, key_by="key", function=Validating(), output_schema=COUNT_OUT,
+                           uid="bad", config=config)
 
 
 LAST = weir.ValueStateDescriptor("last", serializer=weir.IntSerializer())

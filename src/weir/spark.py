@@ -227,6 +227,12 @@ def _check_function(function: Any, keyed: bool, broadcast: Any, uid: str) -> Non
                 f"DataFrame, got key_by={'set' if keyed else None}, broadcast="
                 f"{'set' if broadcast is not None else None}"
             )
+        if getattr(function, "bad_record_exceptions", ()):
+            raise ConfigurationError(
+                f"operator {uid!r}: a KeyedBatchFunction has no dead letters per record "
+                f"(an exception of process_batch fails the batch): remove its "
+                f"bad_record_exceptions, or validate the records in process_batch"
+            )
         return
     if broadcast is not None and not isinstance(function, KeyedBroadcastProcessFunction):
         raise ConfigurationError(
