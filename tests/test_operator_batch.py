@@ -68,3 +68,35 @@ def test_process_keyed_matches_process_element_on_both_backends(backend: str) ->
     assert canonical_key_bytes("k0") in b"".join(_state(many))
     one.close()
     many.close()
+
+
+class _FailsAt3(weir.KeyedProcessFunction[int, int]):
+    def process_element(self, value: int, ctx: Any) -> list[int]:
+        if value == 3:
+            raise RuntimeError("three")
+        return [value, value]
+
+
+def test_process_keyed_stops_at_the_record_that_raised_and_refuses_lengths_that_differ(
+) -> None:
+    """The values iterator is consumed in step, so what is left of it says which record
+    raised (the Spark task names that record); values, keys and timestamps must be as
+    many (as ``zip(strict=True)``)."""
+    import operator as op_module
+
+    import pytest
+
+    op = KeyedOperator(_FailsAt3(), lambda v: v, OperatorConfig(uid="f"))
+    op.open()
+    values = [1, 2, 3, 4, 5]
+    pending = iter(values)
+    out: list[int] = []
+    with pytest.raises(RuntimeError, match="three"):
+        op.process_keyed(pending, values, [None] * 5, out)  # type: ignore[arg-type]
+    assert len(values) - op_module.length_hint(pending) - 1 == 2 and out == [1, 1, 2, 2]
+    for bad_values in ([1, 2], [1, 2, 4, 5]):
+        with pytest.raises(ValueError, match="values"):
+            op.process_keyed(bad_values, [1, 2, 4], [None] * 3, [])
+    with pytest.raises(ValueError, match="timestamps"):
+        op.process_keyed([1], [1], [None, None], [])
+    op.close()

@@ -45,6 +45,7 @@ from weir.runtime.operator_base import (
     system_clock,
 )
 from weir.runtime.operator_changes import KeyedChanges, StateChange
+from weir.state._hashcore import process_keyed
 from weir.state.backend import KeyedStateBackend
 from weir.state.hashmap import HashMapKeyedStateBackend
 from weir.state.keycontext import NO_KEY, KeyContext
@@ -185,19 +186,12 @@ class KeyedOperator(KeyedChanges, KeyedContext, TimerService):
         lookups done once (the Spark runtime's process pass). If the function raises,
         ``out`` may hold part of that value's outputs: use it only when an exception
         fails the whole batch."""
-        set_key = self.key_context.set_current_key
-        process = self.function.process_element
-        on_record = self.keyed_state.on_record
-        cleaners = self.keyed_state.record_cleaners  # the live list: states may register late
-        extend = out.extend
-        for value, key, ts in zip(values, keys, timestamps, strict=True):
-            set_key(key)
-            self.record_timestamp = ts
-            result = process(value, self)
-            if result is not None:
-                extend(result)
-            if cleaners:
-                on_record()
+        # the loop in C (_keycell.c): the key made current as set_current_key does, the
+        # function called, its outputs appended, on_record while cleaners is not empty
+        # (the live list: states may register late)
+        process_keyed(self.key_context, iter(values), _as_list(keys), _as_list(timestamps),
+                      self, self.function.process_element, out,
+                      self.keyed_state.record_cleaners, self.keyed_state.on_record)
 
     def process_broadcast_element(self, value: Any, timestamp: int | None = None) -> list[Any]:
         """Process one broadcast element (keyed broadcast functions only)."""
@@ -421,3 +415,7 @@ class _BroadcastSide(BroadcastContext):
                 f"ctx.apply_to_keyed_state(descriptor, function) to visit every key's state"
             )
         raise AttributeError(name)
+
+
+def _as_list(values: Sequence[Any]) -> list[Any]:
+    return values if type(values) is list else list(values)

@@ -582,6 +582,9 @@ static PyMethodDef module_methods[] = {
     {"route_keys", (PyCFunction)(void (*)(void))weir_route_keys, METH_FASTCALL,
      "route_keys(keys, max_parallelism, parallelism, table) -> (int32 routes, slow "
      "positions): the route of each str or int key (see _keycell.c)."},
+    {"process_keyed", (PyCFunction)(void (*)(void))weir_process_keyed, METH_FASTCALL,
+     "process_keyed(cell, values, keys, timestamps, operator, process, out, cleaners, "
+     "on_record): KeyedOperator.process_keyed's loop."},
     {"int64_range", (PyCFunction)(void (*)(void))weir_int64_range, METH_FASTCALL,
      "int64_range(start, count) -> bytearray of count native int64s from start."},
     {"spark_hash_int", (PyCFunction)(void (*)(void))weir_py_spark_hash_int, METH_FASTCALL,

@@ -24,6 +24,13 @@ def route_keys(
 ) -> tuple[bytearray, list[int]]:
     """Native int32 routes of str and int keys; the positions of the others (route 0)."""
 
+def process_keyed(
+    cell: KeyCell, values: Any, keys: list[Any], timestamps: list[int | None], operator: Any,
+    process: Callable[[Any, Any], Any], out: list[Any], cleaners: list[Any],
+    on_record: Callable[[], Any],
+) -> None:
+    """``KeyedOperator.process_keyed``'s loop (see ``_keycell.c``)."""
+
 def int64_range(start: int, count: int) -> bytearray:
     """``count`` native int64s from ``start``."""
 

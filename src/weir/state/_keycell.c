@@ -18,13 +18,14 @@
 
 #include "_keybytes.h"
 
-static PyObject *str_slow_set_current_key;
+static PyObject *str_slow_set_current_key, *str_record_timestamp;
 
 int
 weir_keycell_init(void)
 {
     str_slow_set_current_key = PyUnicode_InternFromString("_slow_set_current_key");
-    return str_slow_set_current_key == NULL ? -1 : 0;
+    str_record_timestamp = PyUnicode_InternFromString("record_timestamp");
+    return str_slow_set_current_key == NULL || str_record_timestamp == NULL ? -1 : 0;
 }
 
 static int
@@ -114,6 +115,124 @@ keycell_prefixed_keys(KeyCell *self, PyObject *keys)
         PyList_SET_ITEM(out, i, prefixed);
     }
     return out;
+}
+
+/* Append result's items (a list, a tuple or any iterable) to out. */
+static int
+extend_outputs(PyObject *out, PyObject *result)
+{
+    if (PyList_CheckExact(result) || PyTuple_CheckExact(result)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(result);
+        PyObject **items = PySequence_Fast_ITEMS(result);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (PyList_Append(out, items[i]) < 0) {
+                return -1;
+            }
+        }
+        return 0;
+    }
+    PyObject *it = PyObject_GetIter(result);
+    if (it == NULL) {
+        return -1;
+    }
+    PyObject *item;
+    while ((item = PyIter_Next(it)) != NULL) {
+        int failed = PyList_Append(out, item);
+        Py_DECREF(item);
+        if (failed < 0) {
+            Py_DECREF(it);
+            return -1;
+        }
+    }
+    Py_DECREF(it);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* process_keyed(cell, values, keys, timestamps, operator, process, out, cleaners,
+ * on_record): KeyedOperator.process_keyed's loop. For each record, in step: the next
+ * value of the iterator values (one per record, so its length left says which record
+ * raised), keys[i] made current as set_current_key does, operator.record_timestamp set
+ * to timestamps[i] (when it is another object than the last), process(value, operator)
+ * with its outputs appended to out, and on_record() while the list cleaners is not
+ * empty. keys and timestamps are lists of one length; values must have as many
+ * (ValueError otherwise, as zip(strict=True)). */
+PyObject *
+weir_process_keyed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9 || !PyObject_TypeCheck(args[0], &KeyCellType) || !PyList_CheckExact(args[2])
+        || !PyList_CheckExact(args[3]) || !PyList_CheckExact(args[6])
+        || !PyList_CheckExact(args[7])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "process_keyed(cell: KeyCell, values: iterator, keys: list, timestamps: "
+                        "list, operator, process, out: list, cleaners: list, on_record)");
+        return NULL;
+    }
+    KeyCell *cell = (KeyCell *)args[0];
+    PyObject *values = args[1], *keys = args[2], *times = args[3], *op = args[4];
+    PyObject *process = args[5], *out = args[6], *cleaners = args[7], *on_record = args[8];
+    if (!PyIter_Check(values)) {
+        PyErr_SetString(PyExc_TypeError, "process_keyed: values must be an iterator");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    if (PyList_GET_SIZE(times) != n) {
+        PyErr_SetString(PyExc_ValueError, "process_keyed: keys and timestamps differ in length");
+        return NULL;
+    }
+    PyObject *last_ts = NULL; /* (borrowed from times, which the caller holds) */
+    for (Py_ssize_t i = 0; i < n && i < PyList_GET_SIZE(keys); i++) {
+        PyObject *value = PyIter_Next(values);
+        if (value == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_ValueError, "process_keyed: fewer values than keys");
+            }
+            return NULL;
+        }
+        PyObject *key = Py_NewRef(PyList_GET_ITEM(keys, i));
+        PyObject *done = keycell_set_current_key(cell, key);
+        Py_DECREF(key);
+        if (done == NULL) {
+            Py_DECREF(value);
+            return NULL;
+        }
+        Py_DECREF(done);
+        PyObject *ts = PyList_GET_ITEM(times, i);
+        if (ts != last_ts) {
+            if (PyObject_SetAttr(op, str_record_timestamp, ts) < 0) {
+                Py_DECREF(value);
+                return NULL;
+            }
+            last_ts = ts;
+        }
+        PyObject *argv[2] = {value, op};
+        PyObject *result = PyObject_Vectorcall(process, argv, 2, NULL);
+        Py_DECREF(value);
+        if (result == NULL) {
+            return NULL;
+        }
+        int failed = result != Py_None && extend_outputs(out, result) < 0;
+        Py_DECREF(result);
+        if (failed) {
+            return NULL;
+        }
+        if (PyList_GET_SIZE(cleaners)) {
+            PyObject *cleaned = PyObject_CallNoArgs(on_record);
+            if (cleaned == NULL) {
+                return NULL;
+            }
+            Py_DECREF(cleaned);
+        }
+    }
+    PyObject *extra = PyIter_Next(values);
+    if (extra != NULL) {
+        Py_DECREF(extra);
+        PyErr_SetString(PyExc_ValueError, "process_keyed: more values than keys");
+        return NULL;
+    }
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 static PyMemberDef keycell_members[] = {
