@@ -67,9 +67,9 @@ class KeyedBatchContext(ABC):
     @property
     @abstractmethod
     def keys(self) -> Keys:
-        """The key of each record of the batch being processed, in its rows' order: an
-        Arrow array for one key column, else a list of tuples. Empty outside
-        ``process_batch``."""
+        """In ``process_batch``: the key of each record, in the batch's row order; in
+        ``on_timers``: the key of each timer, beside its timestamp. A key is a Python
+        value as weir keys records (a tuple for several key columns). Empty otherwise."""
 
     @abstractmethod
     def get_state(self, descriptor: ValueStateDescriptor[T]) -> BatchValueState[T]:
