@@ -420,3 +420,19 @@ def _values(h: KeyedOperatorHarness, descriptor: Any, keys: set[str]) -> dict[st
         out[key] = state.value()
     op.key_context.clear()
     return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_key_put_twice_keeps_its_last_value_a_null_included(backend: str, tmp_path: Path
+                                                               ) -> None:
+    h = _harness(BatchSum(), backend, tmp_path)
+    h.open()
+    sums = h.operator.function._ctx.get_state(SUM)
+    sums.put(["a", "b"], [1, 2])
+    sums.put(["a", "a", "b", "b", "c"], [5, None, None, 7, 3])
+    assert sums.get(["a", "b", "c"]).to_pylist() == [None, 7, 3]
+    with pytest.raises(weir.errors.StateSerializationError):  # the key context is cleared
+        sums.put(["d"], ["not an int"])
+    with pytest.raises(weir.errors.NoKeyContextError):
+        h.operator.get_state(SUM).value()
+    h.close()

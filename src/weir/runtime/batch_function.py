@@ -111,21 +111,22 @@ class _BatchValueState(BatchValueState[Any]):
         table = self._table
         if table is None:
             state = self._state
-            for key, value in zip(keys, values, strict=True):
-                self._at(key)
-                if value is None:
-                    state.clear()
-                else:
-                    state.update(value)
-            self._op.key_context.clear()
+            try:
+                for key, value in zip(keys, values, strict=True):
+                    self._at(key)
+                    if value is None:
+                        state.clear()
+                    else:
+                        state.update(value)
+            finally:
+                self._op.key_context.clear()
             return
         assert prefixed is not None
-        if None in values:  # a null deletes, as update(None) does
-            gone = [k for k, v in zip(prefixed, values, strict=True) if v is None]
-            pairs = [(k, v) for k, v in zip(prefixed, values, strict=True) if v is not None]
-            self._remove(gone)
-            prefixed = [k for k, _ in pairs]
-            values = [v for _, v in pairs]
+        if None in values:  # a null deletes, as update(None) does; each key's last counts
+            last = dict(zip(prefixed, values, strict=True))
+            self._remove([k for k, v in last.items() if v is None])
+            prefixed = [k for k, v in last.items() if v is not None]
+            values = [last[k] for k in prefixed]
         check, ok = table._check, table._ok
         for kind in set(map(type, values)) - ok:  # the write check, once per new type
             check(next(v for v in values if type(v) is kind))
@@ -135,10 +136,12 @@ class _BatchValueState(BatchValueState[Any]):
     def delete(self, keys: Keys) -> None:
         keys, prefixed = self._keys(keys)
         if prefixed is None:
-            for key in keys:
-                self._at(key)
-                self._state.clear()
-            self._op.key_context.clear()
+            try:
+                for key in keys:
+                    self._at(key)
+                    self._state.clear()
+            finally:
+                self._op.key_context.clear()
             return
         self._remove(prefixed)
 
