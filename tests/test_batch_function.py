@@ -81,12 +81,7 @@ def _state(h: KeyedOperatorHarness, keys: set[str]) -> dict[str, int | None]:
     snap = h.snapshot()
     reader = KeyedOperatorHarness.restore(RecordSum(), lambda row: row[0], [snap],
                                           parallelism=1, subtask_index=0)
-    op = reader.operator
-    state = op.get_state(SUM)
-    out = {}
-    for key in sorted(keys):
-        op.key_context.set_current_key(key)
-        out[key] = state.value()
+    out = _values(reader, SUM, keys)
     reader.close()
     return out
 

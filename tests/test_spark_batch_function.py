@@ -196,3 +196,24 @@ def test_a_batch_stages_event_time_timers_fire_when_the_watermark_passes_them(
     assert ended[0] == []
     assert ended[1] == [("a", 8, 8)]                      # watermark 8: a's 3 + 5 reached
     assert ended[2] == [("b", 17, 30)]          # watermark 30: b's 13 is stale; c goes on
+
+
+@pytest.mark.spark
+def test_records_without_an_event_time_go_to_the_dead_letters_before_the_batch_function(
+    spark: Any, tmp_path: Path
+) -> None:
+    timed = pa.schema([("key", pa.string()), ("ts", pa.int64())])
+    write_file(tmp_path / "in", [{"key": "a", "ts": 1}, {"key": "b", "ts": None},
+                                 {"key": "c", "ts": 2}], timed)
+    run(spark, tmp_path / "in", "key string, ts long",
+        lambda ev: weir.spark.process(
+            ev, key_by="key", function=Sessions(),
+            output_schema="key string, ended long, watermark long", uid="sessions",
+            config=weir.JobConfig(str(tmp_path / "weir")), parallelism=2,
+            event_time="ts", heartbeat=False),
+        tmp_path / "spark")
+    (dead,) = weir.read_dead_letters(str(tmp_path / "weir"))
+    assert dead["record"] == {"key": "b", "ts": None}
+    assert "null or invalid event time" in dead["reason"]
+    state = weir.read_state(str(tmp_path / "weir")).keyed_state("sessions", "last")
+    assert dict(zip(state["key"], state["value"], strict=True)) == {"a": 1, "c": 2}

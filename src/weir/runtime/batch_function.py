@@ -271,9 +271,11 @@ class BatchFunctionAdapter(KeyedProcessFunction[Any, Any]):
         """``on_timers`` of the timers fired since the last call (one domain: a
         runtime calls this after each advance of event or processing time)."""
         fired, self._fired = self._fired, []
-        ctx = self._ctx
-        if not fired or ctx is None:
+        if not fired:
             return []
+        ctx = self._ctx
+        if ctx is None:  # (the operator fires timers only once it is open)
+            raise ConfigurationError("fire_timers before open")
         ctx.batch_keys = [key for key, _, _ in fired]
         ctx.firing = fired[0][2]
         try:

@@ -171,12 +171,16 @@ def clock_route(parallelism: int) -> Column:
     return F.element_at(_route_table(parallelism), (subtask + 1).cast("int"))
 
 
+def _clock_order(subtask: Column, now: Column) -> Column:
+    """``routing.clock_order`` as an expression."""
+    return F.lit(clock_order(0, 0)) + F.shiftleft(subtask.cast("bigint"), CLOCK_SHIFT) + now
+
+
 def jvm_clock_rows(beat: DataFrame, parallelism: int, now: Column) -> DataFrame:
     """One clock row (``_weir_order`` only) per subtask for each row of ``beat``."""
     fan = F.explode(F.sequence(F.lit(0), F.lit(parallelism - 1))).alias(_FAN)
     return beat.select(fan).select(
-        (F.lit(clock_order(0, 0)) + F.shiftleft(F.col(_FAN).cast("bigint"), CLOCK_SHIFT)
-         + now).cast("bigint").alias(ORDER))
+        _clock_order(F.col(_FAN), now).cast("bigint").alias(ORDER))
 
 
 def jvm_keyed_route(
@@ -208,10 +212,10 @@ def jvm_keyed_route(
         F.lit("weir: an input partition's row order "), order.cast("string"),
         F.lit(" is too large for weir's route: coalesce the input first"))))
         .otherwise(kind.otherwise(F.lit(packed_order(RowKind.RECORD, 0))) + order))
-    clock = (F.lit(clock_order(0, 0)) + F.shiftleft(fan.cast("bigint"), CLOCK_SHIFT) + now)
     rows = fanned.select(
         *[F.col(f"`{c}`") for c in events.columns],
-        F.when(fan < 0, record_order).otherwise(clock).cast("bigint").alias(ORDER),
+        F.when(fan < 0, record_order).otherwise(_clock_order(fan, now))
+        .cast("bigint").alias(ORDER),
     )
     # the route from the order's kind: a clock row's subtask; a bad key to some subtask
     # (to be dead-lettered there, by its row); a record to the owner of its key group

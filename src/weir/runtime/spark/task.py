@@ -390,10 +390,11 @@ class _Task:
         spec = self.spec
         screen = self._screen(part, self._event_times(part))
         if screen is not None:
-            records = columns_to_records(part, spec.columns, spec.record_format)
-            for record, reason in zip(records, screen, strict=True):
-                if reason:
-                    self._dead_letter(record, reason)
+            dead = [j for j, reason in enumerate(screen) if reason]
+            if dead:  # records as dicts for the dead letters only
+                records = columns_to_records(part.take(dead), spec.columns, spec.record_format)
+                for record, j in zip(records, dead, strict=True):
+                    self._dead_letter(record, screen[j])  # type: ignore[arg-type]
             part = part.filter(pa.array([reason is None for reason in screen]))
         if not part.num_rows:
             return []
