@@ -370,12 +370,12 @@ def test_rebuilt_exceptions_are_of_their_own_type() -> None:
 def test_only_exceptions_raised_through_the_users_methods_are_theirs() -> None:
     """A task wraps an exception as the user's only if a frame of the function's class
     (its own methods or a user base class's, not weir's API) is in its traceback."""
-    from weir.runtime.spark import task
+    from weir.runtime.spark.user_errors import user_codes
 
-    codes = task._user_codes(PickyLookup)
+    codes = user_codes(PickyLookup)
     assert Lookup.process_element.__code__ in codes
     assert weir.KeyedProcessFunction.on_timer.__code__ not in codes
-    assert Opener.open.__code__ in task._user_codes(Opener)
+    assert Opener.open.__code__ in user_codes(Opener)
 
 
 def test_py4j_s_report_of_a_foreach_batch_failed_by_a_weir_function_is_dropped() -> None:

@@ -41,7 +41,6 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from types import CodeType
 from typing import Any, cast
 
 import pyarrow as pa
@@ -58,7 +57,6 @@ from weir.errors import (
     FencedError,
     TaskPlacementError,
     UserFunctionError,
-    WeirError,
 )
 from weir.runtime.batch_function import BatchFunctionAdapter
 from weir.runtime.collection import fewer_collections
@@ -96,8 +94,10 @@ from weir.runtime.spark.routing import (
     clock_of,
     unpack_kinds,
 )
+from weir.runtime.spark.screen import CORRUPT_RECORD, MALFORMED, screen_records
 from weir.runtime.spark.spec import StageSpec
 from weir.runtime.spark.spill import SpillBuffer, merged_slices, sorted_slices
+from weir.runtime.spark.user_errors import raised_by_user
 
 __all__ = ["process_pass"]
 
@@ -109,8 +109,6 @@ _SLICE_ROWS = 8_192
 _BATCH_SLICE_ROWS = 131_072
 _ROW_ORDER = [(KIND, "ascending"), (ORDER, "ascending")]
 #: the column Spark's PERMISSIVE readers fill with the raw text of a malformed line
-CORRUPT_RECORD = "_corrupt_record"
-MALFORMED = f"malformed input: Spark could not parse it (its raw text is in {CORRUPT_RECORD})"
 
 
 class _Task:
@@ -388,7 +386,7 @@ class _Task:
         """A batch function's call over the records of ``part`` (those the event time
         and malformed input leave; the others dead-lettered or dropped)."""
         spec = self.spec
-        screen = self._screen(part, self._event_times(part))
+        screen = screen_records(part, self._event_times(part), spec, self.watermark, self.counts)
         if screen is not None:
             dead = [j for j, reason in enumerate(screen) if reason]
             if dead:  # records as dicts for the dead letters only
@@ -455,7 +453,7 @@ class _Task:
         current = live.key
         process = op.process_element
         out: list[Any] = []
-        screen = self._screen(part, times)
+        screen = screen_records(part, times, spec, self.watermark, self.counts)
         if screen is None and not bad and isinstance(op, KeyedOperator):
             # an exception fails the batch; the iterator's length left says which record
             # raised (process_keyed only iterates its values, once, in step)
@@ -492,17 +490,7 @@ class _Task:
         :class:`UserFunctionError`: not weir's own (a :class:`WeirError` says what it
         is), and raised in or under a method of the function's class (not by weir's code
         around the call: restoring state, firing timers)."""
-        if isinstance(exc, WeirError):
-            return False
-        function = self.spec.function
-        codes = _user_codes(type(function.function if isinstance(function, BatchFunctionAdapter)
-                                 else function))
-        tb = exc.__traceback__
-        while tb is not None:
-            if tb.tb_frame.f_code in codes:
-                return True
-            tb = tb.tb_next
-        return False
+        return raised_by_user(self.spec.function, exc)
 
     def _user_error(self, exc: BaseException, method: str, *, key: Any = None,
                     keyed: bool = False, record: Any = None, has_record: bool = False,
@@ -535,35 +523,6 @@ class _Task:
                 raise
             raise self._user_error(exc, "on_timer", key=op.current_key, keyed=True,
                                    note=f", {domain} timer {op.record_timestamp}") from exc
-
-    def _screen(self, part: pa.Table, times: list[int | None]) -> list[str | None] | None:
-        """Per record: None to process it, a reason to dead-letter it, "" to drop it —
-        malformed input (Spark's ``_corrupt_record`` is set), a null or invalid event
-        time, and records behind the watermark (``late_records``); counted. None if
-        every record is processed."""
-        spec = self.spec
-        corrupt = (part[CORRUPT_RECORD].to_pylist() if CORRUPT_RECORD in part.column_names
-                   else None)
-        if corrupt is None and spec.event_time is None:
-            return None
-        out: list[str | None] = [None] * part.num_rows
-        watermark = self.watermark
-        for j, ts in enumerate(times):
-            if corrupt is not None and corrupt[j] is not None:
-                self.counts["malformed"] += 1
-                out[j] = MALFORMED
-            elif spec.event_time is None:
-                continue
-            elif ts is None:
-                self.counts["null_event_time"] += 1
-                out[j] = f"null or invalid event time in column {spec.event_time!r}"
-            elif ts <= watermark:
-                self.counts["late"] += 1
-                if spec.late_records == "drop":
-                    out[j] = ""
-                elif spec.late_records == "dead_letter":
-                    out[j] = f"late: event time {ts} is not after the watermark {watermark}"
-        return out
 
     def _dead_letter(self, record: Any, reason: str) -> None:
         self.dead.append({
@@ -616,28 +575,6 @@ class _Task:
         if now - live.renewed_ms >= spec.lease_timeout_ms // 4:
             self.lineage.renew(self.token)
             live.renewed_ms = now
-
-
-_USER_CODES: dict[type, frozenset[CodeType]] = {}
-
-
-def _user_codes(cls: type) -> frozenset[CodeType]:
-    """The code of every method the user's function class defines or inherits from a
-    class that is not weir's API (``weir.api``: the base classes)."""
-    found = _USER_CODES.get(cls)
-    if found is not None:
-        return found
-    codes = set()
-    for klass in cls.__mro__:
-        if klass is object or klass.__module__.startswith("weir.api"):
-            continue
-        for value in vars(klass).values():
-            function = getattr(value, "__func__", value)  # (static and class methods)
-            code = getattr(function, "__code__", None)
-            if isinstance(code, CodeType):
-                codes.add(code)
-    found = _USER_CODES[cls] = frozenset(codes)
-    return found
 
 
 def _ms(seconds: float) -> float:
