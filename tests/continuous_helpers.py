@@ -43,6 +43,41 @@ class Count(weir.KeyedProcessFunction[int, list[Any]]):
         yield [value % 50, value, n]
 
 
+class BatchCount(weir.KeyedBatchFunction):
+    """``Count`` a batch at a time (records: ints, in the batch's ``value`` column, or
+    lists whose item ``item`` is the number): each record's count is its key's count
+    before the batch plus its occurrence in the batch; emits [key, n, count] rows (a
+    ``value`` column of lists)."""
+
+    def __init__(self, item: int | None = None) -> None:
+        self.item = item
+
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(COUNT)
+
+    def process_batch(self, batch: Any, ctx: Any) -> Any:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        keys = np.asarray(ctx.keys, dtype=np.int64)
+        distinct, codes, runs = np.unique(keys, return_inverse=True, return_counts=True)
+        before = pc.fill_null(self.count.get(distinct.tolist()), 0).to_numpy()
+        order = np.argsort(codes, kind="stable")
+        starts = np.concatenate(([0], np.cumsum(runs)[:-1]))
+        occurrence = np.empty(len(codes), dtype=np.int64)
+        occurrence[order] = np.arange(len(codes)) - np.repeat(starts, runs)
+        self.count.put(distinct.tolist(), (before + runs).tolist())
+        counts = before[codes] + occurrence + 1
+        numbers = batch.column("value")
+        if self.item is not None:
+            numbers = pc.list_element(numbers, self.item)
+        numbers = numbers.to_numpy()
+        rows = np.stack([keys, numbers, counts], axis=1)
+        return pa.record_batch([pa.array(rows.tolist(), pa.list_(pa.int64()))],
+                               names=["value"])
+
+
 def by_value(module: ModuleType) -> None:
     """Pickle ``module``'s functions, and this one's, by value into the job graph."""
     cloudpickle.register_pickle_by_value(module)

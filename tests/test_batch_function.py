@@ -271,18 +271,6 @@ def test_process_element_on_a_batch_function_says_what_to_call(tmp_path: Path) -
     per_record.close()
 
 
-def test_the_continuous_runtime_refuses_a_batch_function_saying_where_it_runs(
-    tmp_path: Path
-) -> None:
-    from weir.connectors import SequenceSource
-    from weir.stream import StreamEnvironment
-
-    env = StreamEnvironment(weir.JobConfig(tmp_path, parallelism=1))
-    keyed = env.from_source(SequenceSource(3), uid="a").key_by(lambda n: n)
-    with pytest.raises(ConfigurationError, match=r"weir\.spark\.process"):
-        keyed.process(BatchSum(), uid="sum")
-
-
 @settings(max_examples=50, deadline=None)
 @given(sizes=st.lists(st.tuples(st.sampled_from([1, 2, 3]), st.integers(1, 5)), max_size=12),
        limit=st.integers(5, 9))

@@ -14,7 +14,14 @@ from typing import Any
 import pytest
 
 import weir
-from continuous_helpers import Count, Running, by_value, check_exactly_once, keyed_graph
+from continuous_helpers import (
+    BatchCount,
+    Count,
+    Running,
+    by_value,
+    check_exactly_once,
+    keyed_graph,
+)
 from weir import connectors as wc
 from weir.api.checkpointing import CheckpointConfig, SnapshotStrategy
 from weir.checkpoint.format import KeyedChangelogHandle, KeyedIncrementalHandle
@@ -36,10 +43,20 @@ def spec(tmp_path: Path, backend: str, n: int, rate: float | None = None,
                        backend=backend, job="count", **kw)
 
 
-def test_a_bounded_job_is_exactly_once_across_processes(tmp_path: Path, backend: str) -> None:
+#: the keyed count per record, and as a batch function (records gathered between barriers)
+FUNCTIONS = pytest.mark.parametrize("function", ["record", "batch"])
+
+
+def count(function: str) -> Any:
+    return Count() if function == "record" else BatchCount()
+
+
+@FUNCTIONS
+def test_a_bounded_job_is_exactly_once_across_processes(tmp_path: Path, backend: str,
+                                                        function: str) -> None:
     n = 150_000
-    result = LocalJob(spec(tmp_path, backend, n), CheckpointConfig(interval=20)).run(
-        timeout_s=120)
+    result = LocalJob(spec(tmp_path, backend, n, function=count(function)),
+                      CheckpointConfig(interval=20)).run(timeout_s=120)
     check_exactly_once(tmp_path, n)  # output, counts, state, every transaction committed
     assert len(result.completed) >= 3 and result.completed == sorted(result.completed)
 
@@ -92,15 +109,17 @@ def test_a_killed_task_fails_the_job_at_once_and_leaves_no_process(tmp_path: Pat
 #: the root cause named) and on RocksDB in the event-time SIGKILL test
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("WEIR_SOAK"), reason="make soak")
+@FUNCTIONS
 def test_tasks_killed_with_sigkill_restart_from_the_latest_checkpoint_exactly_once(
-    tmp_path: Path, backend: str
+    tmp_path: Path, backend: str, function: str
 ) -> None:
     """A keyed task, then a source task, killed with SIGKILL mid-run (after checkpoints
     completed): every task restarts from the latest completed checkpoint; lost =
     duplicated = 0 in the committed output and in the state, failures = 2."""
     n = 240_000
     sleeps: list[float] = []
-    job = LocalJob(spec(tmp_path, backend, n, rate=40_000), CheckpointConfig(interval=100),
+    job = LocalJob(spec(tmp_path, backend, n, rate=40_000, function=count(function)),
+                   CheckpointConfig(interval=100),
                    restart=weir.RestartStrategy.fixed_delay(attempts=2, delay="0.5 s"),
                    sleep=sleeps.append)
     running = Running(job)

@@ -7,7 +7,8 @@ completed checkpoint's transactions) — and the job must end exactly-once.
 The job: two source subtasks → ``map`` → ``rebalance`` into a non-keyed function with
 operator state (p = 3) → ``key_by`` → a running count per key (keyed state, p = 2,
 by seed: RocksDB with changelog checkpoints, the hash map, RocksDB with incremental
-native checkpoints) → a two-phase-commit file sink that can be made slow to
+native checkpoints; per record, and again as a batch function whose records are
+gathered between barriers) → a two-phase-commit file sink that can be made slow to
 commit (an ``arm`` file), checkpoints every 50 ms.
 
 Reported per seed, all required 0: **L** numbers without an output row, **D** output
@@ -31,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark import cloudpickle
 
 import weir
+from continuous_helpers import BatchCount, by_value
 from weir.checkpoint.coordinator import CheckpointCoordinator
 from weir.connectors import FileSink, SequenceSource, read_stream_sink
 from weir.runtime.continuous.master import LocalJob
@@ -50,7 +51,7 @@ COUNT = weir.ValueStateDescriptor[int]("count", weir.IntSerializer())
 
 @pytest.fixture(autouse=True)
 def _by_value() -> None:
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    by_value(sys.modules[__name__])
 
 
 class Count(weir.KeyedProcessFunction[int, list[int]]):
@@ -95,15 +96,17 @@ class SlowCommits(FileSink):
             super().commit([committable])
 
 
-def build(tmp_path: Path, backend: str) -> LocalJob:
+def build(tmp_path: Path, backend: str, function: str = "record") -> LocalJob:
     """``backend``: hashmap, rocksdb (changelog checkpoints, the default) or
-    rocksdb-incremental (native incremental checkpoints)."""
+    rocksdb-incremental (native incremental checkpoints); ``function``: the count per
+    record, or as a batch function (records gathered between barriers)."""
     env = StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=2, max_parallelism=32,
                                            state_backend=backend.removesuffix("-incremental")))
     (env.from_source(SequenceSource(N, 15_000), uid="numbers")
         .map(lambda n: n)
         .rebalance().process(Tag(), uid="tag", parallelism=3)
-        .key_by(lambda r: r[1] % KEYS).process(Count(), uid="count")
+        .key_by(lambda r: r[1] % KEYS)
+        .process(Count() if function == "record" else BatchCount(item=1), uid="count")
         .sink_to(SlowCommits(tmp_path / "out", tmp_path / "markers"), uid="sink"))
     changelog = False if backend.endswith("-incremental") else None
     return LocalJob(env.job_graph("kills"), CheckpointConfig(interval=50, changelog=changelog),
@@ -180,11 +183,13 @@ class Killer:
                 marker.unlink()
 
 
+@pytest.mark.parametrize("function", ["record", "batch"])
 @pytest.mark.parametrize("seed", SEEDS)
-def test_kill_9_at_random_points_of_a_continuous_job(tmp_path: Path, seed: int) -> None:
+def test_kill_9_at_random_points_of_a_continuous_job(tmp_path: Path, seed: int, function: str
+                                                     ) -> None:
     rng = random.Random(seed)
-    backend = ("rocksdb", "hashmap", "rocksdb-incremental")[seed % 3]
-    job = build(tmp_path, backend)
+    backend = ("rocksdb", "hashmap", "rocksdb-incremental")[(seed + (function == "batch")) % 3]
+    job = build(tmp_path, backend, function)
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -222,7 +227,7 @@ def test_kill_9_at_random_points_of_a_continuous_job(tmp_path: Path, seed: int) 
             completed.verify()
         except weir.CorruptCheckpointError:
             corrupt += 1
-    report = (f"seed={seed} {backend}: L={lost} D={dups} M={len(wrong)} C={corrupt} "
+    report = (f"seed={seed} {backend} {function}: L={lost} D={dups} M={len(wrong)} C={corrupt} "
               f"kills={killer.done} restarts={job.result.restarts} "
               f"failures={job.result.failures}")
     print(report)

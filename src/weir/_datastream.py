@@ -181,22 +181,37 @@ class KeyedStream(DataStream):
     def process(self, function: Any, *, uid: str,  # (a KeyedProcessFunction here)
                 parallelism: int | None = None,
                 bad_record_exceptions: Sequence[type[BaseException]] = (),
-                dead_letters: Sink[Any] | None = None) -> DataStream:
-        """Run ``function`` (a :class:`~weir.KeyedProcessFunction`) per key, with keyed
-        state and timers; ``uid`` names its state in checkpoints and savepoints. Bad
-        records go to the dead letters as with :meth:`DataStream.process`."""
+                dead_letters: Sink[Any] | None = None, schema: Any = None) -> DataStream:
+        """Run ``function`` per key, with keyed state and timers; ``uid`` names its state
+        in checkpoints and savepoints. A :class:`~weir.KeyedProcessFunction` gets one
+        record at a time, and bad records go to the dead letters as with
+        :meth:`DataStream.process`. A :class:`~weir.KeyedBatchFunction` gets the records
+        as ``pyarrow`` batches (a ``dict`` record is a row of its items, any other
+        record a row of one column, ``value``; ``schema``, a ``pyarrow.Schema``, fixes
+        the batches' types, else they are inferred per batch); its outputs' rows become
+        records (``dict`` s, or the values of a batch whose one column is ``value``)."""
+        p = self._env.parallelism if parallelism is None else parallelism
         if isinstance(function, KeyedBatchFunction):
-            raise ConfigurationError(
-                f"{type(function).__name__} is a KeyedBatchFunction: the continuous runtime "
-                f"does not run batch functions yet; run it as a Spark micro-batch stage "
-                f"(weir.spark.process) or write it as a KeyedProcessFunction")
+            if bad_record_exceptions or dead_letters is not None:
+                raise ConfigurationError(
+                    f"operator {uid!r}: {type(function).__name__} is a KeyedBatchFunction, "
+                    f"which takes no bad_record_exceptions or dead_letters (an exception "
+                    f"of process_batch fails the batch)")
+            from weir.runtime.batch_function import BatchFunctionAdapter
+
+            return self._then(OperatorSpec(
+                OpKind.KEYED, uid_of(uid), BatchFunctionAdapter(function),
+                key_selector=self._key_selector, batch=True, batch_schema=schema), p)
+        if schema is not None:
+            raise ConfigurationError(f"operator {uid!r}: schema is for a KeyedBatchFunction, "
+                                     f"not {type(function).__name__}")
         if not isinstance(function, KeyedProcessFunction):
             raise ConfigurationError(f"process on a keyed stream needs a "
                                      f"KeyedProcessFunction, got {type(function).__name__}")
         op = _rejecting(self._env, OperatorSpec(OpKind.KEYED, uid_of(uid), function,
                                                 key_selector=self._key_selector),
                         bad_record_exceptions, dead_letters)
-        return self._then(op, self._env.parallelism if parallelism is None else parallelism)
+        return self._then(op, p)
 
     def connect(self, broadcast: BroadcastStream) -> KeyedBroadcastStream:
         """This keyed stream with a broadcast stream, for a

@@ -267,6 +267,11 @@ class BatchFunctionAdapter(KeyedProcessFunction[Any, Any]):
         self._fired.append((ctx.current_key, timestamp, ctx.time_domain))
         return None
 
+    @property
+    def fired_until(self) -> int | None:
+        """The latest time of the timers fired and not yet passed (None: none)."""
+        return max((t for _, t, _ in self._fired), default=None)
+
     def fire_timers(self) -> list[pa.RecordBatch | pa.Table]:
         """``on_timers`` of the timers fired since the last call (one domain: a
         runtime calls this after each advance of event or processing time)."""

@@ -26,15 +26,19 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from weir.api.descriptors import ListStateDescriptor
 from weir.api.functions import CheckpointedFunction, ProcessFunction
 from weir.api.watermarks import WatermarkStrategy
+from weir.errors import ConfigurationError
 from weir.runtime.continuous.graph import JobGraph, OperatorSpec, OpKind, Vertex
 from weir.runtime.nonkeyed import NonKeyedOperator
 from weir.runtime.operator import KeyedOperator
 from weir.runtime.operator_base import OperatorConfig
+
+if TYPE_CHECKING:  # (pyarrow is imported only by a chain with a batch function)
+    from weir.runtime.continuous.batching import BatchBuffer
 
 __all__ = ["ChainedOperator", "OperatorChain", "Push", "dead_letter"]
 
@@ -90,6 +94,13 @@ class ChainedOperator:
             assert spec.key_selector is not None
             self.core = KeyedOperator(spec.fn, spec.key_selector, config,
                                       broadcast_state_descriptors=spec.broadcast_descriptors)
+        #: a batch function's records gathered between the task's flushes (.batching)
+        self.batch: BatchBuffer | None = None
+        if spec.batch:
+            from weir.runtime.continuous.batching import BatchBuffer
+
+            assert isinstance(self.core, KeyedOperator)
+            self.batch = BatchBuffer(self.core, spec.batch_schema, config.describe())
         #: where the records the function rejects go (a sink of its own)
         self.dead_letters: ChainedOperator | None = None
         if spec.dead_letters is not None:
@@ -147,6 +158,12 @@ class OperatorChain:
                     for spec in vertex.chain]
         #: every operator, the dead-letter sinks (off the chain's path) last
         self.all = self.ops + [op.dead_letters for op in self.ops if op.dead_letters]
+        #: the batch functions' buffers (a keyed operator heads its chain: the task
+        #: flushes them between the records of its input gate)
+        self.batches = [op.batch for op in self.ops if op.batch is not None]
+        if any(op.batch is not None for op in self.ops[1:]):
+            raise ConfigurationError(f"vertex {vertex.id}: a batch function must head "
+                                     f"its chain (after a key_by)")
         #: push[k] feeds operator k; after[k] what operator k emits (filled by wire)
         self.push: list[Push] = []
         self.after: list[Push] = []
@@ -185,6 +202,11 @@ class OperatorChain:
             push.append(nxt)
         self.push, self.after = push[::-1], after[::-1]
 
+    def flush(self) -> None:
+        """Run the batch functions over the records they have taken (in chain order)."""
+        for batch in self.batches:
+            batch.flush()
+
     def fire_watermark(self, watermark: int) -> None:
         """Move event time of every keyed operator to ``watermark`` (in chain order;
         what its timers emit goes down the chain first)."""
@@ -192,6 +214,8 @@ class OperatorChain:
             core = op.keyed
             if core is not None:
                 core.advance_watermark(watermark, self.after[k])
+                if op.batch is not None:
+                    op.batch.timers()
 
     def fire_processing_time(self) -> None:
         """Fire the due processing-time timers of every keyed operator."""
@@ -199,6 +223,8 @@ class OperatorChain:
             core = op.keyed
             if core is not None:
                 core.advance_processing_time(None, self.after[k])
+                if op.batch is not None:
+                    op.batch.timers()
 
 
 def _push_of(op: ChainedOperator, nxt: Push) -> Push:
@@ -225,6 +251,9 @@ def _push_of(op: ChainedOperator, nxt: Push) -> Push:
         return push_sink
     if kind is OpKind.SOURCE:
         return nxt  # a source's records enter after it
+    if op.batch is not None:  # gathered for the next flush
+        op.batch.emit = nxt
+        return op.batch.push
     assert op.core is not None
     process = op.guard(op.core.process_element)
 

@@ -140,6 +140,10 @@ class OperatorSpec:
     #: job's checkpoint storage unless the job names a sink) and the job goes on
     bad_record_exceptions: tuple[type[BaseException], ...] = ()
     dead_letters: OperatorSpec | None = None
+    #: a keyed operator running a batch function (``fn``: its adapter), and the Arrow
+    #: schema of its batches (None: inferred per batch)
+    batch: bool = False
+    batch_schema: Any = None
 
     @property
     def uid(self) -> str | None:

@@ -1,0 +1,114 @@
+"""A :class:`~weir.KeyedBatchFunction` on the continuous runtime: records gathered into
+Arrow batches between the task's other duties.
+
+A keyed operator whose function is a batch function (run through
+:class:`~weir.runtime.batch_function.BatchFunctionAdapter`, as on Spark) takes its
+records from the chain one at a time into a :class:`BatchBuffer`; the task **flushes**
+the buffer — one ``process_batch`` call over everything gathered — before it does
+anything that must see those records processed: a barrier or cancellation marker
+reaching the barrier handler (so a checkpoint's state holds every record before its
+barrier, and the outputs go ahead of the forwarded barrier), a watermark or idleness
+event, processing-time timers, a control message (a live state query answers over the
+records taken), the end of the input; and whenever no input is waiting (so a record
+waits for no timeout at a low rate) or the buffer holds ``max_records``. A batch is
+thus the records taken since the last flush, in input order, all keys mixed.
+
+Records to rows: a ``dict`` record is a row of its items (columns by name); any other
+record is a row with one column, ``value``. The batch's schema is the operator's
+``schema`` when the job gives one, else inferred from the batch (Arrow's
+``from_pylist``). Outputs back to records, the reverse: each row of an output batch
+as a ``dict``, or its value when the batch's only column is ``value``. An output
+carries the largest timestamp of the records (or timers) of the call that made it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+
+from weir.errors import ConfigurationError
+from weir.runtime.batch_function import BatchFunctionAdapter
+from weir.runtime.operator import KeyedOperator
+
+__all__ = ["MAX_BATCH_RECORDS", "BatchBuffer", "records_of", "rows_of"]
+
+#: records gathered before a flush at the latest (a micro-batch slice on Spark is
+#: 131,072; here a batch also ends at every barrier, watermark and pause of the input)
+MAX_BATCH_RECORDS = 16_384
+#: the one column of a batch of records that are not dicts
+VALUE = "value"
+
+Push = Callable[[Any, "int | None"], None]
+
+
+def rows_of(records: list[Any], schema: pa.Schema | None, where: str) -> pa.RecordBatch:
+    """``records`` as one Arrow batch (see the module doc)."""
+    if records and all(type(r) is dict for r in records):
+        rows = records
+    else:
+        rows = [{VALUE: r} for r in records]
+    try:
+        return pa.RecordBatch.from_pylist(rows, schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, KeyError) as exc:
+        raise ConfigurationError(
+            f"{where}: its records do not make an Arrow batch"
+            + (" in the schema given" if schema is not None else "")
+            + f" ({type(exc).__name__}: {exc}); map them to dicts of Arrow-typed values, "
+              f"or give the operator's schema (process(..., schema=pa.schema(...)))"
+        ) from None
+
+
+def records_of(output: pa.RecordBatch | pa.Table) -> list[Any]:
+    """The records of a batch function's output (see the module doc)."""
+    if output.schema.names == [VALUE]:
+        return output.column(0).to_pylist()  # type: ignore[no-any-return]
+    return output.to_pylist()  # type: ignore[no-any-return]
+
+
+class BatchBuffer:
+    """The records a batch function's keyed operator ``op`` has taken since its last
+    call, and the calls: :meth:`flush` on the records, :meth:`timers` after a
+    time advance. Outputs go to ``emit`` (the next operator's push)."""
+
+    def __init__(self, op: KeyedOperator, schema: pa.Schema | None, where: str,
+                 max_records: int = MAX_BATCH_RECORDS) -> None:
+        adapter = op.function
+        assert isinstance(adapter, BatchFunctionAdapter)
+        self.op, self.adapter, self.schema, self.where = op, adapter, schema, where
+        self.max_records = max_records
+        self.emit: Push | None = None
+        self.records: list[Any] = []
+        self.latest: int | None = None  # the largest timestamp taken
+
+    def push(self, value: Any, ts: int | None) -> None:
+        """Take one record (flushing once ``max_records`` are gathered)."""
+        self.records.append(value)
+        if ts is not None and (self.latest is None or ts > self.latest):
+            self.latest = ts
+        if len(self.records) >= self.max_records:
+            self.flush()
+
+    def flush(self) -> None:
+        """One ``process_batch`` over the records taken (none: nothing happens)."""
+        records = self.records
+        if not records:
+            return
+        ts, self.records, self.latest = self.latest, [], None
+        keys = list(map(self.op.key_selector, records))
+        batch = rows_of(records, self.schema, self.where)
+        self._emit(self.adapter.process_batch(batch, keys), ts)
+
+    def timers(self) -> None:
+        """``on_timers`` of the timers the operator just fired (their outputs carry the
+        latest timer's time)."""
+        latest = self.adapter.fired_until
+        self._emit(self.adapter.fire_timers(), latest)
+
+    def _emit(self, outputs: list[pa.RecordBatch | pa.Table], ts: int | None) -> None:
+        emit = self.emit
+        assert emit is not None
+        for output in outputs:
+            for record in records_of(output):
+                emit(record, ts)

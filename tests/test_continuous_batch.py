@@ -1,0 +1,139 @@
+"""A KeyedBatchFunction on the continuous runtime: records gathered into Arrow batches
+between barriers, watermarks and pauses of the input, with the per-record function's
+state, checkpoints and exactly-once (weir.runtime.continuous.batching). The bounded and
+SIGKILL runs of test_continuous_job and the kill -9 suite run a batch count too."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import weir
+from continuous_helpers import (
+    TINY,
+    BatchCount,
+    Count,
+    by_value,
+    check_exactly_once,
+    keyed_graph,
+)
+from weir.api.checkpointing import CheckpointConfig
+from weir.api.watermarks import WatermarkStrategy
+from weir.connectors.stream import FileSink, SequenceSource, read_stream_sink
+from weir.errors import ConfigurationError
+from weir.runtime.continuous.batching import records_of, rows_of
+from weir.runtime.continuous.master import LocalJob
+from weir.stream import StreamEnvironment
+
+
+@pytest.fixture(autouse=True)
+def _by_value() -> None:
+    by_value(sys.modules[__name__])
+
+
+def test_a_batch_count_is_exactly_once_with_unaligned_checkpoints(tmp_path: Path) -> None:
+    """Tiny buffers under a slow rate: barriers overtake queued records, and the records
+    a batch function had taken before its checkpoint are processed before the snapshot
+    (the rest are channel state, replayed on restore)."""
+    n = 20_000
+    graph = keyed_graph(tmp_path, source=SequenceSource(n, 20_000), function=BatchCount(),
+                        key_selector=lambda v: v % 50, job="count", channel=TINY)
+    result = LocalJob(graph, CheckpointConfig(interval=10, unaligned=True)).run(timeout_s=120)
+    check_exactly_once(tmp_path, n)
+    assert len(result.completed) >= 3
+
+
+def test_a_per_record_checkpoint_goes_on_as_a_batch_job_and_back(tmp_path: Path) -> None:
+    """A per-record count's last checkpoint restored into the batch count, and its
+    last into the per-record count again: the counts go on across both switches (the
+    same keyed state; each step reads 0..4999 from a source of its own)."""
+    out: list[list[Any]] = []
+    restore: str | None = None
+    for k, function in enumerate((Count(), BatchCount(), Count())):
+        env = StreamEnvironment(weir.JobConfig(tmp_path / f"chk{k}", parallelism=2,
+                                               max_parallelism=32))
+        (env.from_source(SequenceSource(5_000), uid=f"numbers{k}")
+            .key_by(lambda v: v % 50).process(function, uid="count")
+            .sink_to(FileSink(tmp_path / f"out{k}"), uid=f"sink{k}"))
+        result = LocalJob(env.job_graph(f"step{k}"), CheckpointConfig(interval=50),
+                          restore_from=restore, allow_non_restored_state=True).run(
+            timeout_s=120)
+        assert result.completed and (restore is None or result.restored)
+        out += read_stream_sink(tmp_path / f"out{k}")
+        restore = str(tmp_path / f"chk{k}" / f"chk-{max(result.completed)}")
+    per_key: dict[int, list[int]] = {}
+    for key, _, count in out:
+        per_key.setdefault(key, []).append(count)
+    assert {k: sorted(c) for k, c in per_key.items()} == {
+        k: list(range(1, 301)) for k in range(50)}
+
+
+class RecordDeadlines(weir.KeyedProcessFunction[int, list[int]]):
+    """Each record (event time: its number times 10 ms) sets a timer of its key 1 s
+    later; each timer emits [key, time] (one per key and time, whenever it fires)."""
+
+    def process_element(self, value: int, ctx: Any) -> Any:
+        ctx.timer_service.register_event_time_timer(ctx.timestamp + 1_000)
+        return ()
+
+    def on_timer(self, timestamp: int, ctx: Any) -> Any:
+        yield [ctx.current_key, timestamp, int(ctx.current_watermark >= timestamp)]
+
+
+class BatchDeadlines(weir.KeyedBatchFunction):
+    """RecordDeadlines a batch at a time: timers registered from arrays."""
+
+    def process_batch(self, batch: pa.RecordBatch, ctx: Any) -> Any:
+        times = pa.compute.add(pa.compute.multiply(batch.column("value"), 10), 1_000)
+        ctx.register_event_time_timers(ctx.keys, times)
+
+    def on_timers(self, timestamps: pa.Array, ctx: Any) -> Any:
+        rows = [[k, t, int(ctx.current_watermark >= t)]
+                for k, t in zip(ctx.keys, timestamps.to_pylist(), strict=True)]
+        return pa.record_batch([pa.array(rows, pa.list_(pa.int64()))], names=["value"])
+
+
+def test_batch_timers_fire_the_timers_per_record_timers_fire(tmp_path: Path, backend: str
+                                                               ) -> None:
+    """Event time on the continuous runtime: the batch function's timers, registered
+    from arrays, fire exactly the per-record function's — each once, after the
+    watermark passed it, every one by the end."""
+    n = 4_000
+    fired = []
+    for name, function in (("record", RecordDeadlines()), ("batch", BatchDeadlines())):
+        strategy = WatermarkStrategy.bounded_out_of_orderness(50, lambda v: v * 10,
+                                                              interval=20)
+        graph = keyed_graph(tmp_path / name, source=SequenceSource(n, 20_000),
+                            function=function, key_selector=lambda v: v % 20, backend=backend,
+                            function_uid="deadlines", watermarks=strategy, job=name)
+        LocalJob(graph, CheckpointConfig(interval=50)).run(timeout_s=120)
+        fired.append(sorted(map(tuple, read_stream_sink(tmp_path / name / "out"))))
+    assert fired[0] == fired[1] == sorted({(v % 20, v * 10 + 1_000, 1) for v in range(n)})
+
+
+def test_records_become_rows_and_rows_records_by_the_rules_documented() -> None:
+    dicts = rows_of([{"a": 1, "b": "x"}, {"a": 2, "b": None}], None, "op")
+    assert dicts.schema.names == ["a", "b"] and dicts.num_rows == 2
+    others = rows_of([[1, 2], [3]], None, "op")
+    assert others.schema.names == ["value"] and others.column(0).to_pylist() == [[1, 2], [3]]
+    typed = rows_of([{"a": 1}], pa.schema([("a", pa.int32())]), "op")
+    assert typed.schema.field("a").type == pa.int32()
+    assert records_of(dicts) == [{"a": 1, "b": "x"}, {"a": 2, "b": None}]
+    assert records_of(others) == [[1, 2], [3]]
+    with pytest.raises(ConfigurationError, match=r"operator 'x'.*schema"):
+        rows_of([{"a": "text"}], pa.schema([("a", pa.int64())]), "operator 'x'")
+
+
+def test_a_batch_function_takes_no_dead_letters_and_a_schema_only_for_batches(
+    tmp_path: Path
+) -> None:
+    env = StreamEnvironment(weir.JobConfig(tmp_path, parallelism=1))
+    keyed = env.from_source(SequenceSource(3), uid="a").key_by(lambda n: n)
+    with pytest.raises(ConfigurationError, match="no bad_record_exceptions"):
+        keyed.process(BatchCount(), uid="c", bad_record_exceptions=(ValueError,))
+    with pytest.raises(ConfigurationError, match="schema is for a KeyedBatchFunction"):
+        keyed.process(Count(), uid="c", schema=pa.schema([("value", pa.int64())]))
