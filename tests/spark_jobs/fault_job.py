@@ -5,6 +5,7 @@
 
     JSON-lines files (key, seq, payload, checksum) ──readStream (maxFilesPerTrigger=1)──
       weir.spark.process(Tracker, key_by="key", parallelism 2, hashmap | rocksdb)
+      (or BatchTracker, a KeyedBatchFunction, on the hash map: the stage ``batch``)
       └─ writeStream "weir-files" (two-phase commit, idempotent per batch id)
 
 Run as its own process (``python tests/spark_jobs/fault_job.py --work DIR --backend
@@ -15,10 +16,11 @@ Spark committed.
 The query runs with ``trigger(availableNow=True)``: it processes every input file
 present when it starts, then stops, and calls ``weir.spark.finish``.
 
-``--backend`` may name several backends (``hashmap,rocksdb``): the driver then runs one
-query per backend at the same time over the same input, each with its own sink, Spark
-checkpoint and weir checkpoint location (``DIR/<backend>/...``), so that one cluster
-start-up serves both and a killed executor or driver hits both.
+``--backend`` may name several stages (``hashmap,rocksdb,batch``: ``batch`` is
+:class:`BatchTracker` on the hash map): the driver then runs one query per stage at the
+same time over the same input, each with its own sink, Spark checkpoint and weir
+checkpoint location (``DIR/<stage>/...``), so that one cluster start-up serves them all
+and a killed executor or driver hits them all.
 
 Fault injection hook: ``--pause BACKEND:KEY:SEQ:SECONDS`` (repeatable; BACKEND ``*``: every
 query). When the function of that backend's query meets record ``(KEY, SEQ)`` for the
@@ -46,7 +48,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from weir import KeyedProcessFunction, MapStateDescriptor, ValueStateDescriptor
+from weir import (
+    KeyedBatchFunction,
+    KeyedProcessFunction,
+    MapStateDescriptor,
+    ValueStateDescriptor,
+)
 
 UID = "tracker"
 PARALLELISM = 2
@@ -57,6 +64,15 @@ OUTPUT_SCHEMA = "key string, seq long, count long, total long, dup boolean, ok b
 COUNT: ValueStateDescriptor[int] = ValueStateDescriptor("count")
 TOTAL: ValueStateDescriptor[int] = ValueStateDescriptor("total")
 SEEN: MapStateDescriptor[int, int] = MapStateDescriptor("seen")  # seq -> checksum
+
+
+#: the stages a driver can run: a state backend, or ``batch`` (BatchTracker, hash map)
+STAGES = ("hashmap", "rocksdb", "batch")
+
+
+def backend_of(stage: str) -> str:
+    """The state backend of a stage."""
+    return "hashmap" if stage == "batch" else stage
 
 
 def checksum(key: str, seq: int, payload: int) -> int:
@@ -107,24 +123,7 @@ class Tracker(KeyedProcessFunction[dict[str, Any], tuple[Any, ...]]):
         self.seen = ctx.get_map_state(SEEN)
 
     def _maybe_pause(self, key: str, seq: int) -> None:
-        seconds = self.pauses.get((key, seq))
-        if seconds is None:
-            return
-        marker = os.path.join(self.markers, f"{self.tag}-{key}-{seq}")
-        if os.path.exists(marker):
-            return
-        tmp = f"{marker}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(str(os.getpid()))
-        try:
-            os.link(tmp, marker)  # atomic, and fails if an earlier attempt got here
-        except FileExistsError:
-            return
-        finally:
-            os.unlink(tmp)
-        deadline = time.monotonic() + seconds
-        while not os.path.exists(marker + ".go") and time.monotonic() < deadline:
-            time.sleep(0.05)
+        pause(self.markers, self.tag, self.pauses, key, seq)
 
     def process_element(self, value: dict[str, Any], ctx: Any) -> list[tuple[Any, ...]]:
         key, seq, payload = value["key"], int(value["seq"]), int(value["payload"])
@@ -137,6 +136,84 @@ class Tracker(KeyedProcessFunction[dict[str, Any], tuple[Any, ...]]):
         self.count.update(count)
         self.total.update(total)
         return [(key, seq, count, total, dup, ok)]
+
+
+def pause(markers: str, tag: str, pauses: dict[tuple[str, int], float], key: str, seq: int
+          ) -> None:
+    """The fault hook (the module doc): wait at record ``(key, seq)`` the first time."""
+    seconds = pauses.get((key, seq))
+    if seconds is None:
+        return
+    marker = os.path.join(markers, f"{tag}-{key}-{seq}")
+    if os.path.exists(marker):
+        return
+    tmp = f"{marker}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(str(os.getpid()))
+    try:
+        os.link(tmp, marker)  # atomic, and fails if an earlier attempt got here
+    except FileExistsError:
+        return
+    finally:
+        os.unlink(tmp)
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(marker + ".go") and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+class BatchTracker(KeyedBatchFunction):
+    """:class:`Tracker`'s count and total a batch at a time (no map of seen seqs): a
+    record's count and total are its key's before the batch plus its run within the
+    batch; ``dup`` is a count other than ``seq + 1`` (each key's seqs count from 0 in
+    input order, so a record that reached state twice shifts every later count)."""
+
+    def __init__(
+        self, markers: str = "", tag: str = "", pauses: dict[tuple[str, int], float] | None = None
+    ) -> None:
+        self.markers = markers
+        self.tag = tag
+        self.pauses = dict(pauses or {})
+
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(COUNT)
+        self.total = ctx.get_state(TOTAL)
+
+    def process_batch(self, batch: Any, ctx: Any) -> Any:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        keys, seqs = batch.column("key").to_pylist(), batch.column("seq").to_pylist()
+        for key, seq in zip(keys, seqs, strict=True):
+            pause(self.markers, self.tag, self.pauses, key, seq)
+        encoded = pc.dictionary_encode(batch.column("key"))
+        codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        distinct = encoded.dictionary
+        count0 = pc.fill_null(self.count.get(distinct, type=pa.int64()), 0).to_numpy()
+        total0 = pc.fill_null(self.total.get(distinct, type=pa.int64()), 0).to_numpy()
+        payload = batch.column("payload").to_numpy(zero_copy_only=False).astype(np.int64)
+        order = np.argsort(codes, kind="stable")  # each key's records, in input order
+        runs = np.bincount(codes, minlength=len(distinct))
+        starts = np.repeat(np.concatenate(([0], np.cumsum(runs)[:-1])), runs)
+        sums = np.cumsum(payload[order])
+        within = np.empty(len(codes), dtype=np.int64)  # a record's running sum in its key
+        within[order] = sums - np.concatenate(([0], sums))[starts]
+        occurrence = np.empty(len(codes), dtype=np.int64)
+        occurrence[order] = np.arange(len(codes)) - starts
+        counts = count0[codes] + occurrence + 1
+        totals = total0[codes] + within
+        self.count.put(distinct, count0 + runs)
+        self.total.put(distinct, total0 + np.bincount(codes, payload, len(distinct)).astype(
+            np.int64))
+        expected = np.array([checksum(k, s, int(p)) for k, s, p in zip(
+            keys, seqs, payload.tolist(), strict=True)], dtype=np.int64)
+        return pa.record_batch({
+            "key": batch.column("key"), "seq": batch.column("seq"),
+            "count": pa.array(counts, pa.int64()), "total": pa.array(totals, pa.int64()),
+            "dup": pa.array(counts != np.asarray(seqs, dtype=np.int64) + 1),
+            "ok": pa.array(expected == batch.column("checksum").to_numpy(
+                zero_copy_only=False)),
+        })
 
 
 def key_of(record: Any) -> Any:
@@ -220,14 +297,18 @@ def start_query(
         .option("maxFilesPerTrigger", 1)
         .json(str(paths.input))
     )
+    if function is None:
+        kind = BatchTracker if backend == "batch" else Tracker
+        function = kind(str(paths.markers), backend, pauses)
     out = weir.spark.process(
         events,
         key_by="key",
-        function=function if function is not None else Tracker(str(paths.markers), backend, pauses),
+        function=function,
         output_schema=OUTPUT_SCHEMA,
         uid=UID,
         config=weir.JobConfig(
-            paths.weir_chk(backend).as_uri(), max_parallelism=MAX_PARALLELISM, state_backend=backend
+            paths.weir_chk(backend).as_uri(), max_parallelism=MAX_PARALLELISM,
+            state_backend=backend_of(backend),
         ),
         parallelism=PARALLELISM,
         heartbeat=False,
@@ -302,13 +383,14 @@ def run(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", required=True)
-    parser.add_argument("--backend", required=True, help="hashmap, rocksdb or both: a,b")
+    parser.add_argument("--backend", required=True,
+                        help="stages: hashmap, rocksdb, batch, or several: a,b")
     parser.add_argument("--master", default="local-cluster[2,1,1024]")
     parser.add_argument("--pause", action="append", default=[],
                         help="BACKEND:KEY:SEQ:SECONDS (BACKEND * for all)")
     args = parser.parse_args(argv)
     backends = args.backend.split(",")
-    if not set(backends) <= {"hashmap", "rocksdb"}:
+    if not set(backends) <= set(STAGES):
         parser.error(f"unknown backend in {args.backend!r}")
     pauses: dict[str, dict[tuple[str, int], float]] = {b: {} for b in backends}
     for spec in args.pause:
