@@ -17,6 +17,7 @@ from continuous_helpers import (
     TINY,
     BatchCount,
     Count,
+    Running,
     by_value,
     check_exactly_once,
     keyed_graph,
@@ -115,6 +116,51 @@ def test_batch_timers_fire_the_timers_per_record_timers_fire(tmp_path: Path, bac
     assert fired[0] == fired[1] == sorted({(v % 20, v * 10 + 1_000, 1) for v in range(n)})
 
 
+def with_key(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A batch of numbers with its key column: the number mod 50."""
+    return batch.append_column("key", pa.array(batch.column("value").to_numpy() % 50))
+
+
+@pytest.mark.parametrize("backend", ["hashmap", "rocksdb"])
+def test_batches_of_records_keyed_by_a_column_count_exactly_once_across_a_kill(
+    tmp_path: Path, backend: str
+) -> None:
+    """Records travel as Arrow batches (SequenceSource(batch_size=...)): split by key
+    group on their way (key_by("key")), each part taken whole by the batch count, its
+    output batches going on as one record each (output_batches) into the file sink, a
+    line per row. The keyed task killed with SIGKILL mid-run: exactly once."""
+    n = 200_000
+    env = StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=2, max_parallelism=32,
+                                           state_backend=backend))
+    (env.from_source(SequenceSource(n, 40_000, batch_size=997), uid="numbers")
+        .map(with_key).key_by("key")
+        .process(BatchCount(), uid="count", output_batches=True)
+        .sink_to(FileSink(tmp_path / "out"), uid="sink"))
+    job = LocalJob(env.job_graph("count"), CheckpointConfig(interval=50),
+                   restart=weir.RestartStrategy.fixed_delay(attempts=1, delay="0 s"))
+    running = Running(job)
+    running.until(lambda: ("count", 1) in job._procs and len(job.result.completed) >= 2)
+    running.kill(("count", 1))
+    assert not running.join()
+    assert job.result.restarts == 1
+    out = [row["value"] for row in read_stream_sink(tmp_path / "out")]
+    check_counts(out, n)
+    state = weir.read_state(str(tmp_path / "chk")).keyed_state("count", "count")
+    assert dict(zip(state["key"], state["value"], strict=True)) == {k: n // 50 for k in range(50)}
+
+
+def check_counts(out: list[list[int]], n: int) -> None:
+    """[key, number, count] rows: every number once, each key's counts 1..n/50."""
+    numbers = [r[1] for r in out]
+    assert sorted(numbers) == list(range(n))
+    per_key: dict[int, list[int]] = {}
+    for key, number, count in out:
+        assert key == number % 50
+        per_key.setdefault(key, []).append(count)
+    assert {k: sorted(c) for k, c in per_key.items()} == {
+        k: list(range(1, n // 50 + 1)) for k in range(50)}
+
+
 def test_records_become_rows_and_rows_records_by_the_rules_documented() -> None:
     dicts = rows_of([{"a": 1, "b": "x"}, {"a": 2, "b": None}], None, "op")
     assert dicts.schema.names == ["a", "b"] and dicts.num_rows == 2
@@ -135,5 +181,5 @@ def test_a_batch_function_takes_no_dead_letters_and_a_schema_only_for_batches(
     keyed = env.from_source(SequenceSource(3), uid="a").key_by(lambda n: n)
     with pytest.raises(ConfigurationError, match="no bad_record_exceptions"):
         keyed.process(BatchCount(), uid="c", bad_record_exceptions=(ValueError,))
-    with pytest.raises(ConfigurationError, match="schema is for a KeyedBatchFunction"):
+    with pytest.raises(ConfigurationError, match="are for a KeyedBatchFunction"):
         keyed.process(Count(), uid="c", schema=pa.schema([("value", pa.int64())]))

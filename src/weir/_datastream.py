@@ -16,7 +16,13 @@ from weir.api.descriptors import MapStateDescriptor
 from weir.api.functions import KeyedBroadcastProcessFunction, KeyedProcessFunction, ProcessFunction
 from weir.connectors.dead_letters import StorageDeadLetters
 from weir.errors import ConfigurationError
-from weir.runtime.continuous.graph import LogicalInput, OperatorSpec, OpKind, Partitioner
+from weir.runtime.continuous.graph import (
+    KeyColumn,
+    LogicalInput,
+    OperatorSpec,
+    OpKind,
+    Partitioner,
+)
 
 if TYPE_CHECKING:
     from weir.stream import StreamEnvironment
@@ -122,10 +128,17 @@ class DataStream:
                         bad_record_exceptions, dead_letters)
         return self._then(op, parallelism)
 
-    def key_by(self, key_selector: Callable[[Any], Any]) -> KeyedStream:
-        """The stream partitioned by key (by key group, as on every runtime)."""
+    def key_by(self, key_selector: Callable[[Any], Any] | str) -> KeyedStream:
+        """The stream partitioned by key (by key group, as on every runtime): the key
+        of a record is ``key_selector(record)``, or with a column name its item of that
+        name — and a record that is a ``pyarrow.RecordBatch`` is then a batch of
+        records, split by their key column on the way (for a
+        :class:`~weir.KeyedBatchFunction`, which takes each part whole)."""
+        if isinstance(key_selector, str):
+            key_selector = KeyColumn(key_selector)
         if not callable(key_selector):
-            raise ConfigurationError(f"key_by needs a function, got {key_selector!r}")
+            raise ConfigurationError(f"key_by needs a function or a column name, got "
+                                     f"{key_selector!r}")
         return KeyedStream(self._env, self._repartition(Partitioner.HASH, key_selector),
                            self._parallelism, key_selector)
 
@@ -181,15 +194,18 @@ class KeyedStream(DataStream):
     def process(self, function: Any, *, uid: str,  # (a KeyedProcessFunction here)
                 parallelism: int | None = None,
                 bad_record_exceptions: Sequence[type[BaseException]] = (),
-                dead_letters: Sink[Any] | None = None, schema: Any = None) -> DataStream:
+                dead_letters: Sink[Any] | None = None, schema: Any = None,
+                output_batches: bool = False) -> DataStream:
         """Run ``function`` per key, with keyed state and timers; ``uid`` names its state
         in checkpoints and savepoints. A :class:`~weir.KeyedProcessFunction` gets one
         record at a time, and bad records go to the dead letters as with
         :meth:`DataStream.process`. A :class:`~weir.KeyedBatchFunction` gets the records
         as ``pyarrow`` batches (a ``dict`` record is a row of its items, any other
         record a row of one column, ``value``; ``schema``, a ``pyarrow.Schema``, fixes
-        the batches' types, else they are inferred per batch); its outputs' rows become
-        records (``dict`` s, or the values of a batch whose one column is ``value``)."""
+        the batches' types, else they are inferred per batch; a record that is a
+        ``pyarrow.RecordBatch``, on a stream keyed by a column, is taken whole); its
+        outputs' rows become records (``dict`` s, or the values of a batch whose one
+        column is ``value``), or with ``output_batches`` each output batch one record."""
         p = self._env.parallelism if parallelism is None else parallelism
         if isinstance(function, KeyedBatchFunction):
             if bad_record_exceptions or dead_letters is not None:
@@ -201,10 +217,11 @@ class KeyedStream(DataStream):
 
             return self._then(OperatorSpec(
                 OpKind.KEYED, uid_of(uid), BatchFunctionAdapter(function),
-                key_selector=self._key_selector, batch=True, batch_schema=schema), p)
-        if schema is not None:
-            raise ConfigurationError(f"operator {uid!r}: schema is for a KeyedBatchFunction, "
-                                     f"not {type(function).__name__}")
+                key_selector=self._key_selector, batch=True, batch_schema=schema,
+                output_batches=output_batches), p)
+        if schema is not None or output_batches:
+            raise ConfigurationError(f"operator {uid!r}: schema and output_batches are for "
+                                     f"a KeyedBatchFunction, not {type(function).__name__}")
         if not isinstance(function, KeyedProcessFunction):
             raise ConfigurationError(f"process on a keyed stream needs a "
                                      f"KeyedProcessFunction, got {type(function).__name__}")

@@ -3,11 +3,12 @@
 * :class:`SequenceSource` — the numbers ``0 .. n-1``; subtask ``i`` of ``p`` emits
   ``i, i+p, i+2p, …`` (Flink's ``UnalignedCheckpointITCase`` shape), so each subtask's
   output is strictly increasing. A position is ``[next, step]``. Optionally at a fixed
-  rate per subtask.
+  rate per subtask, and in batches (``batch_size``: each record a ``pyarrow.RecordBatch``
+  of numbers, column ``value``).
 * :class:`~weir.connectors.file_source.FileSource` — a directory's (or one file's) JSON
   lines or text lines, bounded and replayable; see :mod:`weir.connectors.file_source`.
-* :class:`FileSink` — JSON lines, exactly-once by two-phase commit. Layout under its
-  directory::
+* :class:`FileSink` — JSON lines (a record that is an Arrow batch or table: a line per
+  row), exactly-once by two-phase commit. Layout under its directory::
 
       _lineage.json                                   the lineage of jobs writing here
       .pending/<sink>-<run>-<attempt>-<subtask>-<n>.jsonl   an open or prepared transaction
@@ -85,23 +86,29 @@ LINEAGE_FORMAT = "weir-stream-sink/1"
 
 
 class _SequenceReader(SourceReader[int]):
-    def __init__(self, positions: list[list[int]], end: int, rate: float | None) -> None:
+    def __init__(self, positions: list[list[int]], end: int, rate: float | None,
+                 batch_size: int | None = None) -> None:
         self._positions = [list(p) for p in positions]
         self._end = end
         self._rate = rate
+        self._batch_size = batch_size
         self._started = time.monotonic()
         self._emitted = 0
 
-    def poll(self, max_records: int) -> list[int] | None:
+    def poll(self, max_records: int) -> list[Any] | None:
         live = [p for p in self._positions if p[0] < self._end]
         if not live:
             return None
+        if self._batch_size is not None:
+            max_records = self._batch_size
         if self._rate is not None:
             allowed = int((time.monotonic() - self._started) * self._rate) - self._emitted
             if allowed <= 0:
                 time.sleep(min(0.005, 1 / self._rate))
                 return []
             max_records = min(max_records, allowed)
+        if self._batch_size is not None:
+            return self._batch(live, max_records)
         out: list[int] = []
         while len(out) < max_records and live:
             for p in live:
@@ -111,22 +118,43 @@ class _SequenceReader(SourceReader[int]):
         self._emitted += len(out)
         return out
 
+    def _batch(self, live: list[list[int]], rows: int) -> list[Any]:
+        """One ``pyarrow.RecordBatch`` of up to ``rows`` numbers (column ``value``)
+        of the first split that has any left."""
+        import numpy as np
+        import pyarrow as pa
+
+        p = live[0]
+        numbers = np.arange(p[0], min(self._end, p[0] + p[1] * rows), p[1], dtype=np.int64)
+        p[0] += p[1] * len(numbers)
+        self._emitted += len(numbers)
+        return [pa.record_batch([pa.array(numbers)], names=["value"])]
+
     def positions(self) -> list[Any]:
         return [list(p) for p in self._positions]
 
 
 class SequenceSource(Source[int]):
-    """The numbers ``0 .. n-1`` (see the module doc)."""
+    """The numbers ``0 .. n-1`` (see the module doc); with ``batch_size``, as
+    ``pyarrow.RecordBatch`` records of up to that many numbers (column ``value``)."""
 
-    def __init__(self, n: int, records_per_second: float | None = None) -> None:
+    def __init__(self, n: int, records_per_second: float | None = None, *,
+                 batch_size: int | None = None) -> None:
         self.n = n
         #: at most this many records a second per subtask (None: as fast as it goes)
         self.records_per_second = records_per_second
+        #: numbers per record batch (None: one number per record)
+        self.batch_size = batch_size
 
     def reader(self, subtask: int, parallelism: int, positions: list[Any] | None
                ) -> SourceReader[int]:
         start = [[subtask, parallelism]] if positions is None else positions
-        return _SequenceReader(start, self.n, self.records_per_second)
+        return _SequenceReader(start, self.n, self.records_per_second, self.batch_size)
+
+
+def _is_arrow(record: Any) -> bool:
+    """Whether ``record`` is a ``pyarrow`` batch or table (without importing pyarrow)."""
+    return type(record).__module__.startswith("pyarrow") and hasattr(record, "to_pylist")
 
 
 def sink_tag(uid: str) -> str:
@@ -228,7 +256,10 @@ class _FileWriter(SinkWriter[Any]):
             self._name = f"{_transaction(self.context, self._n)}.jsonl"
             self._n += 1
             self._file = open(self.sink.pending / self._name, "w", encoding="utf-8")  # noqa: SIM115
-        self._file.write(json.dumps(record) + "\n")
+        if _is_arrow(record):  # a batch of records: a line per row
+            self._file.writelines(json.dumps(row) + "\n" for row in record.to_pylist())
+        else:
+            self._file.write(json.dumps(record) + "\n")
 
     def prepare_commit(self, checkpoint_id: int) -> Any:
         if self._file is None:

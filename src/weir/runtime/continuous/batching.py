@@ -16,9 +16,13 @@ thus the records taken since the last flush, in input order, all keys mixed.
 Records to rows: a ``dict`` record is a row of its items (columns by name); any other
 record is a row with one column, ``value``. The batch's schema is the operator's
 ``schema`` when the job gives one, else inferred from the batch (Arrow's
-``from_pylist``). Outputs back to records, the reverse: each row of an output batch
-as a ``dict``, or its value when the batch's only column is ``value``. An output
-carries the largest timestamp of the records (or timers) of the call that made it.
+``from_pylist``). A record that is itself a ``pyarrow.RecordBatch`` (a stream keyed by
+a column, ``key_by("name")``, whose records travel in batches: :mod:`.routing` splits
+them by key group) is taken whole, its keys its key column. Outputs back to records,
+the reverse: each row of an output batch as a ``dict``, or its value when the batch's
+only column is ``value`` — or, with ``output_batches``, each output batch as one
+record. An output carries the largest timestamp of the records (or timers) of the
+call that made it.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import pyarrow as pa
 
 from weir.errors import ConfigurationError
 from weir.runtime.batch_function import BatchFunctionAdapter
+from weir.runtime.continuous.graph import KeyColumn
 from weir.runtime.operator import KeyedOperator
 
 __all__ = ["MAX_BATCH_RECORDS", "BatchBuffer", "records_of", "rows_of"]
@@ -60,8 +65,13 @@ def rows_of(records: list[Any], schema: pa.Schema | None, where: str) -> pa.Reco
         ) from None
 
 
-def records_of(output: pa.RecordBatch | pa.Table) -> list[Any]:
-    """The records of a batch function's output (see the module doc)."""
+def records_of(output: pa.RecordBatch | pa.Table, whole: bool = False) -> list[Any]:
+    """The records of a batch function's output (see the module doc); ``whole``: the
+    output as one record (a ``RecordBatch``)."""
+    if whole:
+        if isinstance(output, pa.Table):
+            return list(output.combine_chunks().to_batches()) if output.num_rows else []
+        return [output] if output.num_rows else []
     if output.schema.names == [VALUE]:
         return output.column(0).to_pylist()  # type: ignore[no-any-return]
     return output.to_pylist()  # type: ignore[no-any-return]
@@ -73,31 +83,61 @@ class BatchBuffer:
     time advance. Outputs go to ``emit`` (the next operator's push)."""
 
     def __init__(self, op: KeyedOperator, schema: pa.Schema | None, where: str,
-                 max_records: int = MAX_BATCH_RECORDS) -> None:
+                 output_batches: bool = False, max_records: int = MAX_BATCH_RECORDS) -> None:
         adapter = op.function
         assert isinstance(adapter, BatchFunctionAdapter)
         self.op, self.adapter, self.schema, self.where = op, adapter, schema, where
-        self.max_records = max_records
+        self.output_batches, self.max_records = output_batches, max_records
+        selector = op.key_selector
+        #: the key column of batches taken whole (None: records one by one only)
+        self.column = selector.name if isinstance(selector, KeyColumn) else None
         self.emit: Push | None = None
-        self.records: list[Any] = []
+        self.records: list[Any] = []  # records since the last part
+        self.parts: list[pa.RecordBatch] = []  # batches taken, in order
+        self.size = 0  # rows taken
         self.latest: int | None = None  # the largest timestamp taken
 
     def push(self, value: Any, ts: int | None) -> None:
-        """Take one record (flushing once ``max_records`` are gathered)."""
-        self.records.append(value)
+        """Take one record, or a batch of them (flushing once ``max_records`` rows
+        are gathered)."""
+        if type(value) is pa.RecordBatch:
+            if self.column is None:
+                raise ConfigurationError(
+                    f"{self.where}: a record is a RecordBatch but the stream is keyed by "
+                    f"a function; key it by the batch's key column (key_by(\"name\"))")
+            self._records_to_part()
+            self.parts.append(value)
+            self.size += value.num_rows
+        else:
+            self.records.append(value)
+            self.size += 1
         if ts is not None and (self.latest is None or ts > self.latest):
             self.latest = ts
-        if len(self.records) >= self.max_records:
+        if self.size >= self.max_records:
             self.flush()
+
+    def _records_to_part(self) -> None:
+        if self.records:
+            schema = self.schema if self.schema is not None or not self.parts else (
+                self.parts[0].schema)
+            self.parts.append(rows_of(self.records, schema, self.where))
+            self.records = []
 
     def flush(self) -> None:
         """One ``process_batch`` over the records taken (none: nothing happens)."""
-        records = self.records
-        if not records:
+        if not self.size:
             return
-        ts, self.records, self.latest = self.latest, [], None
-        keys = list(map(self.op.key_selector, records))
-        batch = rows_of(records, self.schema, self.where)
+        ts, self.latest, self.size = self.latest, None, 0
+        keys: Any
+        if self.parts:
+            self._records_to_part()
+            parts, self.parts = self.parts, []
+            batch = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+            keys = batch.column(self.column)
+        else:
+            records, self.records = self.records, []
+            keys = list(map(self.op.key_selector, records))
+            batch = rows_of(records, self.schema, self.where)
         self._emit(self.adapter.process_batch(batch, keys), ts)
 
     def timers(self) -> None:
@@ -110,5 +150,5 @@ class BatchBuffer:
         emit = self.emit
         assert emit is not None
         for output in outputs:
-            for record in records_of(output):
+            for record in records_of(output, self.output_batches):
                 emit(record, ts)

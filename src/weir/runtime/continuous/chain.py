@@ -100,7 +100,8 @@ class ChainedOperator:
             from weir.runtime.continuous.batching import BatchBuffer
 
             assert isinstance(self.core, KeyedOperator)
-            self.batch = BatchBuffer(self.core, spec.batch_schema, config.describe())
+            self.batch = BatchBuffer(self.core, spec.batch_schema, config.describe(),
+                                     spec.output_batches)
         #: where the records the function rejects go (a sink of its own)
         self.dead_letters: ChainedOperator | None = None
         if spec.dead_letters is not None:

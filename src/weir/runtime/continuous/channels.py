@@ -73,7 +73,8 @@ U32 = struct.Struct(">I")
 class ChannelConfig:
     """Flow-control settings of a job's channels (Flink's names in brackets)."""
 
-    #: records per buffer (a buffer is the unit of credit) [memory segment size]
+    #: records per buffer (a buffer is the unit of credit; a record that is a batch of
+    #: records split by key column counts its rows) [memory segment size]
     buffer_records: int = 512
     #: a partial buffer is sent after at most this long; 0: after every record
     #: [execution.buffer-timeout, 100 ms in Flink; small here for latency]
@@ -121,6 +122,7 @@ class OutputChannel:
                                                     "consumer": consumer})
         self._cond = threading.Condition()
         self._records: list[Any] = []
+        self._rows = 0  # rows of the records in the partial buffer (a batch: its rows)
         self._queue: deque[tuple[Kind, bytes]] = deque()
         self._queued_data = 0
         self._credit = 0
@@ -145,12 +147,14 @@ class OutputChannel:
         if config.buffer_timeout_ms > 0:
             _Flusher.register(self)
 
-    def emit(self, record: Any) -> None:
-        """Add a record; blocks while the channel is backpressured."""
+    def emit(self, record: Any, rows: int = 1) -> None:
+        """Add a record (that is ``rows`` rows: a batch of records counts its rows
+        toward a full buffer); blocks while the channel is backpressured."""
         with self._cond:
             self._records.append(record)
-            self.records_out += 1
-            if len(self._records) >= self.config.buffer_records or (
+            self.records_out += rows
+            self._rows += rows
+            if self._rows >= self.config.buffer_records or (
                     self.config.buffer_timeout_ms == 0):
                 self._finish(wait=self.blocking, force=True)
 
@@ -282,6 +286,7 @@ class OutputChannel:
             self._queue.append((Kind.DATA, pickle.dumps(self._records, protocol=5)))
             self._queued_data += 1
             self._records = []
+            self._rows = 0
         self._pump()
         if self._credit == 0 and self._queued_data > self._announced_backlog:
             self._announced_backlog = self._queued_data  # so the receiver can lend credit

@@ -36,9 +36,9 @@ from weir.runtime.continuous.channels import DEFAULT_CONFIG, ChannelConfig
 from weir.state.keygroups import check_parallelism
 from weir.state.rocksdb_options import RocksDBMemory
 
-__all__ = ["STATE_BACKENDS", "TIMESTAMPED", "Edge", "JobGraph", "LogicalInput", "LogicalNode",
-           "OpKind", "OperatorSpec", "Partitioner", "Vertex", "check_channel_config",
-           "check_state_backend", "compile_graph", "edge_name"]
+__all__ = ["STATE_BACKENDS", "TIMESTAMPED", "Edge", "JobGraph", "KeyColumn", "LogicalInput",
+           "LogicalNode", "OpKind", "OperatorSpec", "Partitioner", "Vertex",
+           "check_channel_config", "check_state_backend", "compile_graph", "edge_name"]
 
 STATE_BACKENDS = ("hashmap", "rocksdb")
 """The state backends a job's keyed state can live in (``StateBackendKind`` values)."""
@@ -88,6 +88,19 @@ def check_channel_config(config: object) -> ChannelConfig:
         raise ConfigurationError(f"ChannelConfig.flush_when_idle must be a bool, got "
                                  f"{config.flush_when_idle!r}")
     return config
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyColumn:
+    """A key selector by name (``key_by("card")``): a ``dict`` record's item, and for a
+    record that is a ``pyarrow.RecordBatch`` (a batch of records travelling as one) the
+    column: such a batch is split by key group on its way to the keyed operator, and a
+    batch function takes it whole."""
+
+    name: str
+
+    def __call__(self, record: Any) -> Any:
+        return record[self.name]
 
 
 class Partitioner(enum.Enum):
@@ -140,10 +153,12 @@ class OperatorSpec:
     #: job's checkpoint storage unless the job names a sink) and the job goes on
     bad_record_exceptions: tuple[type[BaseException], ...] = ()
     dead_letters: OperatorSpec | None = None
-    #: a keyed operator running a batch function (``fn``: its adapter), and the Arrow
-    #: schema of its batches (None: inferred per batch)
+    #: a keyed operator running a batch function (``fn``: its adapter), the Arrow
+    #: schema of its batches (None: inferred per batch), and whether each of its output
+    #: batches goes on as one record (else row by row)
     batch: bool = False
     batch_schema: Any = None
+    output_batches: bool = False
 
     @property
     def uid(self) -> str | None:

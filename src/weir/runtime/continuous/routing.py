@@ -1,6 +1,7 @@
 """How a task sends a record on: one function per output edge, by the edge's
 partitioner (forward, by key group, round robin, broadcast), over that edge's output
-channels (:mod:`.channels`)."""
+channels (:mod:`.channels`). Keyed by a column (``key_by("name")``), a record that is
+an Arrow batch is split by key group, each part one record to its subtask."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from weir.runtime.continuous.chain import Push
 from weir.runtime.continuous.channels import OutputChannel
-from weir.runtime.continuous.graph import Edge, Partitioner
+from weir.runtime.continuous.graph import Edge, KeyColumn, Partitioner
 from weir.state.keygroups import assign_key_to_parallel_operator
 
 __all__ = ["discard", "route"]
@@ -41,6 +42,9 @@ def route(edge: Edge, channels: list[OutputChannel], max_parallelism: int,
             except Exception:
                 target = 0
             emits[target]((ts, record) if event_time else record)
+        if isinstance(key_of, KeyColumn):  # batches of records split by their column
+            return by_column(key_of.name, by_key_or_first if rejects else by_key, emits,
+                             max_parallelism, event_time)
         return by_key_or_first if rejects else by_key
     if edge.partitioner is Partitioner.BROADCAST:
         def to_all(record: Any, ts: int | None) -> None:
@@ -60,3 +64,39 @@ def route(edge: Edge, channels: list[OutputChannel], max_parallelism: int,
     def forward(record: Any, ts: int | None) -> None:
         emit((ts, record) if event_time else record)
     return forward
+
+
+def by_column(name: str, by_key: Push, emits: list[Any], max_parallelism: int,
+              event_time: bool) -> Push:
+    """Route by the key column ``name``: a record that is a ``pyarrow.RecordBatch`` goes
+    to each consumer subtask as the batch of its rows whose keys that subtask owns (the
+    key groups of str and int keys computed in C); any other record by ``by_key``."""
+    import numpy as np
+    import pyarrow as pa
+
+    from weir.state._hashcore import route_keys
+
+    n = len(emits)
+    subtasks = tuple(range(n))
+
+    def split(record: Any, ts: int | None) -> None:
+        if type(record) is not pa.RecordBatch:
+            by_key(record, ts)
+            return
+        keys = record.column(name).to_pylist()
+        data, slow = route_keys(keys, max_parallelism, n, subtasks)
+        targets = np.frombuffer(data, dtype=np.int32)
+        if slow:  # (keys of other types: one by one)
+            targets = targets.copy()
+            for j in slow:
+                targets[j] = assign_key_to_parallel_operator(keys[j], max_parallelism, n)
+        for target in range(n):
+            rows = np.flatnonzero(targets == target)
+            if len(rows) == len(keys):
+                part = record
+            elif not len(rows):
+                continue
+            else:
+                part = record.take(pa.array(rows))
+            emits[target]((ts, part) if event_time else part, part.num_rows)
+    return split
