@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup java compiler chromium demo test docs soak lint bench-state-ops bench-checkpoint bench-checkpoint-s3 bench-query-state bench-spark bench-large-state bench-continuous bench-kafka peers clean
+.PHONY: setup java compiler chromium demo test docs soak lint bench-state-ops bench-checkpoint bench-checkpoint-s3 bench-query-state bench-spark bench-large-state bench-continuous bench-continuous-batch bench-kafka peers clean
 
 setup: java compiler chromium $(STAMP)
 
@@ -114,6 +114,9 @@ bench-continuous: setup peers
 	$(PY) -m bench.continuous_checkpoint_overhead
 	$(PY) -m bench.backpressure
 	$(PY) -m bench.live_query
+
+bench-continuous-batch: setup
+	$(PY) -m bench.continuous_batch_count
 
 # Kafka in and out on both runtimes, beside the raw limit of the same loop in one process
 # (confluent-kafka), against a noida-db broker (the dev extras') on loopback

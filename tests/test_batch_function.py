@@ -18,6 +18,7 @@ import weir
 from weir import CheckpointCoordinator, CheckpointStorage
 from weir.errors import ConfigurationError, KeyGroupError, StateError
 from weir.state.keygroups import assign_key_to_parallel_operator
+from weir.state.rocksdb_options import RocksDBMemory
 from weir.testing import KeyedOperatorHarness, ManualClock
 
 SUM = weir.ValueStateDescriptor("sum", serializer=weir.IntSerializer())
@@ -64,9 +65,17 @@ class BatchSum(weir.KeyedBatchFunction):
                                names=["k", "sum"])
 
 
+def _backend(backend: str) -> dict[str, Any]:
+    """Harness arguments of a backend name; ``rocksdb-evicting``: RocksDB with an entry
+    cache of 2 entries (a batch's writes evict as they go, key by key)."""
+    if backend == "rocksdb-evicting":
+        return {"state_backend": "rocksdb", "rocksdb_memory": RocksDBMemory(cache_entries=2)}
+    return {"state_backend": backend}
+
+
 def _harness(function: Any, backend: str, tmp: Path, **kwargs: Any) -> KeyedOperatorHarness:
     return KeyedOperatorHarness(function, lambda row: row[0] if isinstance(row, tuple)
-                                else row["k"], state_backend=backend,
+                                else row["k"], **_backend(backend),
                                 rocksdb_path=tmp / "rocks" / function.__class__.__name__,
                                 **kwargs)
 
@@ -90,7 +99,7 @@ BATCHES = st.lists(st.lists(st.tuples(st.sampled_from("abcdefghij"), st.integers
                             max_size=30), min_size=1, max_size=6)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [*BACKENDS, "rocksdb-evicting"])
 @settings(max_examples=25, deadline=None)
 @given(batches=BATCHES, cut=st.integers(0, 6))
 def test_a_batch_function_gives_the_outputs_and_state_of_the_same_per_record_logic(
@@ -111,7 +120,7 @@ def test_a_batch_function_gives_the_outputs_and_state_of_the_same_per_record_log
             batch.close()
             batch = KeyedOperatorHarness.restore(
                 BatchSum(), lambda row: row["k"], [snap], parallelism=1, subtask_index=0,
-                state_backend=backend, rocksdb_path=tmp / "rocks" / f"restored{i}")
+                **_backend(backend), rocksdb_path=tmp / "rocks" / f"restored{i}")
         want = record.process_elements(rows)
         got = [r for out in batch.process_batch(_batch(rows)) for r in zip(
             out.column("k").to_pylist(), out.column("sum").to_pylist(), strict=True)]

@@ -10,15 +10,13 @@ the adapter's ``on_timer``, which gathers them, and a runtime calls
 :meth:`BatchFunctionAdapter.fire_timers` after each advance of event or processing time
 to pass them to the function's ``on_timers`` together.
 
-:class:`_BatchValueState` reads and writes key by key through the state's own table
-(every backend, TTL included), except the hash map's plain value state, which it
-reads and writes as one dict operation over the keys' prefixed bytes (the same
-entries, the same write check and change tracking as ``ValueState.update``).
+The batch states (:class:`~weir.runtime.batch_state.BatchStateView`) read and write
+the state's tables for many keys at once (:mod:`weir.runtime.batch_state`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -27,156 +25,13 @@ from weir.api.batch import BatchValueState, KeyedBatchContext, KeyedBatchFunctio
 from weir.api.context import Instant, KeyedContext, TimeDomain
 from weir.api.descriptors import ValueStateDescriptor
 from weir.api.functions import KeyedProcessFunction
-from weir.api.serializers import BytesSerializer, FloatSerializer, IntSerializer, StrSerializer
-from weir.errors import ConfigurationError, StateError
-from weir.state.hashmap_tables import HashMapValueTable
+from weir.errors import ConfigurationError
+from weir.runtime.batch_state import BatchStateView, pylist
 
 if TYPE_CHECKING:
     from weir.api.batch import BatchOutput, Keys
 
 __all__ = ["BatchFunctionAdapter"]
-
-_ARROW_TYPES: dict[type, pa.DataType] = {
-    IntSerializer: pa.int64(), FloatSerializer: pa.float64(), StrSerializer: pa.string(),
-    BytesSerializer: pa.binary(),
-}
-
-
-def _pylist(values: Any) -> list[Any]:
-    """Python values of an Arrow array, a NumPy array (``tolist``: Python ints, not
-    NumPy scalars, reach the state) or any sequence."""
-    if isinstance(values, pa.Array | pa.ChunkedArray):
-        return values.to_pylist()  # type: ignore[no-any-return]
-    if isinstance(values, list):
-        return values
-    tolist = getattr(values, "tolist", None)
-    return tolist() if callable(tolist) else list(values)
-
-
-class _BatchValueState(BatchValueState[Any]):
-    def __init__(self, op: Any, state: Any, descriptor: ValueStateDescriptor[Any]) -> None:
-        self._op = op
-        self._state = state
-        self._name = descriptor.name
-        self._type = _ARROW_TYPES.get(type(descriptor.serializer))
-        # the hash map's plain value state: one dict operation over the keys
-        self._table = state if type(state) is HashMapValueTable else None
-        #: the Arrow keys of the last call, their Python values and prefixed bytes
-        self._last: tuple[Any, list[Any], list[bytes]] | None = None
-
-    def _prefixed(self, keys: list[Any]) -> list[bytes]:
-        """Each key's prefixed bytes (checked: a key of this subtask's key groups)."""
-        ctx = self._op.key_context
-        try:
-            return ctx.prefixed_keys(keys)  # type: ignore[no-any-return]
-        finally:
-            ctx.clear()
-
-    def _keys(self, keys: Any) -> tuple[list[Any], list[bytes] | None]:
-        """``keys`` as Python values, and their prefixed bytes when the hash map's path
-        needs them: an Arrow array (immutable) given again, as a ``get`` and then a
-        ``put`` of the same keys do, reuses the last call's."""
-        if self._table is None:
-            return _pylist(keys), None
-        last = self._last
-        if last is not None and last[0] is keys:
-            return last[1], last[2]
-        values = _pylist(keys)
-        prefixed = self._prefixed(values)
-        self._last = ((keys, values, prefixed) if isinstance(keys, pa.Array | pa.ChunkedArray)
-                      else None)
-        return values, prefixed
-
-    def get(self, keys: Keys, type: pa.DataType | None = None) -> pa.Array:
-        keys, prefixed = self._keys(keys)
-        if self._table is not None and prefixed is not None:
-            values = list(map(self._table._data.get, prefixed))
-        else:
-            values = self._each(keys, lambda: self._state.value())
-        kind = type or self._type
-        try:
-            return pa.array(values, type=kind)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
-            raise StateError(
-                f"state {self._name!r}: its values do not make one Arrow array ({exc}); "
-                f"pass get(keys, type=...)"
-            ) from None
-
-    def put(self, keys: Keys, values: pa.Array | pa.ChunkedArray | Sequence[Any]) -> None:
-        keys, prefixed = self._keys(keys)
-        values = _pylist(values)
-        if len(keys) != len(values):
-            raise ValueError(f"state {self._name!r}: put of {len(keys)} keys with "
-                             f"{len(values)} values")
-        table = self._table
-        if table is None:
-            state = self._state
-            try:
-                for key, value in zip(keys, values, strict=True):
-                    self._at(key)
-                    if value is None:
-                        state.clear()
-                    else:
-                        state.update(value)
-            finally:
-                self._op.key_context.clear()
-            return
-        assert prefixed is not None
-        if None in values:  # a null deletes, as update(None) does; each key's last counts
-            last = dict(zip(prefixed, values, strict=True))
-            self._remove([k for k, v in last.items() if v is None])
-            prefixed = [k for k, v in last.items() if v is not None]
-            values = [last[k] for k in prefixed]
-        check, ok = table._check, table._ok
-        for kind in set(map(type, values)) - ok:  # the write check, once per new type
-            check(next(v for v in values if type(v) is kind))
-        table._data.update(zip(prefixed, values, strict=True))
-        self._mark(prefixed)
-
-    def delete(self, keys: Keys) -> None:
-        keys, prefixed = self._keys(keys)
-        if prefixed is None:
-            try:
-                for key in keys:
-                    self._at(key)
-                    self._state.clear()
-            finally:
-                self._op.key_context.clear()
-            return
-        self._remove(prefixed)
-
-    # helpers ---------------------------------------------------------------------------
-    def _at(self, key: Any) -> None:
-        self._op.key_context.set_current_key(key)
-
-    def _each(self, keys: list[Any], read: Any) -> list[Any]:
-        out: list[Any] = []
-        try:
-            for key in keys:
-                self._at(key)
-                out.append(read())
-        finally:
-            self._op.key_context.clear()
-        return out
-
-    def _remove(self, prefixed: list[bytes]) -> None:
-        assert self._table is not None
-        pop = self._table._data.pop
-        for key in prefixed:
-            pop(key, None)
-        self._mark(prefixed)
-
-    def _mark(self, prefixed: list[bytes]) -> None:
-        """Record the writes as ``ValueState.update`` does (``HashMapTable._mark``)."""
-        table = self._table
-        assert table is not None
-        dirty = table._dirty
-        if dirty is None:
-            return
-        table._writes += len(prefixed)
-        mask = table._sample_mask
-        dirty.update(prefixed if not mask else (k for k in prefixed if not hash(k) & mask))
-
 
 class _BatchContext(KeyedBatchContext):
     def __init__(self, op: Any) -> None:
@@ -198,13 +53,13 @@ class _BatchContext(KeyedBatchContext):
                 f"{self._op.config.describe()}: a KeyedBatchFunction keeps ValueState only "
                 f"for now, got {type(descriptor).__name__} {getattr(descriptor, 'name', '')!r}"
             )
-        return _BatchValueState(self._op, self._op.get_state(descriptor), descriptor)
+        return BatchStateView(self._op, self._op.get_state(descriptor), descriptor)
 
     def _timers(self, keys: Keys, timestamps: Any, act: Callable[[int, bytes], None]) -> None:
-        times = _pylist(timestamps)
+        times = pylist(timestamps)
         ctx = self._op.key_context
         try:
-            prefixed = ctx.prefixed_keys(_pylist(keys))
+            prefixed = ctx.prefixed_keys(pylist(keys))
         finally:
             ctx.clear()
         if len(prefixed) != len(times):

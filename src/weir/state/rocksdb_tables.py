@@ -233,6 +233,34 @@ class _PointTable(RocksPointCore, RocksTable):
             self._cache[key] = data
         return data  # type: ignore[no-any-return]
 
+    def get_stored(self, keys: list[bytes]) -> list[bytes | None]:
+        """The stored bytes of many prefixed keys (None: absent), from the entry cache
+        where it holds them (a batch function's read)."""
+        if self._complete is None and self._limit:
+            self._warm()
+        get = self._cache.get
+        found = [get(key, _MISSING) for key in keys]
+        if _MISSING in found:
+            found = [self._get(k) if d is _MISSING else d
+                     for k, d in zip(keys, found, strict=True)]
+        return found
+
+    def store_many(self, keys: list[bytes], datas: list[bytes | None]) -> None:
+        """Write many prefixed keys' stored bytes (None: delete; a key given twice
+        keeps the last) as :meth:`_store` does, in two dict updates where the cache
+        takes them all without an eviction."""
+        cache = self._cache
+        if self._limit and self._complete is None:
+            self._warm()
+        if not self._limit or (len(cache) + len(keys) > self._limit and (
+                len(cache) + sum(k not in cache for k in keys) > self._limit)):
+            for key, data in zip(keys, datas, strict=True):
+                self._store(key, data)
+            return
+        cache.update(zip(keys, datas, strict=True))
+        (self._dirty if self._written is None else self._written).update(
+            zip(keys, datas, strict=True))
+
     def _put(self, key: bytes, data: bytes) -> None:
         self._store(key, data)
 

@@ -1,0 +1,227 @@
+"""The value state of a :class:`~weir.KeyedBatchFunction`, read and written for many
+keys per call (:class:`BatchStateView`, the :class:`~weir.BatchValueState` a batch
+context gives).
+
+It reads and writes the state's own table under the same descriptor, so the entries,
+checks and checkpoints are a per-record function's:
+
+* the hash map's plain value state: one dict operation over the keys' prefixed bytes
+  (the same write check and change tracking as ``ValueState.update``);
+* RocksDB's plain value state: the table's entry cache, many keys per call
+  (``get_stored`` / ``store_many``: a read misses into RocksDB only where the cache
+  does not hold the key, a write is two dict updates where the cache takes every key);
+  the fixed-width serializers' (``IntSerializer``, ``FloatSerializer``) values packed and
+  unpacked as one NumPy array;
+* every other table (TTL states among them): key by key through the state's own API.
+
+Keys given as an Arrow array (immutable) are encoded once: a ``get`` and then a ``put``
+of the same array reuse them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from weir.api.batch import BatchValueState
+from weir.api.descriptors import ValueStateDescriptor
+from weir.api.serializers import BytesSerializer, FloatSerializer, IntSerializer, StrSerializer
+from weir.errors import StateError
+from weir.state.hashmap_tables import HashMapValueTable
+from weir.state.rocksdb_tables import RocksValueTable
+
+if TYPE_CHECKING:
+    from weir.api.batch import Keys
+
+__all__ = ["BatchStateView", "pylist"]
+
+_ARROW_TYPES: dict[type, pa.DataType] = {
+    IntSerializer: pa.int64(), FloatSerializer: pa.float64(), StrSerializer: pa.string(),
+    BytesSerializer: pa.binary(),
+}
+#: fixed-width serializers: (NumPy type of their bytes, Arrow type, Python types taken)
+_FIXED: dict[type, tuple[str, pa.DataType, set[type]]] = {
+    IntSerializer: (">i8", pa.int64(), {int}),
+    FloatSerializer: (">f8", pa.float64(), {float}),
+}
+
+
+def pylist(values: Any) -> list[Any]:
+    """Python values of an Arrow array, a NumPy array (``tolist``: Python ints, not
+    NumPy scalars, reach the state) or any sequence."""
+    if isinstance(values, pa.Array | pa.ChunkedArray):
+        return values.to_pylist()  # type: ignore[no-any-return]
+    if isinstance(values, list):
+        return values
+    tolist = getattr(values, "tolist", None)
+    return tolist() if callable(tolist) else list(values)
+
+
+def _decode_fixed(stored: list[bytes | None], fixed: tuple[str, pa.DataType, set[type]]
+                  ) -> pa.Array:
+    """Fixed-width stored values as one Arrow array, null where absent."""
+    absent = np.fromiter((d is None for d in stored), dtype=bool, count=len(stored))
+    present = np.frombuffer(b"".join(d for d in stored if d is not None), dtype=fixed[0])
+    values = np.zeros(len(stored), dtype=present.dtype.newbyteorder("="))
+    values[~absent] = present
+    return pa.array(values, type=fixed[1], mask=absent if absent.any() else None)
+
+
+class BatchStateView(BatchValueState[Any]):
+    """A value state read and written for many keys at once (see the module doc)."""
+
+    def __init__(self, op: Any, state: Any, descriptor: ValueStateDescriptor[Any]) -> None:
+        self._op = op
+        self._state = state
+        self._name = descriptor.name
+        self._type = _ARROW_TYPES.get(type(descriptor.serializer))
+        # the hash map's plain value state: one dict operation over the keys
+        self._table = state if type(state) is HashMapValueTable else None
+        # RocksDB's plain value state: its entry cache, many keys per call
+        self._rocks = state if type(state) is RocksValueTable else None
+        self._fixed = _FIXED.get(type(descriptor.serializer))
+        #: the Arrow keys of the last call, their Python values and prefixed bytes
+        self._last: tuple[Any, list[Any], list[bytes]] | None = None
+
+    def _prefixed(self, keys: list[Any]) -> list[bytes]:
+        """Each key's prefixed bytes (checked: a key of this subtask's key groups)."""
+        ctx = self._op.key_context
+        try:
+            return ctx.prefixed_keys(keys)  # type: ignore[no-any-return]
+        finally:
+            ctx.clear()
+
+    def _keys(self, keys: Any) -> tuple[list[Any], list[bytes] | None]:
+        """``keys`` as Python values, and their prefixed bytes when the hash map's path
+        needs them: an Arrow array (immutable) given again, as a ``get`` and then a
+        ``put`` of the same keys do, reuses the last call's."""
+        if self._table is None and self._rocks is None:
+            return pylist(keys), None
+        last = self._last
+        if last is not None and last[0] is keys:
+            return last[1], last[2]
+        values = pylist(keys)
+        prefixed = self._prefixed(values)
+        self._last = ((keys, values, prefixed) if isinstance(keys, pa.Array | pa.ChunkedArray)
+                      else None)
+        return values, prefixed
+
+    def get(self, keys: Keys, type: pa.DataType | None = None) -> pa.Array:
+        keys, prefixed = self._keys(keys)
+        kind = type or self._type
+        if self._rocks is not None and prefixed is not None:
+            stored = self._rocks.get_stored(prefixed)
+            if self._fixed is not None and (kind is None or kind == self._fixed[1]):
+                return _decode_fixed(stored, self._fixed)
+            decode = self._rocks._decode
+            values = [None if d is None else decode(d) for d in stored]
+        elif self._table is not None and prefixed is not None:
+            values = list(map(self._table._data.get, prefixed))
+        else:
+            values = self._each(keys, lambda: self._state.value())
+        try:
+            return pa.array(values, type=kind)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
+            raise StateError(
+                f"state {self._name!r}: its values do not make one Arrow array ({exc}); "
+                f"pass get(keys, type=...)"
+            ) from None
+
+    def put(self, keys: Keys, values: pa.Array | pa.ChunkedArray | Sequence[Any]) -> None:
+        keys, prefixed = self._keys(keys)
+        values = pylist(values)
+        if len(keys) != len(values):
+            raise ValueError(f"state {self._name!r}: put of {len(keys)} keys with "
+                             f"{len(values)} values")
+        if self._rocks is not None:
+            assert prefixed is not None
+            self._rocks.store_many(prefixed, self._encoded(values))
+            return
+        table = self._table
+        if table is None:
+            state = self._state
+            try:
+                for key, value in zip(keys, values, strict=True):
+                    self._at(key)
+                    if value is None:
+                        state.clear()
+                    else:
+                        state.update(value)
+            finally:
+                self._op.key_context.clear()
+            return
+        assert prefixed is not None
+        if None in values:  # a null deletes, as update(None) does; each key's last counts
+            last = dict(zip(prefixed, values, strict=True))
+            self._remove([k for k, v in last.items() if v is None])
+            prefixed = [k for k, v in last.items() if v is not None]
+            values = [last[k] for k in prefixed]
+        check, ok = table._check, table._ok
+        for kind in set(map(type, values)) - ok:  # the write check, once per new type
+            check(next(v for v in values if type(v) is kind))
+        table._data.update(zip(prefixed, values, strict=True))
+        self._mark(prefixed)
+
+    def delete(self, keys: Keys) -> None:
+        keys, prefixed = self._keys(keys)
+        if self._rocks is not None:
+            assert prefixed is not None
+            self._rocks.store_many(prefixed, [None] * len(prefixed))
+            return
+        if prefixed is None:
+            try:
+                for key in keys:
+                    self._at(key)
+                    self._state.clear()
+            finally:
+                self._op.key_context.clear()
+            return
+        self._remove(prefixed)
+
+    # helpers ---------------------------------------------------------------------------
+    def _encoded(self, values: list[Any]) -> list[bytes | None]:
+        """RocksDB's stored bytes of ``values`` (None: a delete), checked as
+        ``ValueState.update`` checks them; fixed-width ints and floats packed at once."""
+        assert self._rocks is not None
+        fixed = self._fixed
+        if fixed is not None and values and set(map(type, values)) <= fixed[2]:
+            data = np.asarray(values, dtype=fixed[0]).tobytes()  # (OverflowError: too big)
+            return [data[i:i + 8] for i in range(0, len(data), 8)]
+        encode = self._rocks._encode
+        return [None if v is None else encode(v) for v in values]
+
+    def _at(self, key: Any) -> None:
+        self._op.key_context.set_current_key(key)
+
+    def _each(self, keys: list[Any], read: Any) -> list[Any]:
+        out: list[Any] = []
+        try:
+            for key in keys:
+                self._at(key)
+                out.append(read())
+        finally:
+            self._op.key_context.clear()
+        return out
+
+    def _remove(self, prefixed: list[bytes]) -> None:
+        assert self._table is not None
+        pop = self._table._data.pop
+        for key in prefixed:
+            pop(key, None)
+        self._mark(prefixed)
+
+    def _mark(self, prefixed: list[bytes]) -> None:
+        """Record the writes as ``ValueState.update`` does (``HashMapTable._mark``)."""
+        table = self._table
+        assert table is not None
+        dirty = table._dirty
+        if dirty is None:
+            return
+        table._writes += len(prefixed)
+        mask = table._sample_mask
+        dirty.update(prefixed if not mask else (k for k in prefixed if not hash(k) & mask))
+
+
