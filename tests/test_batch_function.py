@@ -428,3 +428,102 @@ def test_a_key_put_twice_keeps_its_last_value_a_null_included(backend: str, tmp_
     with pytest.raises(weir.errors.NoKeyContextError):
         h.operator.get_state(SUM).value()
     h.close()
+
+
+ITEMS = weir.ListStateDescriptor("items", serializer=weir.IntSerializer())
+ENTRIES = weir.MapStateDescriptor("entries", serializer=weir.IntSerializer())
+
+
+class RecordLists(weir.KeyedProcessFunction[tuple[str, int], None]):
+    """Per record (k, v): v appended to k's list; k's map entry v % 4 set to v, or
+    removed when v is negative."""
+
+    def open(self, ctx: weir.KeyedContext) -> None:
+        self.items = ctx.get_list_state(ITEMS)
+        self.last = ctx.get_map_state(ENTRIES)
+
+    def process_element(self, value: tuple[str, int], ctx: weir.KeyedContext) -> Any:
+        v = value[1]
+        self.items.add(v)
+        if v < 0:
+            self.last.remove(v % 4)
+        else:
+            self.last.put(v % 4, v)
+        return ()
+
+
+class BatchLists(weir.KeyedBatchFunction):
+    """RecordLists a batch at a time: one add and one put for every row."""
+
+    def open(self, ctx: weir.KeyedBatchContext) -> None:
+        self.items = ctx.get_list_state(ITEMS)
+        self.last = ctx.get_map_state(ENTRIES)
+
+    def process_batch(self, batch: pa.RecordBatch, ctx: weir.KeyedBatchContext) -> Any:
+        values = batch.column("v").to_pylist()
+        self.items.add(ctx.keys, values)
+        self.last.put(ctx.keys, [v % 4 for v in values], [v if v >= 0 else None
+                                                           for v in values])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=20, deadline=None)
+@given(batches=BATCHES, cut=st.integers(0, 6))
+def test_batch_list_and_map_state_end_as_the_per_record_appends_and_puts_do(
+    backend: str, batches: list[list[tuple[str, int]]], cut: int, tmp_path_factory: Any
+) -> None:
+    """For random batches, with a restore part way: each key's list and map equal what
+    the same appends, puts and removes per record leave."""
+    tmp = tmp_path_factory.mktemp("lm")
+    record, batch = _harness(RecordLists(), backend, tmp), _harness(BatchLists(), backend, tmp)
+    record.open()
+    batch.open()
+    seen: set[str] = set()
+    for i, rows in enumerate(batches):
+        if i == cut:
+            snap = batch.snapshot()
+            batch.close()
+            batch = KeyedOperatorHarness.restore(
+                BatchLists(), lambda row: row["k"], [snap], parallelism=1, subtask_index=0,
+                state_backend=backend, rocksdb_path=tmp / "rocks" / f"restored{i}")
+        record.process_elements(rows)
+        batch.process_batch(_batch(rows))
+        seen.update(k for k, _ in rows)
+    for key in seen:
+        assert batch.state_of(key, ITEMS) == record.state_of(key, ITEMS)
+        assert batch.state_of(key, ENTRIES) == record.state_of(key, ENTRIES)
+    record.close()
+    batch.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_list_and_map_batch_reads_updates_and_deletes(backend: str, tmp_path: Path) -> None:
+    class Probe(weir.KeyedBatchFunction):
+        def open(self, ctx: weir.KeyedBatchContext) -> None:
+            self.items, self.last = ctx.get_list_state(ITEMS), ctx.get_map_state(ENTRIES)
+            self.ctx = ctx
+
+        def process_batch(self, batch: pa.RecordBatch, ctx: weir.KeyedBatchContext) -> Any:
+            return None
+
+    probe = Probe()
+    h = _harness(probe, backend, tmp_path)
+    h.open()
+    items, last = probe.items, probe.last
+    items.add(["a", "b", "a"], [1, 2, 3])
+    assert items.get(["a", "b", "c"]).to_pylist() == [[1, 3], [2], []]
+    assert items.get(["a"]).type == pa.list_(pa.int64())
+    items.update(["a", "b"], [[7], None])
+    items.delete(["c"])
+    assert items.get(["a", "b"]).to_pylist() == [[7], []]
+    last.put(["a", "a", "b"], [1, 2, 1], [10, 20, 30])
+    assert last.get(["a", "a", "b", "b"], [1, 2, 1, 2]).to_pylist() == [10, 20, 30, None]
+    assert last.contains(["a", "b"], [2, 2]).to_pylist() == [True, False]
+    last.put(["a"], [1], [None])
+    last.delete(["b"])
+    assert last.get(["a", "a", "b"], [1, 2, 1]).to_pylist() == [None, 20, None]
+    with pytest.raises(ValueError, match="2 keys"):
+        items.add(["a", "b"], [1])
+    with pytest.raises(ConfigurationError, match="get_map_state"):
+        probe.ctx.get_state(ENTRIES)
+    h.close()

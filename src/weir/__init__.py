@@ -6,7 +6,13 @@ internal and may change.
 """
 
 from weir.api.avro_serializer import AvroSerializer
-from weir.api.batch import BatchValueState, KeyedBatchContext, KeyedBatchFunction
+from weir.api.batch import (
+    BatchListState,
+    BatchMapState,
+    BatchValueState,
+    KeyedBatchContext,
+    KeyedBatchFunction,
+)
 from weir.api.checkpointing import CheckpointConfig, CheckpointingMode, SnapshotStrategy
 from weir.api.config import (
     HashMapStateBackend,
@@ -158,6 +164,8 @@ __all__ = [
     "AggregatingStateDescriptor",
     "AvroSerializer",
     "BroadcastContext",
+    "BatchListState",
+    "BatchMapState",
     "BatchValueState",
     "BroadcastState",
     "BytesSerializer",

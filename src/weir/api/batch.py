@@ -10,10 +10,11 @@ restores into the other when the descriptors agree. Outputs are Arrow batches in
 stage's output schema.
 
 Within a call, ``put`` of a key given twice keeps the last value; a later call sees
-everything earlier calls wrote. Timers are registered from arrays of keys and times
-(``ctx.register_event_time_timers``); the timers due when time advances reach
-``on_timers`` together. An exception of ``process_batch`` fails the batch (no
-dead letters per record).
+everything earlier calls wrote. List and map state work the same way
+(:class:`BatchListState`, :class:`BatchMapState`). Timers are registered from arrays
+of keys and times (``ctx.register_event_time_timers``); the timers due when time
+advances reach ``on_timers`` together. An exception of ``process_batch`` fails the
+batch (no dead letters per record).
 """
 
 from __future__ import annotations
@@ -23,7 +24,11 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
 from weir.api.context import Instant, TimeDomain
-from weir.api.descriptors import ValueStateDescriptor
+from weir.api.descriptors import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ValueStateDescriptor,
+)
 
 if TYPE_CHECKING:  # (``import weir`` imports no pyarrow: the Spark daemon sets up its
     # allocator before it does)
@@ -37,9 +42,12 @@ if TYPE_CHECKING:  # (``import weir`` imports no pyarrow: the Spark daemon sets 
     BatchOutput: TypeAlias = (pa.RecordBatch | pa.Table | Iterable[pa.RecordBatch | pa.Table]
                               | None)
 
-__all__ = ["BatchValueState", "KeyedBatchContext", "KeyedBatchFunction"]
+__all__ = ["BatchListState", "BatchMapState", "BatchValueState", "KeyedBatchContext",
+           "KeyedBatchFunction"]
 
 T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 class BatchValueState(ABC, Generic[T]):
@@ -61,6 +69,55 @@ class BatchValueState(ABC, Generic[T]):
         """Remove the values of ``keys``."""
 
 
+class BatchListState(ABC, Generic[T]):
+    """A list of values per key, read and appended for many keys at once."""
+
+    @abstractmethod
+    def get(self, keys: Keys, type: pa.DataType | None = None) -> pa.Array:
+        """Each key's list, in order, as an Arrow list array (an empty list where a key
+        has none). The items' type is ``type``, else the descriptor's (int, float, str,
+        bytes serializers), else inferred from the values."""
+
+    @abstractmethod
+    def add(self, keys: Keys, values: pa.Array | pa.ChunkedArray | Sequence[T]) -> None:
+        """Append each value to the list of the key beside it, in order: a key given
+        several times gets each of its values, in the order given."""
+
+    @abstractmethod
+    def update(self, keys: Keys, lists: pa.Array | pa.ChunkedArray | Sequence[Any]) -> None:
+        """Replace each key's list with the list beside it (empty or null: no list; a
+        key given twice keeps the last)."""
+
+    @abstractmethod
+    def delete(self, keys: Keys) -> None:
+        """Remove the lists of ``keys``."""
+
+
+class BatchMapState(ABC, Generic[K, V]):
+    """A map per key, its entries read and written for many (key, user key) pairs at
+    once."""
+
+    @abstractmethod
+    def get(self, keys: Keys, user_keys: Keys, type: pa.DataType | None = None
+            ) -> pa.Array:
+        """The value of each key's entry ``user_keys[i]``, null where it has none
+        (typed as :meth:`BatchValueState.get` types values)."""
+
+    @abstractmethod
+    def put(self, keys: Keys, user_keys: Keys,
+            values: pa.Array | pa.ChunkedArray | Sequence[V]) -> None:
+        """Set each key's entry at the user key beside it (a pair given twice keeps
+        the last value; a null value removes the entry)."""
+
+    @abstractmethod
+    def contains(self, keys: Keys, user_keys: Keys) -> pa.Array:
+        """Whether each key has an entry at the user key beside it (a boolean array)."""
+
+    @abstractmethod
+    def delete(self, keys: Keys) -> None:
+        """Remove the whole map of each of ``keys``."""
+
+
 class KeyedBatchContext(ABC):
     """What a :class:`KeyedBatchFunction` sees of its subtask."""
 
@@ -74,6 +131,14 @@ class KeyedBatchContext(ABC):
     @abstractmethod
     def get_state(self, descriptor: ValueStateDescriptor[T]) -> BatchValueState[T]:
         """The keyed value state of ``descriptor`` (register it in ``open``)."""
+
+    @abstractmethod
+    def get_list_state(self, descriptor: ListStateDescriptor[T]) -> BatchListState[T]:
+        """The keyed list state of ``descriptor`` (register it in ``open``)."""
+
+    @abstractmethod
+    def get_map_state(self, descriptor: MapStateDescriptor[K, V]) -> BatchMapState[K, V]:
+        """The keyed map state of ``descriptor`` (register it in ``open``)."""
 
     @abstractmethod
     def register_event_time_timers(self, keys: Keys, timestamps: Any) -> None:

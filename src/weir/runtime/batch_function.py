@@ -21,12 +21,18 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from weir.api.batch import BatchValueState, KeyedBatchContext, KeyedBatchFunction
+from weir.api.batch import (
+    BatchListState,
+    BatchMapState,
+    BatchValueState,
+    KeyedBatchContext,
+    KeyedBatchFunction,
+)
 from weir.api.context import Instant, KeyedContext, TimeDomain
-from weir.api.descriptors import ValueStateDescriptor
+from weir.api.descriptors import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from weir.api.functions import KeyedProcessFunction
 from weir.errors import ConfigurationError
-from weir.runtime.batch_state import BatchStateView, pylist
+from weir.runtime.batch_state import BatchListView, BatchMapView, BatchStateView, pylist
 
 if TYPE_CHECKING:
     from weir.api.batch import BatchOutput, Keys
@@ -48,12 +54,25 @@ class _BatchContext(KeyedBatchContext):
         return self.batch_keys
 
     def get_state(self, descriptor: ValueStateDescriptor[Any]) -> BatchValueState[Any]:
-        if not isinstance(descriptor, ValueStateDescriptor):
-            raise ConfigurationError(
-                f"{self._op.config.describe()}: a KeyedBatchFunction keeps ValueState only "
-                f"for now, got {type(descriptor).__name__} {getattr(descriptor, 'name', '')!r}"
-            )
+        self._check(descriptor, ValueStateDescriptor, "get_state")
         return BatchStateView(self._op, self._op.get_state(descriptor), descriptor)
+
+    def get_list_state(self, descriptor: ListStateDescriptor[Any]) -> BatchListState[Any]:
+        self._check(descriptor, ListStateDescriptor, "get_list_state")
+        return BatchListView(self._op, self._op.get_state(descriptor), descriptor)
+
+    def get_map_state(self, descriptor: MapStateDescriptor[Any, Any]
+                      ) -> BatchMapState[Any, Any]:
+        self._check(descriptor, MapStateDescriptor, "get_map_state")
+        return BatchMapView(self._op, self._op.get_state(descriptor), descriptor)
+
+    def _check(self, descriptor: Any, kind: type, getter: str) -> None:
+        if type(descriptor) is not kind and not isinstance(descriptor, kind):
+            raise ConfigurationError(
+                f"{self._op.config.describe()}: {getter} takes a {kind.__name__}, got "
+                f"{type(descriptor).__name__} {getattr(descriptor, 'name', '')!r} (a "
+                f"KeyedBatchFunction keeps value, list and map state: get_state, "
+                f"get_list_state, get_map_state)")
 
     def _timers(self, keys: Keys, timestamps: Any, act: Callable[[int, bytes], None]) -> None:
         times = pylist(timestamps)

@@ -12,7 +12,9 @@ checks and checkpoints are a per-record function's:
   does not hold the key, a write is two dict updates where the cache takes every key);
   the fixed-width serializers' (``IntSerializer``, ``FloatSerializer``) values packed and
   unpacked as one NumPy array;
-* every other table (TTL states among them): key by key through the state's own API.
+* every other table (TTL states among them), and list and map states
+  (:class:`BatchListView`, :class:`BatchMapView`): key by key through the state's own
+  API.
 
 Keys given as an Arrow array (immutable) are encoded once: a ``get`` and then a ``put``
 of the same array reuse them.
@@ -26,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from weir.api.batch import BatchValueState
-from weir.api.descriptors import ValueStateDescriptor
+from weir.api.batch import BatchListState, BatchMapState, BatchValueState
+from weir.api.descriptors import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from weir.api.serializers import BytesSerializer, FloatSerializer, IntSerializer, StrSerializer
 from weir.errors import StateError
 from weir.state.hashmap_tables import HashMapValueTable
@@ -36,7 +38,7 @@ from weir.state.rocksdb_tables import RocksValueTable
 if TYPE_CHECKING:
     from weir.api.batch import Keys
 
-__all__ = ["BatchStateView", "pylist"]
+__all__ = ["BatchListView", "BatchMapView", "BatchStateView", "pylist"]
 
 _ARROW_TYPES: dict[type, pa.DataType] = {
     IntSerializer: pa.int64(), FloatSerializer: pa.float64(), StrSerializer: pa.string(),
@@ -225,3 +227,90 @@ class BatchStateView(BatchValueState[Any]):
         dirty.update(prefixed if not mask else (k for k in prefixed if not hash(k) & mask))
 
 
+
+
+class _KeyByKey:
+    """A state read and written key by key through its own API (the key context set
+    per key, cleared after each call)."""
+
+    def __init__(self, op: Any, state: Any, name: str, item_type: pa.DataType | None
+                 ) -> None:
+        self._op, self._state, self._name, self._type = op, state, name, item_type
+
+    def _each(self, keys: Keys, act: Any, *columns: Any) -> list[Any]:
+        """``act(*row)`` with each key current in turn (``columns`` beside the keys)."""
+        keys = pylist(keys)
+        rows = [pylist(c) for c in columns]
+        if any(len(r) != len(keys) for r in rows):
+            raise ValueError(f"state {self._name!r}: {len(keys)} keys with "
+                             f"{[len(r) for r in rows]} values")
+        ctx = self._op.key_context
+        try:
+            if not rows:
+                return [(ctx.set_current_key(k), act())[1] for k in keys]
+            return [(ctx.set_current_key(k), act(*row))[1]
+                    for k, *row in zip(keys, *rows, strict=True)]
+        finally:
+            ctx.clear()
+
+    def _array(self, values: list[Any], kind: pa.DataType | None) -> pa.Array:
+        try:
+            return pa.array(values, type=kind)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
+            raise StateError(
+                f"state {self._name!r}: its values do not make one Arrow array ({exc}); "
+                f"pass get(keys, type=...)"
+            ) from None
+
+
+class BatchListView(_KeyByKey, BatchListState[Any]):
+    """A list state read and appended for many keys at once (key by key)."""
+
+    def __init__(self, op: Any, state: Any, descriptor: ListStateDescriptor[Any]) -> None:
+        super().__init__(op, state, descriptor.name,
+                         _ARROW_TYPES.get(type(descriptor.value_serializer)))
+
+    def get(self, keys: Keys, type: pa.DataType | None = None) -> pa.Array:
+        lists = self._each(keys, self._state.get)
+        item = type or self._type
+        return self._array(lists, None if item is None else pa.list_(item))
+
+    def add(self, keys: Keys, values: pa.Array | pa.ChunkedArray | Sequence[Any]) -> None:
+        self._each(keys, self._state.add, values)
+
+    def update(self, keys: Keys, lists: pa.Array | pa.ChunkedArray | Sequence[Any]) -> None:
+        state = self._state
+        self._each(keys, lambda items: state.update(items or ()), lists)
+
+    def delete(self, keys: Keys) -> None:
+        self._each(keys, self._state.clear)
+
+
+class BatchMapView(_KeyByKey, BatchMapState[Any, Any]):
+    """A map state's entries read and written for many pairs at once (key by key)."""
+
+    def __init__(self, op: Any, state: Any, descriptor: MapStateDescriptor[Any, Any]
+                 ) -> None:
+        super().__init__(op, state, descriptor.name,
+                         _ARROW_TYPES.get(type(descriptor.value_serializer)))
+
+    def get(self, keys: Keys, user_keys: Keys, type: pa.DataType | None = None
+            ) -> pa.Array:
+        return self._array(self._each(keys, self._state.get, user_keys), type or self._type)
+
+    def put(self, keys: Keys, user_keys: Keys,
+            values: pa.Array | pa.ChunkedArray | Sequence[Any]) -> None:
+        state = self._state
+
+        def put(user_key: Any, value: Any) -> None:
+            if value is None:
+                state.remove(user_key)
+            else:
+                state.put(user_key, value)
+        self._each(keys, put, user_keys, values)
+
+    def contains(self, keys: Keys, user_keys: Keys) -> pa.Array:
+        return pa.array(self._each(keys, self._state.contains, user_keys), pa.bool_())
+
+    def delete(self, keys: Keys) -> None:
+        self._each(keys, self._state.clear)
