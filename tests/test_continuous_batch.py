@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 import weir
@@ -89,7 +90,7 @@ class BatchDeadlines(weir.KeyedBatchFunction):
     """RecordDeadlines a batch at a time: timers registered from arrays."""
 
     def process_batch(self, batch: pa.RecordBatch, ctx: Any) -> Any:
-        times = pa.compute.add(pa.compute.multiply(batch.column("value"), 10), 1_000)
+        times = pc.add(pc.multiply(batch.column("value"), 10), 1_000)
         ctx.register_event_time_timers(ctx.keys, times)
 
     def on_timers(self, timestamps: pa.Array, ctx: Any) -> Any:
@@ -147,6 +148,48 @@ def test_batches_of_records_keyed_by_a_column_count_exactly_once_across_a_kill(
     check_counts(out, n)
     state = weir.read_state(str(tmp_path / "chk")).keyed_state("count", "count")
     assert dict(zip(state["key"], state["value"], strict=True)) == {k: n // 50 for k in range(50)}
+
+
+def with_time(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A batch of numbers with its key (mod 20) and event time (10 ms a number)."""
+    numbers = batch.column("value").to_numpy()
+    return (batch.append_column("key", pa.array(numbers % 20))
+            .append_column("ts", pa.array(numbers * 10)))
+
+
+class ColumnDeadlines(weir.KeyedBatchFunction):
+    """A timer 1 s after each row's event time (from its ``ts`` column); each emits
+    [key, time, whether the watermark had passed it]."""
+
+    def process_batch(self, batch: pa.RecordBatch, ctx: Any) -> Any:
+        ctx.register_event_time_timers(
+            ctx.keys, pc.add(batch.column("ts"), 1_000))
+
+    def on_timers(self, timestamps: pa.Array, ctx: Any) -> Any:
+        return pa.record_batch({
+            "key": pa.array(pa.array(ctx.keys).to_pylist(), pa.int64()), "at": timestamps,
+            "passed": pa.array([ctx.current_watermark >= t for t in timestamps.to_pylist()]),
+        })
+
+
+def test_event_time_of_batches_of_records_fires_every_row_timer_once(tmp_path: Path) -> None:
+    """Batches of records with event time: the timestamp assigner takes a batch (here its
+    latest row's time), watermarks follow the batches, and the timers registered from
+    each row's time fire once each, after the watermark passed them, every one by the
+    end."""
+    n = 20_000
+    env = StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=2, max_parallelism=32))
+    strategy = WatermarkStrategy.bounded_out_of_orderness(
+        50, lambda b: pc.max(b.column("value")).as_py() * 10, interval=20)
+    (env.from_source(SequenceSource(n, 20_000, batch_size=101), uid="numbers",
+                     watermarks=strategy)
+        .map(with_time).key_by("key")
+        .process(ColumnDeadlines(), uid="deadlines", output_batches=True)
+        .sink_to(FileSink(tmp_path / "out"), uid="sink"))
+    LocalJob(env.job_graph("deadlines"), CheckpointConfig(interval=50)).run(timeout_s=120)
+    fired = [(r["key"], r["at"]) for r in read_stream_sink(tmp_path / "out")]
+    assert sorted(fired) == sorted({(v % 20, v * 10 + 1_000) for v in range(n)})
+    assert all(r["passed"] for r in read_stream_sink(tmp_path / "out"))
 
 
 def check_counts(out: list[list[int]], n: int) -> None:
