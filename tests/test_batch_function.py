@@ -230,7 +230,7 @@ def test_get_types_come_from_the_serializer_or_are_given_and_a_bad_value_fails(
     h.operator.key_context.clear()
     with pytest.raises(ValueError, match="2 keys with 1 values"):
         sums.put(["x", "y"], [1])
-    with pytest.raises(ConfigurationError, match="ValueState only"):
+    with pytest.raises(ConfigurationError, match="get_state takes a ValueStateDescriptor"):
         ctx.get_state(weir.ListStateDescriptor("l"))
     h.close()
 
@@ -513,7 +513,7 @@ def test_list_and_map_batch_reads_updates_and_deletes(backend: str, tmp_path: Pa
     items.add(["a", "b", "a"], [1, 2, 3])
     assert items.get(["a", "b", "c"]).to_pylist() == [[1, 3], [2], []]
     assert items.get(["a"]).type == pa.list_(pa.int64())
-    items.update(["a", "b"], [[7], None])
+    items.update(["a", "b"], [np.array([7]), None])
     items.delete(["c"])
     assert items.get(["a", "b"]).to_pylist() == [[7], []]
     last.put(["a", "a", "b"], [1, 2, 1], [10, 20, 30])
@@ -526,4 +526,15 @@ def test_list_and_map_batch_reads_updates_and_deletes(backend: str, tmp_path: Pa
         items.add(["a", "b"], [1])
     with pytest.raises(ConfigurationError, match="get_map_state"):
         probe.ctx.get_state(ENTRIES)
+    h.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_batch_put_of_an_int_beyond_int64_fails_as_update_does(backend: str,
+                                                                tmp_path: Path) -> None:
+    h = _harness(BatchSum(), backend, tmp_path)
+    h.open()
+    view = h.operator.function._ctx.get_state(SUM)
+    with pytest.raises(weir.errors.StateSerializationError):
+        view.put(["a"], [2**63])
     h.close()

@@ -5,7 +5,9 @@ SIGKILL runs of test_continuous_job and the kill -9 suite run a batch count too.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,9 @@ from weir.api.watermarks import WatermarkStrategy
 from weir.connectors.stream import FileSink, SequenceSource, read_stream_sink
 from weir.errors import ConfigurationError
 from weir.runtime.continuous.batching import records_of, rows_of
+from weir.runtime.continuous.graph import KeyColumn
 from weir.runtime.continuous.master import LocalJob
+from weir.state.keygroups import assign_key_to_parallel_operator
 from weir.stream import StreamEnvironment
 
 
@@ -150,6 +154,36 @@ def test_batches_of_records_keyed_by_a_column_count_exactly_once_across_a_kill(
     assert dict(zip(state["key"], state["value"], strict=True)) == {k: n // 50 for k in range(50)}
 
 
+class SlowBatchCount(BatchCount):
+    """BatchCount, 20 ms a call: channels back up and barriers overtake records."""
+
+    def process_batch(self, batch: Any, ctx: Any) -> Any:
+        time.sleep(0.02)
+        return super().process_batch(batch, ctx)
+
+
+def test_batches_in_flight_in_an_unaligned_checkpoint_replay_to_their_owners(
+    tmp_path: Path
+) -> None:
+    """Unaligned checkpoints store the batch parts in flight; a restore (the keyed task
+    killed) replays each subtask exactly the rows it owns of them: exactly once."""
+    n = 60_000
+    env = StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=2, max_parallelism=32))
+    (env.from_source(SequenceSource(n, 20_000, batch_size=53), uid="numbers")
+        .map(with_key).key_by("key")
+        .process(SlowBatchCount(), uid="count", output_batches=True)
+        .sink_to(FileSink(tmp_path / "out"), uid="sink"))
+    graph = dataclasses.replace(env.job_graph("count"), channel=TINY)
+    job = LocalJob(graph, CheckpointConfig(interval=50, unaligned=True),
+                   restart=weir.RestartStrategy.fixed_delay(attempts=1, delay="0 s"))
+    running = Running(job)
+    running.until(lambda: ("count", 1) in job._procs and len(job.result.completed) >= 3)
+    running.kill(("count", 1))
+    assert not running.join()
+    assert job.result.restarts == 1
+    check_counts([row["value"] for row in read_stream_sink(tmp_path / "out")], n)
+
+
 def with_time(batch: pa.RecordBatch) -> pa.RecordBatch:
     """A batch of numbers with its key (mod 20) and event time (10 ms a number)."""
     numbers = batch.column("value").to_numpy()
@@ -215,6 +249,13 @@ def test_records_become_rows_and_rows_records_by_the_rules_documented() -> None:
     assert records_of(others) == [[1, 2], [3]]
     with pytest.raises(ConfigurationError, match=r"operator 'x'.*schema"):
         rows_of([{"a": "text"}], pa.schema([("a", pa.int64())]), "operator 'x'")
+    empty = pa.record_batch({"key": pa.array([], pa.int64())})
+    assert KeyColumn("key").split(empty, 32, 3) == []  # (an empty batch goes nowhere)
+    batch = pa.record_batch({"key": pa.array(range(40))})
+    parts = KeyColumn("key").split(batch, 32, 3)
+    assert sorted(k for _, p in parts for k in p.column(0).to_pylist()) == list(range(40))
+    assert all(assign_key_to_parallel_operator(k, 32, 3) == target
+               for target, p in parts for k in p.column(0).to_pylist())
 
 
 def test_a_batch_function_takes_no_dead_letters_and_a_schema_only_for_batches(

@@ -190,8 +190,12 @@ class BatchStateView(BatchValueState[Any]):
         assert self._rocks is not None
         fixed = self._fixed
         if fixed is not None and values and set(map(type, values)) <= fixed[2]:
-            data = np.asarray(values, dtype=fixed[0]).tobytes()  # (OverflowError: too big)
-            return [data[i:i + 8] for i in range(0, len(data), 8)]
+            try:
+                data = np.asarray(values, dtype=fixed[0]).tobytes()
+            except OverflowError:  # (an int beyond int64: the checked encode says so)
+                pass
+            else:
+                return [data[i:i + 8] for i in range(0, len(data), 8)]
         encode = self._rocks._encode
         return [None if v is None else encode(v) for v in values]
 
@@ -280,7 +284,8 @@ class BatchListView(_KeyByKey, BatchListState[Any]):
 
     def update(self, keys: Keys, lists: pa.Array | pa.ChunkedArray | Sequence[Any]) -> None:
         state = self._state
-        self._each(keys, lambda items: state.update(items or ()), lists)
+        self._each(keys, lambda items: state.update(() if items is None else pylist(items)),
+                   lists)
 
     def delete(self, keys: Keys) -> None:
         self._each(keys, self._state.clear)

@@ -101,6 +101,8 @@ class BatchBuffer:
         """Take one record, or a batch of them (flushing once ``max_records`` rows
         are gathered)."""
         if type(value) is pa.RecordBatch:
+            if not value.num_rows:
+                return
             if self.column is None:
                 raise ConfigurationError(
                     f"{self.where}: a record is a RecordBatch but the stream is keyed by "

@@ -33,7 +33,7 @@ from typing import Any
 from weir.api.watermarks import WatermarkStrategy
 from weir.errors import ConfigurationError
 from weir.runtime.continuous.channels import DEFAULT_CONFIG, ChannelConfig
-from weir.state.keygroups import check_parallelism
+from weir.state.keygroups import assign_key_to_parallel_operator, check_parallelism
 from weir.state.rocksdb_options import RocksDBMemory
 
 __all__ = ["STATE_BACKENDS", "TIMESTAMPED", "Edge", "JobGraph", "KeyColumn", "LogicalInput",
@@ -101,6 +101,35 @@ class KeyColumn:
 
     def __call__(self, record: Any) -> Any:
         return record[self.name]
+
+    def split(self, batch: Any, max_parallelism: int, parallelism: int
+              ) -> list[tuple[int, Any]]:
+        """``batch`` (a ``pyarrow.RecordBatch``) as ``(subtask, part)``: the rows whose
+        keys each subtask of ``parallelism`` owns, in order, non-empty parts only (the
+        key groups of str and int keys computed in C, others one by one)."""
+        import numpy as np
+        import pyarrow as pa
+
+        from weir.state._hashcore import route_keys
+
+        keys = batch.column(self.name).to_pylist()
+        if not keys:
+            return []
+        data, slow = route_keys(keys, max_parallelism, parallelism, tuple(range(parallelism)))
+        targets = np.frombuffer(data, dtype=np.int32)
+        if slow:  # (keys of other types)
+            targets = targets.copy()
+            for j in slow:
+                targets[j] = assign_key_to_parallel_operator(keys[j], max_parallelism,
+                                                             parallelism)
+        parts = []
+        for target in range(parallelism):
+            rows = np.flatnonzero(targets == target)
+            if len(rows) == len(keys):
+                return [(target, batch)]
+            if len(rows):
+                parts.append((target, batch.take(pa.array(rows))))
+        return parts
 
 
 class Partitioner(enum.Enum):

@@ -53,7 +53,7 @@ from weir.checkpoint.coordinator import CompletedCheckpoint
 from weir.checkpoint.format import uid_dir
 from weir.checkpoint.storage import CheckpointStorage, FileRef
 from weir.errors import RestoreError
-from weir.runtime.continuous.graph import TIMESTAMPED, Edge, JobGraph, Partitioner
+from weir.runtime.continuous.graph import TIMESTAMPED, Edge, JobGraph, KeyColumn, Partitioner
 from weir.state.keygroups import assign_key_to_parallel_operator
 
 __all__ = ["belongs_to", "check_edges", "replay_records", "stored_timestamps",
@@ -277,8 +277,19 @@ def _old_consumers(partitioner: Partitioner, subtask: int, parallelism: int,
 def _owned(records: list[Any], key_selector: Any, graph: JobGraph, subtask: int,
            parallelism: int) -> Iterator[Any]:
     event_time = graph.event_time
+    batch_type: Any = None
+    if isinstance(key_selector, KeyColumn):  # (records may be batches split by it)
+        import pyarrow as pa
+
+        batch_type = pa.RecordBatch
     for item in records:
         record = item[1] if event_time else item
+        if batch_type is not None and type(record) is batch_type:
+            # a batch of records keyed by its column: this subtask's rows of it
+            for owner, part in key_selector.split(record, graph.max_parallelism, parallelism):
+                if owner == subtask:
+                    yield (item[0], part) if event_time else part
+            continue
         try:
             owner = assign_key_to_parallel_operator(key_selector(record),
                                                     graph.max_parallelism, parallelism)

@@ -43,7 +43,7 @@ def route(edge: Edge, channels: list[OutputChannel], max_parallelism: int,
                 target = 0
             emits[target]((ts, record) if event_time else record)
         if isinstance(key_of, KeyColumn):  # batches of records split by their column
-            return by_column(key_of.name, by_key_or_first if rejects else by_key, emits,
+            return by_column(key_of, by_key_or_first if rejects else by_key, emits,
                              max_parallelism, event_time)
         return by_key_or_first if rejects else by_key
     if edge.partitioner is Partitioner.BROADCAST:
@@ -66,37 +66,20 @@ def route(edge: Edge, channels: list[OutputChannel], max_parallelism: int,
     return forward
 
 
-def by_column(name: str, by_key: Push, emits: list[Any], max_parallelism: int,
+def by_column(key_of: KeyColumn, by_key: Push, emits: list[Any], max_parallelism: int,
               event_time: bool) -> Push:
-    """Route by the key column ``name``: a record that is a ``pyarrow.RecordBatch`` goes
-    to each consumer subtask as the batch of its rows whose keys that subtask owns (the
-    key groups of str and int keys computed in C); any other record by ``by_key``."""
-    import numpy as np
+    """Route by a key column: a record that is a ``pyarrow.RecordBatch`` goes to each
+    consumer subtask as the batch of its rows whose keys that subtask owns
+    (:meth:`KeyColumn.split`; an empty batch goes nowhere); any other record by
+    ``by_key``."""
     import pyarrow as pa
 
-    from weir.state._hashcore import route_keys
-
     n = len(emits)
-    subtasks = tuple(range(n))
 
     def split(record: Any, ts: int | None) -> None:
         if type(record) is not pa.RecordBatch:
             by_key(record, ts)
             return
-        keys = record.column(name).to_pylist()
-        data, slow = route_keys(keys, max_parallelism, n, subtasks)
-        targets = np.frombuffer(data, dtype=np.int32)
-        if slow:  # (keys of other types: one by one)
-            targets = targets.copy()
-            for j in slow:
-                targets[j] = assign_key_to_parallel_operator(keys[j], max_parallelism, n)
-        for target in range(n):
-            rows = np.flatnonzero(targets == target)
-            if len(rows) == len(keys):
-                part = record
-            elif not len(rows):
-                continue
-            else:
-                part = record.take(pa.array(rows))
+        for target, part in key_of.split(record, max_parallelism, n):
             emits[target]((ts, part) if event_time else part, part.num_rows)
     return split
