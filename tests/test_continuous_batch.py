@@ -29,11 +29,12 @@ from weir.api.checkpointing import CheckpointConfig
 from weir.api.watermarks import WatermarkStrategy
 from weir.connectors.stream import FileSink, SequenceSource, read_stream_sink
 from weir.errors import ConfigurationError
-from weir.runtime.continuous.batching import records_of, rows_of
+from weir.runtime.continuous.batching import BatchBuffer, records_of, rows_of
 from weir.runtime.continuous.graph import KeyColumn
 from weir.runtime.continuous.master import LocalJob
 from weir.state.keygroups import assign_key_to_parallel_operator
 from weir.stream import StreamEnvironment
+from weir.testing import KeyedOperatorHarness
 
 
 @pytest.fixture(autouse=True)
@@ -267,3 +268,33 @@ def test_a_batch_function_takes_no_dead_letters_and_a_schema_only_for_batches(
         keyed.process(BatchCount(), uid="c", bad_record_exceptions=(ValueError,))
     with pytest.raises(ConfigurationError, match="are for a KeyedBatchFunction"):
         keyed.process(Count(), uid="c", schema=pa.schema([("value", pa.int64())]))
+
+
+class Echo(weir.KeyedBatchFunction):
+    def process_batch(self, batch: pa.RecordBatch, ctx: Any) -> Any:
+        return batch
+
+
+def test_batches_and_records_taken_together_make_one_batch_of_the_schema_given() -> None:
+    h = KeyedOperatorHarness(Echo(), KeyColumn("key"))
+    h.open()
+    out: list[Any] = []
+    typed = BatchBuffer(h.operator, pa.schema([("key", pa.int64()), ("v", pa.float64())]),
+                        "operator 'x'", output_batches=True)
+    typed.emit = lambda record, ts: out.append((record, ts))
+    typed.push(pa.record_batch({"key": pa.array([1], pa.int32()),
+                                "v": pa.array([2], pa.int64())}), 7)
+    typed.push({"key": 2, "v": 1.5}, 5)
+    typed.flush()
+    ((batch, ts),) = out
+    assert batch.schema == typed.schema and ts == 7
+    assert batch.to_pylist() == [{"key": 1, "v": 2.0}, {"key": 2, "v": 1.5}]
+    mixed = BatchBuffer(h.operator, None, "operator 'y'", output_batches=True)
+    mixed.emit = lambda record, ts: None
+    mixed.push(pa.record_batch({"key": pa.array([1])}), None)
+    mixed.push(pa.record_batch({"key": pa.array([2.5])}), None)
+    with pytest.raises(ConfigurationError, match=r"operator 'y'.*one schema"):
+        mixed.flush()
+    with pytest.raises(ConfigurationError, match=r"operator 'x'.*does not cast"):
+        typed.push(pa.record_batch({"key": pa.array(["a"])}), None)
+    h.close()

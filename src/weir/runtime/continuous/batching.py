@@ -18,7 +18,8 @@ record is a row with one column, ``value``. The batch's schema is the operator's
 ``schema`` when the job gives one, else inferred from the batch (Arrow's
 ``from_pylist``). A record that is itself a ``pyarrow.RecordBatch`` (a stream keyed by
 a column, ``key_by("name")``, whose records travel in batches: :mod:`.routing` splits
-them by key group) is taken whole, its keys its key column. Outputs back to records,
+them by key group) is taken whole (cast to ``schema`` when one is given), its keys its
+key column. Outputs back to records,
 the reverse: each row of an output batch as a ``dict``, or its value when the batch's
 only column is ``value`` — or, with ``output_batches``, each output batch as one
 record. An output carries the largest timestamp of the records (or timers) of the
@@ -107,6 +108,8 @@ class BatchBuffer:
                 raise ConfigurationError(
                     f"{self.where}: a record is a RecordBatch but the stream is keyed by "
                     f"a function; key it by the batch's key column (key_by(\"name\"))")
+            if self.schema is not None and value.schema != self.schema:
+                value = self._cast(value)
             self._records_to_part()
             self.parts.append(value)
             self.size += value.num_rows
@@ -134,13 +137,30 @@ class BatchBuffer:
         if self.parts:
             self._records_to_part()
             parts, self.parts = self.parts, []
-            batch = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+            batch = parts[0] if len(parts) == 1 else self._concat(parts)
             keys = batch.column(self.column)
         else:
             records, self.records = self.records, []
             keys = list(map(self.op.key_selector, records))
             batch = rows_of(records, self.schema, self.where)
         self._emit(self.adapter.process_batch(batch, keys), ts)
+
+    def _cast(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        try:
+            return batch.cast(self.schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"{self.where}: a batch of records does not cast to the schema given "
+                f"({type(exc).__name__}: {exc}); its schema: {batch.schema}") from None
+
+    def _concat(self, parts: list[pa.RecordBatch]) -> pa.RecordBatch:
+        try:
+            return pa.concat_batches(parts)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise ConfigurationError(
+                f"{self.where}: the records taken since the last call do not make one "
+                f"batch ({exc}); give batches and records one schema, or the operator's "
+                f"schema (process(..., schema=pa.schema(...)))") from None
 
     def timers(self) -> None:
         """``on_timers`` of the timers the operator just fired (their outputs carry the
