@@ -32,6 +32,7 @@ from weir.errors import ConfigurationError
 from weir.runtime.continuous.batching import BatchBuffer, records_of, rows_of
 from weir.runtime.continuous.graph import KeyColumn
 from weir.runtime.continuous.master import LocalJob
+from weir.runtime.continuous.routing import route
 from weir.state.keygroups import assign_key_to_parallel_operator
 from weir.stream import StreamEnvironment
 from weir.testing import KeyedOperatorHarness
@@ -298,3 +299,35 @@ def test_batches_and_records_taken_together_make_one_batch_of_the_schema_given()
     with pytest.raises(ConfigurationError, match=r"operator 'x'.*does not cast"):
         typed.push(pa.record_batch({"key": pa.array(["a"])}), None)
     h.close()
+
+
+def test_channels_weigh_batches_of_records_by_their_rows_on_every_edge(tmp_path: Path
+                                                                       ) -> None:
+    """Where batches of records may travel (from a batching source or a batch function's
+    output batches, and downstream of them), every edge counts a batch's rows toward a
+    full buffer, not one record; elsewhere records count one each."""
+    env = StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=2))
+    (env.from_source(SequenceSource(10, batch_size=5), uid="numbers")
+        .map(with_key).key_by("key")
+        .process(BatchCount(), uid="count", output_batches=True)
+        .sink_to(FileSink(tmp_path / "out"), uid="sink", parallelism=1))
+    graph = env.job_graph("weights")
+    assert [graph.may_emit_batches(v.id) for v in graph.vertices] == [True] * len(
+        graph.vertices)
+    plain = keyed_graph(tmp_path / "plain", source=SequenceSource(10), function=Count(),
+                        key_selector=lambda v: v % 50)
+    assert not any(plain.may_emit_batches(v.id) for v in plain.vertices)
+
+    class Channel:
+        def __init__(self) -> None:
+            self.got: list[tuple[Any, int]] = []
+
+        def emit(self, item: Any, rows: int = 1) -> None:
+            self.got.append((item, rows))
+
+    rebalance = next(e for e in graph.edges if e.partitioner.value == "rebalance")
+    channel = Channel()
+    send = route(rebalance, [channel], 32, 0, False, batches=True)  # type: ignore[list-item]
+    send(pa.record_batch({"v": pa.array(range(7))}), None)
+    send({"v": 1}, None)
+    assert [rows for _, rows in channel.got] == [7, 1]

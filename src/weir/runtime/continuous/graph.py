@@ -383,6 +383,18 @@ class JobGraph:
         """The edges out of ``vertex_id``."""
         return [e for e in self.edges if e.producer == vertex_id]
 
+    def may_emit_batches(self, vertex_id: str) -> bool:
+        """Whether records that are batches of records may leave ``vertex_id``: one of
+        its operators or an upstream vertex's makes them (a source with a
+        ``batch_size``, a batch function with ``output_batches``). Its channels then
+        count a batch's rows toward a full buffer on every edge."""
+        def makes(op: OperatorSpec) -> bool:
+            return (op.output_batches if op.batch else
+                    op.kind is OpKind.SOURCE and bool(getattr(op.fn, "batch_size", None)))
+        if any(makes(op) for op in self.vertex(vertex_id).chain):
+            return True
+        return any(self.may_emit_batches(e.producer) for e in self.inputs(vertex_id))
+
     def tasks(self) -> list[tuple[str, int]]:
         """Every task of the job."""
         return [(v.id, i) for v in self.vertices for i in range(v.parallelism)]

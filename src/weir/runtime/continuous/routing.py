@@ -21,13 +21,16 @@ def discard(value: Any, ts: int | None) -> None:
 
 
 def route(edge: Edge, channels: list[OutputChannel], max_parallelism: int,
-           subtask: int, event_time: bool, rejects: bool = False) -> Push:
+           subtask: int, event_time: bool, rejects: bool = False,
+           batches: bool = False) -> Push:
     """Send a record by ``edge``'s partitioner (as ``(timestamp, record)`` with event
     time). With ``rejects`` (the consumer is a keyed function with dead letters), a
     record whose key selector raises goes to the consumer's first subtask, whose own
     call of the same key selector raises it again — into its dead letters if the
-    exception is one of its ``bad_record_exceptions``, else failing that task."""
-    emits = [c.emit for c in channels]
+    exception is one of its ``bad_record_exceptions``, else failing that task. With
+    ``batches`` (records may be batches of records: ``JobGraph.may_emit_batches``) a
+    batch counts its rows toward its channel's full buffer."""
+    emits = [c.emit if not batches else _weighed(c.emit, event_time) for c in channels]
     if edge.partitioner is Partitioner.HASH:
         key_of, n = edge.key_selector, len(channels)
         assert key_of is not None
@@ -64,6 +67,15 @@ def route(edge: Edge, channels: list[OutputChannel], max_parallelism: int,
     def forward(record: Any, ts: int | None) -> None:
         emit((ts, record) if event_time else record)
     return forward
+
+
+def _weighed(emit: Any, event_time: bool) -> Any:
+    """``emit``, giving a record that is a batch of records the weight of its rows."""
+    def weighed(item: Any, rows: int | None = None) -> None:
+        if rows is None:
+            rows = getattr(item[1] if event_time else item, "num_rows", 1)
+        emit(item, rows)
+    return weighed
 
 
 def by_column(key_of: KeyColumn, by_key: Push, emits: list[Any], max_parallelism: int,

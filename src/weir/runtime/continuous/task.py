@@ -237,6 +237,7 @@ class Task:
         """Open the output channels; the function that routes a record to them."""
         routes: list[Push] = []
         event_time = self.graph.event_time
+        batches = self.graph.may_emit_batches(self.vertex.id)
         for edge in self.graph.outputs(self.vertex.id):
             consumer = self.graph.vertex(edge.consumer)
             targets = ([self.subtask] if edge.partitioner is Partitioner.FORWARD
@@ -252,7 +253,7 @@ class Task:
             head = consumer.chain[0]  # (a keyed head calls the key selector again)
             rejects = head.kind is OpKind.KEYED and bool(head.bad_record_exceptions)
             routes.append(route(edge, channels, self.graph.max_parallelism, self.subtask,
-                                event_time, rejects))
+                                event_time, rejects, batches))
         if not routes:
             return discard
         if len(routes) == 1:
