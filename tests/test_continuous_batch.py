@@ -30,6 +30,7 @@ from weir.api.watermarks import WatermarkStrategy
 from weir.connectors.stream import FileSink, SequenceSource, read_stream_sink
 from weir.errors import ConfigurationError
 from weir.runtime.continuous.batching import BatchBuffer, records_of, rows_of
+from weir.runtime.continuous.gates import _rows as rows_in
 from weir.runtime.continuous.graph import KeyColumn
 from weir.runtime.continuous.master import LocalJob
 from weir.runtime.continuous.routing import route
@@ -331,3 +332,10 @@ def test_channels_weigh_batches_of_records_by_their_rows_on_every_edge(tmp_path:
     send(pa.record_batch({"v": pa.array(range(7))}), None)
     send({"v": 1}, None)
     assert [rows for _, rows in channel.got] == [7, 1]
+
+
+def test_a_task_counts_the_rows_of_batches_of_records_it_takes_in() -> None:
+    batch = pa.record_batch({"v": pa.array(range(7))})
+    assert rows_in([batch, batch]) == 14
+    assert rows_in([(5, batch), (6, batch)]) == 14  # (with event time)
+    assert rows_in([1, 2, 3]) == 3 and rows_in([(1, 2), (3, 4)]) == 2 and rows_in([]) == 0

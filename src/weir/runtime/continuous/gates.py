@@ -120,7 +120,7 @@ class InputGate:
                         self._unread.discard(id(item))  # (counted and credited once)
                     elif kind is Kind.DATA:
                         self.buffers_in += 1
-                        self.records_in += len(item)
+                        self.records_in += _rows(item)
                         self._returned(c)
                     elif item.get("kind") == "end":
                         self._ended[c] = True
@@ -414,3 +414,16 @@ class ChannelServer:
             self.refused += 1
             with contextlib.suppress(OSError):
                 sock.close()
+
+
+def _rows(records: list[Any]) -> int:
+    """The records of a buffer, a batch of records counting its rows (looked at once a
+    buffer: a buffer of batches starts with one)."""
+    if not records:
+        return 0
+    first = records[0]
+    if type(first) is tuple and len(first) == 2:  # (timestamp, record) with event time
+        first = first[1]
+    if not hasattr(first, "num_rows"):
+        return len(records)
+    return sum(getattr(r[1] if type(r) is tuple else r, "num_rows", 1) for r in records)
