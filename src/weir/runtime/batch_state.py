@@ -65,6 +65,9 @@ def pylist(values: Any) -> list[Any]:
 def _decode_fixed(stored: list[bytes | None], fixed: tuple[str, pa.DataType, set[type]]
                   ) -> pa.Array:
     """Fixed-width stored values as one Arrow array, null where absent."""
+    if None not in stored:
+        values = np.frombuffer(b"".join(stored), dtype=fixed[0])  # type: ignore[arg-type]
+        return pa.array(values.astype(values.dtype.newbyteorder("=")), type=fixed[1])
     absent = np.fromiter((d is None for d in stored), dtype=bool, count=len(stored))
     present = np.frombuffer(b"".join(d for d in stored if d is not None), dtype=fixed[0])
     values = np.zeros(len(stored), dtype=present.dtype.newbyteorder("="))

@@ -239,6 +239,8 @@ class _PointTable(RocksPointCore, RocksTable):
         if self._complete is None and self._limit:
             self._warm()
         get = self._cache.get
+        if self._complete:  # (a key the cache does not hold is absent)
+            return list(map(get, keys))
         found = [get(key, _MISSING) for key in keys]
         if _MISSING in found:
             found = [self._get(k) if d is _MISSING else d
