@@ -6,7 +6,8 @@ lost with the records in flight, none replayed twice — for keyed, forward (bot
 rescaled), rebalance and union edges (also with the union's inputs listed the other way
 round in the new job: channel state belongs to a producer and a consumer, not to an
 input's position), and broadcast (every new subtask's broadcast state then holds every
-rule)."""
+rule), and a keyed edge whose records are Arrow batches split by their key column
+(each new subtask replays the rows it owns of the parts in flight)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,27 @@ class SlowPass(weir.ProcessFunction[int, int]):
         yield value
 
 
+class SlowBatches(weir.KeyedBatchFunction):
+    """Passes every number on, a batch at a time, slowly; marks its keys in state (a
+    key of another subtask's key groups fails the batch)."""
+
+    def open(self, ctx: Any) -> None:
+        self.seen = ctx.get_state(weir.ValueStateDescriptor("seen", weir.IntSerializer()))
+
+    def process_batch(self, batch: Any, ctx: Any) -> Any:
+        time.sleep(0.01)
+        keys = sorted(set(batch.column("key").to_pylist()))
+        self.seen.put(keys, [1] * len(keys))
+        return batch.select(["value"])
+
+
+def with_key(batch: Any) -> Any:
+    """A batch of numbers with its key column (the number mod 7)."""
+    import pyarrow as pa
+
+    return batch.append_column("key", pa.array(batch.column("value").to_numpy() % 7))
+
+
 def graph(tmp_path: Path, edge: str, parallelism: int, chk: str, restored: bool = False
           ) -> Any:
     """The job of ``edge`` (``restored``: the job that restores the first one's
@@ -83,6 +105,10 @@ def graph(tmp_path: Path, edge: str, parallelism: int, chk: str, restored: bool 
         stream = (env.from_source(SequenceSource(N), uid="numbers")
                   .key_by(lambda v: v % 7).connect(rules.broadcast(RULES))
                   .process(SlowWithRules(), uid="slow", parallelism=parallelism))
+    elif edge == "column":  # batches of records split by their key column
+        stream = (env.from_source(SequenceSource(N, batch_size=37), uid="numbers")
+                  .map(with_key).key_by("key")
+                  .process(SlowBatches(), uid="slow", parallelism=parallelism))
     elif edge.startswith("union"):  # two sources of N / 2 numbers: the second one's shifted
         first = env.from_source(SequenceSource(N // 2), uid="first")
         second = env.from_source(SequenceSource(N // 2), uid="second").map(lambda v: v + N // 2)
@@ -105,7 +131,7 @@ def _by_value() -> None:
 
 
 @pytest.mark.parametrize("edge", ["keyed", "forward", "rebalance", "union", "union-swapped",
-                                  "broadcast"])
+                                  "broadcast", "column"])
 # make test rescales 2 -> 3; make soak (WEIR_SOAK=1) also 2 -> 1
 @pytest.mark.parametrize("rescaled", [3, 1] if os.environ.get("WEIR_SOAK") else [3],
                          ids=lambda p: f"2-to-{p}")
