@@ -538,3 +538,83 @@ def test_a_batch_put_of_an_int_beyond_int64_fails_as_update_does(backend: str,
     with pytest.raises(weir.errors.StateSerializationError):
         view.put(["a"], [2**63])
     h.close()
+
+
+def _smaller(a: int, b: int) -> int:
+    return min(a, b)
+
+
+class MeanOf(weir.AggregateFunction[int, list[int], float]):
+    def create_accumulator(self) -> list[int]:
+        return [0, 0]
+
+    def add(self, value: int, accumulator: list[int]) -> list[int]:
+        return [accumulator[0] + value, accumulator[1] + 1]
+
+    def get_result(self, accumulator: list[int]) -> float:
+        return accumulator[0] / accumulator[1]
+
+    def merge(self, a: list[int], b: list[int]) -> list[int]:
+        return [a[0] + b[0], a[1] + b[1]]
+
+
+LOWEST = weir.ReducingStateDescriptor("lowest", reduce_function=_smaller,
+                                      serializer=weir.IntSerializer())
+MEAN = weir.AggregatingStateDescriptor("mean", aggregate_function=MeanOf())
+
+
+class RecordFolds(weir.KeyedProcessFunction[tuple[str, int], None]):
+    def open(self, ctx: weir.KeyedContext) -> None:
+        self.lowest = ctx.get_reducing_state(LOWEST)
+        self.mean = ctx.get_aggregating_state(MEAN)
+
+    def process_element(self, value: tuple[str, int], ctx: weir.KeyedContext) -> Any:
+        self.lowest.add(value[1])
+        self.mean.add(value[1])
+        return ()
+
+
+class BatchFolds(weir.KeyedBatchFunction):
+    def open(self, ctx: weir.KeyedBatchContext) -> None:
+        self.lowest = ctx.get_reducing_state(LOWEST)
+        self.mean = ctx.get_aggregating_state(MEAN)
+
+    def process_batch(self, batch: pa.RecordBatch, ctx: weir.KeyedBatchContext) -> Any:
+        self.lowest.add(ctx.keys, batch.column("v"))
+        self.mean.add(ctx.keys, batch.column("v"))
+        keys = sorted(set(ctx.keys))
+        return pa.record_batch({"k": keys, "lowest": self.lowest.get(keys),
+                                "mean": self.mean.get(keys, type=pa.float64())})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=20, deadline=None)
+@given(batches=BATCHES, cut=st.integers(0, 6))
+def test_batch_reducing_and_aggregating_state_fold_as_per_record_adds_do(
+    backend: str, batches: list[list[tuple[str, int]]], cut: int, tmp_path_factory: Any
+) -> None:
+    """For random batches, with a restore part way: each key's reduced value and
+    aggregate equal what the same adds per record leave."""
+    tmp = tmp_path_factory.mktemp("folds")
+    record, batch = _harness(RecordFolds(), backend, tmp), _harness(BatchFolds(), backend, tmp)
+    record.open()
+    batch.open()
+    seen: set[str] = set()
+    for i, rows in enumerate(batches):
+        if i == cut:
+            snap = batch.snapshot()
+            batch.close()
+            batch = KeyedOperatorHarness.restore(
+                BatchFolds(), lambda row: row["k"], [snap], parallelism=1, subtask_index=0,
+                state_backend=backend, rocksdb_path=tmp / "rocks" / f"restored{i}")
+        record.process_elements(rows)
+        for out in batch.process_batch(_batch(rows)):
+            for row in out.to_pylist():
+                assert row["lowest"] == record.state_of(row["k"], LOWEST)
+                assert row["mean"] == record.state_of(row["k"], MEAN)
+        seen.update(k for k, _ in rows)
+    for key in seen:
+        assert batch.state_of(key, LOWEST) == record.state_of(key, LOWEST)
+        assert batch.state_of(key, MEAN) == record.state_of(key, MEAN)
+    record.close()
+    batch.close()

@@ -7,6 +7,7 @@ internal and may change.
 
 from weir.api.avro_serializer import AvroSerializer
 from weir.api.batch import (
+    BatchAppendingState,
     BatchListState,
     BatchMapState,
     BatchValueState,
@@ -164,6 +165,7 @@ __all__ = [
     "AggregatingStateDescriptor",
     "AvroSerializer",
     "BroadcastContext",
+    "BatchAppendingState",
     "BatchListState",
     "BatchMapState",
     "BatchValueState",

@@ -10,11 +10,11 @@ restores into the other when the descriptors agree. Outputs are Arrow batches in
 stage's output schema.
 
 Within a call, ``put`` of a key given twice keeps the last value; a later call sees
-everything earlier calls wrote. List and map state work the same way
-(:class:`BatchListState`, :class:`BatchMapState`). Timers are registered from arrays
-of keys and times (``ctx.register_event_time_timers``); the timers due when time
-advances reach ``on_timers`` together. An exception of ``process_batch`` fails the
-batch (no dead letters per record).
+everything earlier calls wrote. List, map, reducing and aggregating state work the same
+way (:class:`BatchListState`, :class:`BatchMapState`, :class:`BatchAppendingState`).
+Timers are registered from arrays of keys and times (``ctx.register_event_time_timers``);
+the timers due when time advances reach ``on_timers`` together. An exception of
+``process_batch`` fails the batch (no dead letters per record).
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
 from weir.api.context import Instant, TimeDomain
 from weir.api.descriptors import (
+    AggregatingStateDescriptor,
     ListStateDescriptor,
     MapStateDescriptor,
+    ReducingStateDescriptor,
     ValueStateDescriptor,
 )
 
@@ -42,8 +44,8 @@ if TYPE_CHECKING:  # (``import weir`` imports no pyarrow: the Spark daemon sets 
     BatchOutput: TypeAlias = (pa.RecordBatch | pa.Table | Iterable[pa.RecordBatch | pa.Table]
                               | None)
 
-__all__ = ["BatchListState", "BatchMapState", "BatchValueState", "KeyedBatchContext",
-           "KeyedBatchFunction"]
+__all__ = ["BatchAppendingState", "BatchListState", "BatchMapState", "BatchValueState",
+           "KeyedBatchContext", "KeyedBatchFunction"]
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -118,6 +120,25 @@ class BatchMapState(ABC, Generic[K, V]):
         """Remove the whole map of each of ``keys``."""
 
 
+class BatchAppendingState(ABC, Generic[T]):
+    """A reducing or aggregating state, values added and results read for many keys at
+    once."""
+
+    @abstractmethod
+    def add(self, keys: Keys, values: pa.Array | pa.ChunkedArray | Sequence[Any]) -> None:
+        """Add each value to the state of the key beside it, in order (a key given
+        several times takes each of its values, in the order given)."""
+
+    @abstractmethod
+    def get(self, keys: Keys, type: pa.DataType | None = None) -> pa.Array:
+        """Each key's result (reduced value, or the aggregate's result), null where a
+        key has none (typed as :meth:`BatchValueState.get` types values)."""
+
+    @abstractmethod
+    def delete(self, keys: Keys) -> None:
+        """Clear the state of ``keys``."""
+
+
 class KeyedBatchContext(ABC):
     """What a :class:`KeyedBatchFunction` sees of its subtask."""
 
@@ -139,6 +160,16 @@ class KeyedBatchContext(ABC):
     @abstractmethod
     def get_map_state(self, descriptor: MapStateDescriptor[K, V]) -> BatchMapState[K, V]:
         """The keyed map state of ``descriptor`` (register it in ``open``)."""
+
+    @abstractmethod
+    def get_reducing_state(self, descriptor: ReducingStateDescriptor[T]
+                           ) -> BatchAppendingState[T]:
+        """The keyed reducing state of ``descriptor`` (register it in ``open``)."""
+
+    @abstractmethod
+    def get_aggregating_state(self, descriptor: AggregatingStateDescriptor[Any, Any, Any]
+                              ) -> BatchAppendingState[Any]:
+        """The keyed aggregating state of ``descriptor`` (register it in ``open``)."""
 
     @abstractmethod
     def register_event_time_timers(self, keys: Keys, timestamps: Any) -> None:

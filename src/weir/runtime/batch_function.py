@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from weir.api.batch import (
+    BatchAppendingState,
     BatchListState,
     BatchMapState,
     BatchValueState,
@@ -29,10 +30,22 @@ from weir.api.batch import (
     KeyedBatchFunction,
 )
 from weir.api.context import Instant, KeyedContext, TimeDomain
-from weir.api.descriptors import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
+from weir.api.descriptors import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+)
 from weir.api.functions import KeyedProcessFunction
 from weir.errors import ConfigurationError
-from weir.runtime.batch_state import BatchListView, BatchMapView, BatchStateView, pylist
+from weir.runtime.batch_state import (
+    BatchAppendingView,
+    BatchListView,
+    BatchMapView,
+    BatchStateView,
+    pylist,
+)
 
 if TYPE_CHECKING:
     from weir.api.batch import BatchOutput, Keys
@@ -66,13 +79,23 @@ class _BatchContext(KeyedBatchContext):
         self._check(descriptor, MapStateDescriptor, "get_map_state")
         return BatchMapView(self._op, self._op.get_state(descriptor), descriptor)
 
+    def get_reducing_state(self, descriptor: ReducingStateDescriptor[Any]
+                           ) -> BatchAppendingState[Any]:
+        self._check(descriptor, ReducingStateDescriptor, "get_reducing_state")
+        return BatchAppendingView(self._op, self._op.get_state(descriptor), descriptor.name)
+
+    def get_aggregating_state(self, descriptor: AggregatingStateDescriptor[Any, Any, Any]
+                              ) -> BatchAppendingState[Any]:
+        self._check(descriptor, AggregatingStateDescriptor, "get_aggregating_state")
+        return BatchAppendingView(self._op, self._op.get_state(descriptor), descriptor.name)
+
     def _check(self, descriptor: Any, kind: type, getter: str) -> None:
         if type(descriptor) is not kind and not isinstance(descriptor, kind):
             raise ConfigurationError(
                 f"{self._op.config.describe()}: {getter} takes a {kind.__name__}, got "
                 f"{type(descriptor).__name__} {getattr(descriptor, 'name', '')!r} (a "
-                f"KeyedBatchFunction keeps value, list and map state: get_state, "
-                f"get_list_state, get_map_state)")
+                f"KeyedBatchFunction's getters: get_state, get_list_state, get_map_state, "
+                f"get_reducing_state, get_aggregating_state)")
 
     def _timers(self, keys: Keys, timestamps: Any, act: Callable[[int, bytes], None]) -> None:
         times = pylist(timestamps)

@@ -12,9 +12,9 @@ checks and checkpoints are a per-record function's:
   does not hold the key, a write is two dict updates where the cache takes every key);
   the fixed-width serializers' (``IntSerializer``, ``FloatSerializer``) values packed and
   unpacked as one NumPy array;
-* every other table (TTL states among them), and list and map states
-  (:class:`BatchListView`, :class:`BatchMapView`): key by key through the state's own
-  API.
+* every other table (TTL states among them), and list, map, reducing and aggregating
+  states (:class:`BatchListView`, :class:`BatchMapView`, :class:`BatchAppendingView`):
+  key by key through the state's own API.
 
 Keys given as an Arrow array (immutable) are encoded once: a ``get`` and then a ``put``
 of the same array reuse them.
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from weir.api.batch import BatchListState, BatchMapState, BatchValueState
+from weir.api.batch import BatchAppendingState, BatchListState, BatchMapState, BatchValueState
 from weir.api.descriptors import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from weir.api.serializers import BytesSerializer, FloatSerializer, IntSerializer, StrSerializer
 from weir.errors import StateError
@@ -38,7 +38,7 @@ from weir.state.rocksdb_tables import RocksValueTable
 if TYPE_CHECKING:
     from weir.api.batch import Keys
 
-__all__ = ["BatchListView", "BatchMapView", "BatchStateView", "pylist"]
+__all__ = ["BatchAppendingView", "BatchListView", "BatchMapView", "BatchStateView", "pylist"]
 
 _ARROW_TYPES: dict[type, pa.DataType] = {
     IntSerializer: pa.int64(), FloatSerializer: pa.float64(), StrSerializer: pa.string(),
@@ -319,6 +319,23 @@ class BatchMapView(_KeyByKey, BatchMapState[Any, Any]):
 
     def contains(self, keys: Keys, user_keys: Keys) -> pa.Array:
         return pa.array(self._each(keys, self._state.contains, user_keys), pa.bool_())
+
+    def delete(self, keys: Keys) -> None:
+        self._each(keys, self._state.clear)
+
+
+class BatchAppendingView(_KeyByKey, BatchAppendingState[Any]):
+    """A reducing or aggregating state, added to and read for many keys at once (key by
+    key)."""
+
+    def __init__(self, op: Any, state: Any, name: str) -> None:
+        super().__init__(op, state, name, None)
+
+    def add(self, keys: Keys, values: pa.Array | pa.ChunkedArray | Sequence[Any]) -> None:
+        self._each(keys, self._state.add, values)
+
+    def get(self, keys: Keys, type: pa.DataType | None = None) -> pa.Array:
+        return self._array(self._each(keys, self._state.get), type)
 
     def delete(self, keys: Keys) -> None:
         self._each(keys, self._state.clear)
