@@ -474,8 +474,18 @@ def test_batch_list_and_map_state_end_as_the_per_record_appends_and_puts_do(
 ) -> None:
     """For random batches, with a restore part way: each key's list and map equal what
     the same appends, puts and removes per record leave."""
-    tmp = tmp_path_factory.mktemp("lm")
-    record, batch = _harness(RecordLists(), backend, tmp), _harness(BatchLists(), backend, tmp)
+    _side_by_side(RecordLists(), BatchLists, backend, batches, cut,
+                  tmp_path_factory.mktemp("lm"), (ITEMS, ENTRIES))
+
+
+def _side_by_side(record_fn: Any, batch_fn: Any, backend: str,
+                  batches: list[list[tuple[str, int]]], cut: int, tmp: Path,
+                  descriptors: tuple[Any, ...],
+                  check: Any = lambda out, record: None) -> None:
+    """``record_fn`` per record and ``batch_fn()`` per batch over ``batches``, the batch
+    one restored from its own snapshot before batch ``cut``; ``check(outputs, record
+    harness)`` after each batch; at the end every key's state of ``descriptors`` equal."""
+    record, batch = _harness(record_fn, backend, tmp), _harness(batch_fn(), backend, tmp)
     record.open()
     batch.open()
     seen: set[str] = set()
@@ -484,14 +494,14 @@ def test_batch_list_and_map_state_end_as_the_per_record_appends_and_puts_do(
             snap = batch.snapshot()
             batch.close()
             batch = KeyedOperatorHarness.restore(
-                BatchLists(), lambda row: row["k"], [snap], parallelism=1, subtask_index=0,
+                batch_fn(), lambda row: row["k"], [snap], parallelism=1, subtask_index=0,
                 state_backend=backend, rocksdb_path=tmp / "rocks" / f"restored{i}")
         record.process_elements(rows)
-        batch.process_batch(_batch(rows))
+        check(batch.process_batch(_batch(rows)), record)
         seen.update(k for k, _ in rows)
     for key in seen:
-        assert batch.state_of(key, ITEMS) == record.state_of(key, ITEMS)
-        assert batch.state_of(key, ENTRIES) == record.state_of(key, ENTRIES)
+        for descriptor in descriptors:
+            assert batch.state_of(key, descriptor) == record.state_of(key, descriptor)
     record.close()
     batch.close()
 
@@ -595,26 +605,11 @@ def test_batch_reducing_and_aggregating_state_fold_as_per_record_adds_do(
 ) -> None:
     """For random batches, with a restore part way: each key's reduced value and
     aggregate equal what the same adds per record leave."""
-    tmp = tmp_path_factory.mktemp("folds")
-    record, batch = _harness(RecordFolds(), backend, tmp), _harness(BatchFolds(), backend, tmp)
-    record.open()
-    batch.open()
-    seen: set[str] = set()
-    for i, rows in enumerate(batches):
-        if i == cut:
-            snap = batch.snapshot()
-            batch.close()
-            batch = KeyedOperatorHarness.restore(
-                BatchFolds(), lambda row: row["k"], [snap], parallelism=1, subtask_index=0,
-                state_backend=backend, rocksdb_path=tmp / "rocks" / f"restored{i}")
-        record.process_elements(rows)
-        for out in batch.process_batch(_batch(rows)):
+    def check(outputs: list[Any], record: KeyedOperatorHarness) -> None:
+        for out in outputs:
             for row in out.to_pylist():
                 assert row["lowest"] == record.state_of(row["k"], LOWEST)
                 assert row["mean"] == record.state_of(row["k"], MEAN)
-        seen.update(k for k, _ in rows)
-    for key in seen:
-        assert batch.state_of(key, LOWEST) == record.state_of(key, LOWEST)
-        assert batch.state_of(key, MEAN) == record.state_of(key, MEAN)
-    record.close()
-    batch.close()
+
+    _side_by_side(RecordFolds(), BatchFolds, backend, batches, cut,
+                  tmp_path_factory.mktemp("folds"), (LOWEST, MEAN), check)
