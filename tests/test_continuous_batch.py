@@ -138,21 +138,8 @@ def test_batches_of_records_keyed_by_a_column_count_exactly_once_across_a_kill(
     output batches going on as one record each (output_batches) into the file sink, a
     line per row. The keyed task killed with SIGKILL mid-run: exactly once."""
     n = 200_000
-    env = StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=2, max_parallelism=32,
-                                           state_backend=backend))
-    (env.from_source(SequenceSource(n, 40_000, batch_size=997), uid="numbers")
-        .map(with_key).key_by("key")
-        .process(BatchCount(), uid="count", output_batches=True)
-        .sink_to(FileSink(tmp_path / "out"), uid="sink"))
-    job = LocalJob(env.job_graph("count"), CheckpointConfig(interval=50),
-                   restart=weir.RestartStrategy.fixed_delay(attempts=1, delay="0 s"))
-    running = Running(job)
-    running.until(lambda: ("count", 1) in job._procs and len(job.result.completed) >= 2)
-    running.kill(("count", 1))
-    assert not running.join()
-    assert job.result.restarts == 1
-    out = [row["value"] for row in read_stream_sink(tmp_path / "out")]
-    check_counts(out, n)
+    count_killed_once(tmp_path, n, SequenceSource(n, 40_000, batch_size=997), BatchCount(),
+                      CheckpointConfig(interval=50), checkpoints=2, backend=backend)
     state = weir.read_state(str(tmp_path / "chk")).keyed_state("count", "count")
     assert dict(zip(state["key"], state["value"], strict=True)) == {k: n // 50 for k in range(50)}
 
@@ -171,16 +158,29 @@ def test_batches_in_flight_in_an_unaligned_checkpoint_replay_to_their_owners(
     """Unaligned checkpoints store the batch parts in flight; a restore (the keyed task
     killed) replays each subtask exactly the rows it owns of them: exactly once."""
     n = 60_000
-    env = StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=2, max_parallelism=32))
-    (env.from_source(SequenceSource(n, 20_000, batch_size=53), uid="numbers")
-        .map(with_key).key_by("key")
-        .process(SlowBatchCount(), uid="count", output_batches=True)
+    count_killed_once(tmp_path, n, SequenceSource(n, 20_000, batch_size=53), SlowBatchCount(),
+                      CheckpointConfig(interval=50, unaligned=True), checkpoints=3, channel=TINY)
+
+
+def count_killed_once(tmp_path: Path, n: int, source: SequenceSource, function: Any,
+                      checkpointing: CheckpointConfig, *, checkpoints: int,
+                      backend: str = "hashmap", channel: Any = None) -> None:
+    """``source``'s batches keyed by their column into ``function`` (a count emitting
+    output batches) into a file sink; the keyed task count[1] killed with SIGKILL once
+    ``checkpoints`` completed; one restart, and every number counted exactly once."""
+    env = StreamEnvironment(weir.JobConfig(tmp_path / "chk", parallelism=2, max_parallelism=32,
+                                           state_backend=backend))
+    (env.from_source(source, uid="numbers").map(with_key).key_by("key")
+        .process(function, uid="count", output_batches=True)
         .sink_to(FileSink(tmp_path / "out"), uid="sink"))
-    graph = dataclasses.replace(env.job_graph("count"), channel=TINY)
-    job = LocalJob(graph, CheckpointConfig(interval=50, unaligned=True),
+    graph = env.job_graph("count")
+    if channel is not None:
+        graph = dataclasses.replace(graph, channel=channel)
+    job = LocalJob(graph, checkpointing,
                    restart=weir.RestartStrategy.fixed_delay(attempts=1, delay="0 s"))
     running = Running(job)
-    running.until(lambda: ("count", 1) in job._procs and len(job.result.completed) >= 3)
+    running.until(lambda: ("count", 1) in job._procs
+                  and len(job.result.completed) >= checkpoints)
     running.kill(("count", 1))
     assert not running.join()
     assert job.result.restarts == 1
@@ -252,6 +252,8 @@ def test_records_become_rows_and_rows_records_by_the_rules_documented() -> None:
     assert records_of(others) == [[1, 2], [3]]
     with pytest.raises(ConfigurationError, match=r"operator 'x'.*schema"):
         rows_of([{"a": "text"}], pa.schema([("a", pa.int64())]), "operator 'x'")
+    with pytest.raises(ConfigurationError, match=r"operator 'x': 1 of 2 records .* dicts"):
+        rows_of([{"a": 1}, 5], None, "operator 'x'")
     empty = pa.record_batch({"key": pa.array([], pa.int64())})
     assert KeyColumn("key").split(empty, 32, 3) == []  # (an empty batch goes nowhere)
     batch = pa.record_batch({"key": pa.array(range(40))})

@@ -62,6 +62,17 @@ def pylist(values: Any) -> list[Any]:
     return tolist() if callable(tolist) else list(values)
 
 
+def _array(values: list[Any], kind: pa.DataType | None, name: str) -> pa.Array:
+    """``values`` as one Arrow array of ``kind`` (None: inferred), or a StateError."""
+    try:
+        return pa.array(values, type=kind)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
+        raise StateError(
+            f"state {name!r}: its values do not make one Arrow array ({exc}); "
+            f"pass get(keys, type=...)"
+        ) from None
+
+
 def _decode_fixed(stored: list[bytes | None], fixed: tuple[str, pa.DataType, set[type]]
                   ) -> pa.Array:
     """Fixed-width stored values as one Arrow array, null where absent."""
@@ -127,13 +138,7 @@ class BatchStateView(BatchValueState[Any]):
             values = list(map(self._table._data.get, prefixed))
         else:
             values = self._each(keys, lambda: self._state.value())
-        try:
-            return pa.array(values, type=kind)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
-            raise StateError(
-                f"state {self._name!r}: its values do not make one Arrow array ({exc}); "
-                f"pass get(keys, type=...)"
-            ) from None
+        return _array(values, kind, self._name)
 
     def put(self, keys: Keys, values: pa.Array | pa.ChunkedArray | Sequence[Any]) -> None:
         keys, prefixed = self._keys(keys)
@@ -260,15 +265,6 @@ class _KeyByKey:
         finally:
             ctx.clear()
 
-    def _array(self, values: list[Any], kind: pa.DataType | None) -> pa.Array:
-        try:
-            return pa.array(values, type=kind)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
-            raise StateError(
-                f"state {self._name!r}: its values do not make one Arrow array ({exc}); "
-                f"pass get(keys, type=...)"
-            ) from None
-
 
 class BatchListView(_KeyByKey, BatchListState[Any]):
     """A list state read and appended for many keys at once (key by key)."""
@@ -280,7 +276,7 @@ class BatchListView(_KeyByKey, BatchListState[Any]):
     def get(self, keys: Keys, type: pa.DataType | None = None) -> pa.Array:
         lists = self._each(keys, self._state.get)
         item = type or self._type
-        return self._array(lists, None if item is None else pa.list_(item))
+        return _array(lists, None if item is None else pa.list_(item), self._name)
 
     def add(self, keys: Keys, values: pa.Array | pa.ChunkedArray | Sequence[Any]) -> None:
         self._each(keys, self._state.add, values)
@@ -304,7 +300,7 @@ class BatchMapView(_KeyByKey, BatchMapState[Any, Any]):
 
     def get(self, keys: Keys, user_keys: Keys, type: pa.DataType | None = None
             ) -> pa.Array:
-        return self._array(self._each(keys, self._state.get, user_keys), type or self._type)
+        return _array(self._each(keys, self._state.get, user_keys), type or self._type, self._name)
 
     def put(self, keys: Keys, user_keys: Keys,
             values: pa.Array | pa.ChunkedArray | Sequence[Any]) -> None:
@@ -335,7 +331,7 @@ class BatchAppendingView(_KeyByKey, BatchAppendingState[Any]):
         self._each(keys, self._state.add, values)
 
     def get(self, keys: Keys, type: pa.DataType | None = None) -> pa.Array:
-        return self._array(self._each(keys, self._state.get), type)
+        return _array(self._each(keys, self._state.get), type, self._name)
 
     def delete(self, keys: Keys) -> None:
         self._each(keys, self._state.clear)

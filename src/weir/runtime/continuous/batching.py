@@ -14,16 +14,15 @@ waits for no timeout at a low rate) or the buffer holds ``max_records``. A batch
 thus the records taken since the last flush, in input order, all keys mixed.
 
 Records to rows: a ``dict`` record is a row of its items (columns by name); any other
-record is a row with one column, ``value``. The batch's schema is the operator's
-``schema`` when the job gives one, else inferred from the batch (Arrow's
-``from_pylist``). A record that is itself a ``pyarrow.RecordBatch`` (a stream keyed by
-a column, ``key_by("name")``, whose records travel in batches: :mod:`.routing` splits
-them by key group) is taken whole (cast to ``schema`` when one is given), its keys its
-key column. Outputs back to records,
-the reverse: each row of an output batch as a ``dict``, or its value when the batch's
-only column is ``value`` — or, with ``output_batches``, each output batch as one
-record. An output carries the largest timestamp of the records (or timers) of the
-call that made it.
+record is a row with one column, ``value`` (both kinds in one batch: an error). The
+batch's schema is the operator's ``schema`` when the job gives one, else inferred from
+the batch (Arrow's ``from_pylist``). A record that is itself a ``pyarrow.RecordBatch``
+(a stream keyed by a column, ``key_by("name")``, whose records travel in batches:
+:mod:`.routing` splits them by key group) is taken whole (cast to ``schema`` when one is
+given), its keys its key column. Outputs back to records, the reverse: each row of an
+output batch as a ``dict``, or its value when the batch's only column is ``value`` — or,
+with ``output_batches``, each output batch as one record. An output carries the largest
+timestamp of the records (or timers) of the call that made it.
 """
 
 from __future__ import annotations
@@ -50,11 +49,17 @@ Push = Callable[[Any, "int | None"], None]
 
 
 def rows_of(records: list[Any], schema: pa.Schema | None, where: str) -> pa.RecordBatch:
-    """``records`` as one Arrow batch (see the module doc)."""
-    if records and all(type(r) is dict for r in records):
+    """``records`` as one Arrow batch (see the module doc); records of both kinds,
+    dicts and others, are an error (their batch would have no one shape)."""
+    dicts = sum(type(r) is dict for r in records)
+    if dicts == len(records):
         rows = records
-    else:
+    elif not dicts:
         rows = [{VALUE: r} for r in records]
+    else:
+        raise ConfigurationError(
+            f"{where}: {dicts} of {len(records)} records taken together are dicts and the "
+            f"others are not, so they make no one batch; map them to one kind first")
     try:
         return pa.RecordBatch.from_pylist(rows, schema=schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, KeyError) as exc:

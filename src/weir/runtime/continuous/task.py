@@ -479,7 +479,7 @@ class Task:
         idle_flush = self.outs if self.graph.channel.flush_when_idle else []
         # a batch function's records are processed before anything that must see them
         # (.batching): a barrier, a time advance, a message, a pause of the input
-        flush = self.chain.flush if self.chain.batches else None
+        flush = self.chain.flush  # (nothing to do without batch functions)
         next_tick = time.monotonic()
         sides = {e.name: e.broadcast_side for e in self.inputs}
         for edge, records in self._replay:  # records in flight at the checkpoint first
@@ -495,27 +495,24 @@ class Task:
                 for record in records:
                     push(record, None)
         self._replay = []
-        if flush is not None:
-            flush()
+        flush()
         while not gate.finished:
             message = self.control.receive(0)
-            if message is not None and flush is not None:
+            if message is not None:
                 flush()
             while message is not None:
                 self.notified(message)
                 message = self.control.receive(0)
             if may_time_out:  # aligned checkpoints that time out into unaligned ones
                 if aligner.received:
-                    if flush is not None:
-                        flush()
+                    flush()
                     aligner.check_timeout()
                 if time.monotonic() >= next_due:  # (barriers still queued behind data)
                     gate.overtake_due(time.time() * 1000, self.graph.aligned_timeout_ms)
                     next_due = time.monotonic() + 0.01
             got = gate.poll(0)
             if got is None:  # no input waiting: send what waits, then wait for input
-                if flush is not None:
-                    flush()
+                flush()
                 for out in idle_flush:
                     out.flush_idle()
                 waited = time.perf_counter_ns()
@@ -545,16 +542,13 @@ class Task:
                         for record in item:
                             push(record, None)
                 elif item.get("kind") in valve_events:
-                    if flush is not None:
-                        flush()
+                    flush()
                     advance(channel, item)
                 else:  # barrier, cancellation marker, end of partition
-                    if flush is not None:
-                        flush()
+                    flush()
                     handler.on_event(channel, item)
             if time.monotonic() >= next_tick:  # processing-time timers, heartbeat
-                if flush is not None:
-                    flush()
+                flush()
                 self.chain.fire_processing_time()
                 next_tick = time.monotonic() + 0.1
                 self.heartbeat()
