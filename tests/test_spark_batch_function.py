@@ -174,6 +174,15 @@ class Sessions(weir.KeyedBatchFunction):
                          "watermark": [ctx.current_watermark] * len(ended)})
 
 
+def sessions_stage(tmp_path: Path) -> Any:
+    """The Sessions batch stage over a ``key, ts`` stream, event time from ``ts``."""
+    return lambda ev: weir.spark.process(
+        ev, key_by="key", function=Sessions(),
+        output_schema="key string, ended long, watermark long", uid="sessions",
+        config=weir.JobConfig(str(tmp_path / "weir")), parallelism=2,
+        event_time="ts", heartbeat=False)
+
+
 @pytest.mark.spark
 def test_a_batch_stages_event_time_timers_fire_when_the_watermark_passes_them(
     spark: Any, tmp_path: Path
@@ -185,12 +194,7 @@ def test_a_batch_stages_event_time_timers_fire_when_the_watermark_passes_them(
                + [{"key": "b", "ts": 8}], timed)
     write_file(tmp_path / "in", [{"key": "b", "ts": 12}, {"key": "c", "ts": 30}], timed)
     write_file(tmp_path / "in", [{"key": "c", "ts": 31}], timed)
-    sink = run(spark, tmp_path / "in", "key string, ts long",
-               lambda ev: weir.spark.process(
-                   ev, key_by="key", function=Sessions(),
-                   output_schema="key string, ended long, watermark long", uid="sessions",
-                   config=weir.JobConfig(str(tmp_path / "weir")), parallelism=2,
-                   event_time="ts", heartbeat=False),
+    sink = run(spark, tmp_path / "in", "key string, ts long", sessions_stage(tmp_path),
                tmp_path / "spark")
     ended = {b: sorted(tuple(r) for r in rows) for b, rows in sink.batches.items()}
     assert ended[0] == []
@@ -205,12 +209,7 @@ def test_records_without_an_event_time_go_to_the_dead_letters_before_the_batch_f
     timed = pa.schema([("key", pa.string()), ("ts", pa.int64())])
     write_file(tmp_path / "in", [{"key": "a", "ts": 1}, {"key": "b", "ts": None},
                                  {"key": "c", "ts": 2}], timed)
-    run(spark, tmp_path / "in", "key string, ts long",
-        lambda ev: weir.spark.process(
-            ev, key_by="key", function=Sessions(),
-            output_schema="key string, ended long, watermark long", uid="sessions",
-            config=weir.JobConfig(str(tmp_path / "weir")), parallelism=2,
-            event_time="ts", heartbeat=False),
+    run(spark, tmp_path / "in", "key string, ts long", sessions_stage(tmp_path),
         tmp_path / "spark")
     (dead,) = weir.read_dead_letters(str(tmp_path / "weir"))
     assert dead["record"] == {"key": "b", "ts": None}

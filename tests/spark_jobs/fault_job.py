@@ -105,10 +105,9 @@ class Paths:
         return self.markers / f"{backend}-{key}-{seq}"
 
 
-class Tracker(KeyedProcessFunction[dict[str, Any], tuple[Any, ...]]):
-    """Per key: a count, a running payload sum and the map of seen seqs; emits
-    ``(key, seq, count, total, dup, ok)`` per record (``dup``: the seq was already in
-    state, i.e. the record reached state twice; ``ok``: the checksum matches)."""
+class Pausing:
+    """The fault hook (the module doc): wait at record ``(key, seq)`` the first time a
+    function of this stage (``tag``) meets it."""
 
     def __init__(
         self, markers: str = "", tag: str = "", pauses: dict[tuple[str, int], float] | None = None
@@ -117,13 +116,36 @@ class Tracker(KeyedProcessFunction[dict[str, Any], tuple[Any, ...]]):
         self.tag = tag
         self.pauses = dict(pauses or {})
 
+    def _maybe_pause(self, key: str, seq: int) -> None:
+        seconds = self.pauses.get((key, seq))
+        if seconds is None:
+            return
+        marker = os.path.join(self.markers, f"{self.tag}-{key}-{seq}")
+        if os.path.exists(marker):
+            return
+        tmp = f"{marker}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(str(os.getpid()))
+        try:
+            os.link(tmp, marker)  # atomic, and fails if an earlier attempt got here
+        except FileExistsError:
+            return
+        finally:
+            os.unlink(tmp)
+        deadline = time.monotonic() + seconds
+        while not os.path.exists(marker + ".go") and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+class Tracker(Pausing, KeyedProcessFunction[dict[str, Any], tuple[Any, ...]]):
+    """Per key: a count, a running payload sum and the map of seen seqs; emits
+    ``(key, seq, count, total, dup, ok)`` per record (``dup``: the seq was already in
+    state, i.e. the record reached state twice; ``ok``: the checksum matches)."""
+
     def open(self, ctx: Any) -> None:
         self.count = ctx.get_state(COUNT)
         self.total = ctx.get_state(TOTAL)
         self.seen = ctx.get_map_state(SEEN)
-
-    def _maybe_pause(self, key: str, seq: int) -> None:
-        pause(self.markers, self.tag, self.pauses, key, seq)
 
     def process_element(self, value: dict[str, Any], ctx: Any) -> list[tuple[Any, ...]]:
         key, seq, payload = value["key"], int(value["seq"]), int(value["payload"])
@@ -138,41 +160,11 @@ class Tracker(KeyedProcessFunction[dict[str, Any], tuple[Any, ...]]):
         return [(key, seq, count, total, dup, ok)]
 
 
-def pause(markers: str, tag: str, pauses: dict[tuple[str, int], float], key: str, seq: int
-          ) -> None:
-    """The fault hook (the module doc): wait at record ``(key, seq)`` the first time."""
-    seconds = pauses.get((key, seq))
-    if seconds is None:
-        return
-    marker = os.path.join(markers, f"{tag}-{key}-{seq}")
-    if os.path.exists(marker):
-        return
-    tmp = f"{marker}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(str(os.getpid()))
-    try:
-        os.link(tmp, marker)  # atomic, and fails if an earlier attempt got here
-    except FileExistsError:
-        return
-    finally:
-        os.unlink(tmp)
-    deadline = time.monotonic() + seconds
-    while not os.path.exists(marker + ".go") and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-class BatchTracker(KeyedBatchFunction):
+class BatchTracker(Pausing, KeyedBatchFunction):
     """:class:`Tracker`'s count and total a batch at a time (no map of seen seqs): a
     record's count and total are its key's before the batch plus its run within the
     batch; ``dup`` is a count other than ``seq + 1`` (each key's seqs count from 0 in
     input order, so a record that reached state twice shifts every later count)."""
-
-    def __init__(
-        self, markers: str = "", tag: str = "", pauses: dict[tuple[str, int], float] | None = None
-    ) -> None:
-        self.markers = markers
-        self.tag = tag
-        self.pauses = dict(pauses or {})
 
     def open(self, ctx: Any) -> None:
         self.count = ctx.get_state(COUNT)
@@ -185,7 +177,7 @@ class BatchTracker(KeyedBatchFunction):
 
         keys, seqs = batch.column("key").to_pylist(), batch.column("seq").to_pylist()
         for key, seq in zip(keys, seqs, strict=True):
-            pause(self.markers, self.tag, self.pauses, key, seq)
+            self._maybe_pause(key, seq)
         encoded = pc.dictionary_encode(batch.column("key"))
         codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         distinct = encoded.dictionary
