@@ -6,8 +6,6 @@ processes do not import the tests."""
 from __future__ import annotations
 
 import dataclasses
-import os
-import signal
 import sys
 import threading
 import time
@@ -183,8 +181,9 @@ class Running:
                 (markers / name).touch()
 
     def kill(self, task: tuple[str, int]) -> None:
-        """SIGKILL the process of ``task``."""
-        os.kill(self.job._procs[task].pid, signal.SIGKILL)
+        """SIGKILL the process of ``task`` (through its handle: never a pid that another
+        process may have got since)."""
+        self.job._procs[task].kill()
 
     def join(self, timeout_s: float = 120) -> list[BaseException]:
         """Wait for the job's end; the errors it ended with."""

@@ -102,6 +102,7 @@ def test_a_killed_task_fails_the_job_at_once_and_leaves_no_process(tmp_path: Pat
     assert time.monotonic() - killed < 15
     assert len(failure) == 1 and isinstance(failure[0], JobFailedError)
     assert "count[1] disappeared" in str(failure[0]) and "no more restarts" in str(failure[0])
+    assert "its process was killed by SIGKILL" in str(failure[0])
     assert all(p.poll() is not None for p in job._procs.values())  # no process left
 
 

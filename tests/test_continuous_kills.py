@@ -114,14 +114,6 @@ def build(tmp_path: Path, backend: str, function: str = "record") -> LocalJob:
                     sleep=lambda s: None)
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 class Killer:
     """Kills planned by a seed, each in its window; records what it did."""
 
@@ -146,9 +138,9 @@ class Killer:
 
     def kill(self, task: tuple[str, int], window: str) -> None:
         proc = self.job._procs[task]
-        assert alive(proc.pid), (task, window)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        assert proc.poll() is None, (task, window)
+        proc.kill()  # (SIGKILL, from its parent: never a pid another process got since)
+        assert proc.wait(10) == -signal.SIGKILL
         self.done.append(f"{window}: {task[0]}[{task[1]}]")
         self.victims.append(f"task {task[0]}[{task[1]}] disappeared")
 

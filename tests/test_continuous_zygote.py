@@ -66,6 +66,28 @@ def test_exit_statuses_are_reported_like_popen(tmp_path: Path) -> None:
     sleeping.kill()  # (already ended: nothing happens)
 
 
+def test_a_task_is_killed_by_its_zygote_never_by_pid_from_the_driver(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The zygote, the task's parent, sends the SIGKILL: a task it has not reaped still
+    holds its pid. A driver that signalled the pid itself could hit another process
+    that got the pid of a task that had just ended (a CI run lost a fresh task so)."""
+    def no_kill_by_pid(pid: int, sig: int) -> None:
+        raise AssertionError(f"the driver signalled pid {pid} itself")
+
+    sleeping = zygote.launch([graph_file(tmp_path, Sleep()), "v", "0", "0"],
+                             dict(os.environ))
+    monkeypatch.setattr(zygote.os, "kill", no_kill_by_pid)
+    sleeping.kill()
+    assert sleeping.wait(timeout=10) == -signal.SIGKILL
+    failed = zygote.launch([graph_file(tmp_path, Fail()), "v", "0", "0"], dict(os.environ))
+    assert failed.wait(timeout=30) == 1
+    monkeypatch.undo()
+    assert zygote._zygote is not None
+    zygote._zygote._request({"kill": failed._launch})  # (reaped: the zygote ignores it)
+    again = zygote.launch([graph_file(tmp_path, Fail()), "v", "0", "0"], dict(os.environ))
+    assert again.wait(timeout=30) == 1 and zygote._zygote.alive
+
+
 def test_a_task_gets_the_environment_and_directory_it_asked_for(tmp_path: Path) -> None:
     code = ("import os, pathlib; pathlib.Path('seen').write_text("
             "os.environ['ONLY_THIS'] + ' ' + str('HOME' in os.environ))")
@@ -92,7 +114,7 @@ def test_a_killed_zygote_takes_its_tasks_along_and_is_replaced(tmp_path: Path) -
     first = zygote._zygote
     assert first is not None
     os.kill(first.proc.pid, signal.SIGKILL)
-    assert task.wait(timeout=10) == -signal.SIGKILL  # the driver killed it
+    assert task.wait(timeout=10) == -signal.SIGKILL  # it died with its zygote
     wait_gone(task.pid)
     again = zygote.launch([graph_file(tmp_path, Fail()), "v", "0", "0"], dict(os.environ))
     assert zygote._zygote is not first and again.wait(timeout=30) == 1

@@ -64,6 +64,7 @@ import logging
 import math
 import os
 import queue
+import subprocess
 import tempfile
 import threading
 import time
@@ -401,8 +402,20 @@ class LocalJob(CheckpointRounds):
                      else ConfigurationError)
             raise error(f"job {self.graph.job!r}: {message['error']}")
         if message["kind"] in ("failed", "disconnected"):
-            raise root_cause(item, self._inbox, self._finished, self.graph.job)
+            raise root_cause(item, self._inbox, self._finished, self.graph.job,
+                             self._exit_status)
         return item
+
+    def _exit_status(self, task: TaskId) -> int | None:
+        """How the process of ``task`` ended (``Popen.returncode``), once it ended
+        within a second; None if it runs on, or runs in a Spark stage."""
+        proc = self._procs.get(task)
+        if not isinstance(proc, (zygote.TaskProcess, subprocess.Popen)):
+            return None
+        try:
+            return proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            return None
 
     def _restore_point(self) -> RestorePoint:
         """What every task of this attempt restores (:mod:`weir.checkpoint.protocol`):

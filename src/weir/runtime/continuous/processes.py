@@ -16,7 +16,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import weir.errors
@@ -24,19 +24,21 @@ from weir.errors import JobFailedError, rebuild_exception
 from weir.runtime.continuous.control import TaskId
 from weir.runtime.continuous.graph import JobGraph
 
-__all__ = ["check_heartbeats", "die_with_parent", "name_process", "reported_exception",
-           "root_cause", "stop_processes"]
+__all__ = ["check_heartbeats", "describe_exit", "die_with_parent", "name_process",
+           "reported_exception", "root_cause", "stop_processes"]
 
 
 Report = tuple[TaskId, dict[str, Any]]
 
 
 def root_cause(first: Report, inbox: queue.Queue[Report], finished: set[TaskId],
-               job: str) -> JobFailedError:
+               job: str, exit_status: Callable[[TaskId], int | None] = lambda task: None
+               ) -> JobFailedError:
     """The job's error, naming its root cause: one failure drags others along (the
     neighbours of a killed task lose their channels), so the reports of the next
     half second are gathered and a task that died, or failed on its own, is named
-    before one that lost a channel."""
+    before one that lost a channel. A task that disappeared is named with how its
+    process ended (``exit_status``: as ``Popen.returncode``, None if unknown)."""
     reports = [first]
     until = time.monotonic() + 0.5
     while (left := until - time.monotonic()) > 0:
@@ -64,15 +66,30 @@ def root_cause(first: Report, inbox: queue.Queue[Report], finished: set[TaskId],
     others = sorted({f"{t[0]}[{t[1]}]" for t, _ in reports} - {f"{task[0]}[{task[1]}]"})
     cause = (reported_exception(message, f"{task[0]}[{task[1]}]")
              if message["kind"] == "failed" else None)
+    ended = ""
+    if message["kind"] == "disconnected" and (code := exit_status(task)) is not None:
+        ended = f" (its process {describe_exit(code)})"
     error = JobFailedError(
         f"job {job!r}: task {task[0]}[{task[1]}] "
         f"{'failed' if message['kind'] == 'failed' else 'disappeared'}: "
-        f"{message.get('error')}"
+        f"{message.get('error')}{ended}"
         + (f" (then {', '.join(others)} failed too)" if others else "")
         # (the traceback goes with the rebuilt cause, as a note, when there is one)
         + (f"\n{message['trace']}" if message.get("trace") and cause is None else ""))
     error.__cause__ = cause
     return error
+
+
+def describe_exit(code: int) -> str:
+    """How a process ended, from its exit status as ``Popen.returncode`` (negative: the
+    signal that killed it): ``was killed by SIGKILL``, ``exited with status 1``."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}"
+    return f"exited with status {code}"
 
 
 _REPORTED = re.compile(r"([A-Za-z_][\w.]*): ?(.*)\Z", re.DOTALL)

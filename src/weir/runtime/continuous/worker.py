@@ -18,11 +18,15 @@ says so in one line on its stderr instead of printing the traceback too — one 
 text per failed attempt of every restart; only a failure it could not report is
 printed in full. A task that stops because a channel or the coordinator went away (the
 failure is another task's) says so in one line as well. The process is named
-``weir <vertex>[<subtask>]`` (``ps``, ``/proc/<pid>/comm``; 15 bytes).
+``weir <vertex>[<subtask>]`` (``ps``, ``/proc/<pid>/comm``; 15 bytes). A crash in
+native code (SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGFPE) prints the Python stack of
+every thread to its stderr (``faulthandler``): such a task cannot report, and the
+driver only sees it disappear, killed by the signal.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import pickle
 import sys
@@ -45,6 +49,7 @@ def main(argv: list[str]) -> int:
 def run(graph: JobGraph, vertex: str, subtask: int, attempt: int) -> int:
     """Run task ``vertex[subtask]`` of ``graph``; its exit status."""
     name_process(f"weir {vertex}[{subtask}]")
+    faulthandler.enable(all_threads=True)
     secret = bytes.fromhex(os.environ["WEIR_JOB_SECRET"])
     host, port = os.environ["WEIR_COORDINATOR"].rsplit(":", 1)
     control = ControlClient((host, int(port)), secret=secret, job=graph.job, task=vertex,

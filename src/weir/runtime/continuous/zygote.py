@@ -13,15 +13,21 @@ restarted if it died). Its protocol, over two pipes:
 
 * requests (its stdin), one JSON line each:
   ``{"argv": [...], "env": {...}, "cwd": "..."}``: fork a task with that environment
-  and directory and run ``worker.main(argv)`` in it;
+  and directory and run ``worker.main(argv)`` in it (the n-th fork is launch n);
+  ``{"kill": n}``: SIGKILL launch n if it has not ended;
 * replies (the file descriptor named on its command line), one JSON line each:
-  ``{"pid": n}`` answers a request, in order; ``{"exit": n, "status": s}`` reports a
-  task that ended (``s`` as ``Popen.returncode``: negative for a signal).
+  ``{"pid": n}`` answers a fork request, in order; ``{"exit": n, "status": s}`` reports
+  a task that ended (``s`` as ``Popen.returncode``: negative for a signal).
 
-The zygote stays single-threaded, so a fork never copies a lock held by another
-thread; it opens no RocksDB and no socket. When the driver goes away (its end of the
-request pipe closes) the zygote kills the tasks still running and exits, so no task
-outlives its driver (tasks also exit when they lose the coordinator).
+Only the zygote kills its tasks: it is their parent, so a task it has not reaped still
+holds its pid, and a kill never reaches another process that got the pid of a task
+that ended (Linux hands out a reaped pid again; a full test run goes round the pid
+space several times). The zygote stays single-threaded, so a fork never copies a lock
+held by another thread; it opens no RocksDB and no socket. When the driver goes away
+(its end of the request pipe closes) the zygote kills the tasks still running and
+exits; when the zygote dies, its tasks die with it (``PR_SET_PDEATHSIG``; elsewhere
+the driver kills them), so no task outlives its driver (tasks also exit when they
+lose the coordinator).
 """
 
 from __future__ import annotations
@@ -37,7 +43,12 @@ import sys
 import threading
 from typing import Any
 
+from weir.runtime.continuous.processes import die_with_parent
+
 __all__ = ["TaskProcess", "launch"]
+
+#: a task gets SIGKILL when its zygote dies (Linux: ``PR_SET_PDEATHSIG``)
+_DIE_WITH_ZYGOTE = sys.platform.startswith("linux")
 
 
 def _kill(pid: int) -> None:
@@ -73,9 +84,9 @@ class TaskProcess:
             return self._zygote.exits[self._launch]
 
     def kill(self) -> None:
-        """SIGKILL the process (nothing if it already ended)."""
-        if self._launch not in self._zygote.exits:
-            _kill(self.pid)
+        """SIGKILL the process (nothing if it already ended); the zygote, its parent,
+        sends the signal (see the module's doc)."""
+        self._zygote.kill(self._launch)
 
 
 class _Zygote:
@@ -103,6 +114,7 @@ class _Zygote:
         self.answers: list[tuple[int, int]] = []  # (pid, launch), in request order
         self.launches = 0
         self.ended = threading.Condition()
+        self._writing = threading.Lock()
         self.alive = True
         self.reader = threading.Thread(target=self._read, name="weir-zygote", daemon=True)
         self.reader.start()
@@ -123,17 +135,29 @@ class _Zygote:
         with self.ended:  # the zygote is gone (it kills its tasks when it goes)
             self.alive = False
             for pid, launch in self.running.items():
-                _kill(pid)
+                if not _DIE_WITH_ZYGOTE:  # (by pid: racing its reaping by init)
+                    _kill(pid)
                 self.exits[launch] = -signal.SIGKILL
             self.running.clear()
             self.ended.notify_all()
 
     def launch(self, argv: list[str], env: dict[str, str]) -> TaskProcess:
-        request = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}) + "\n"
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(request.encode())
-        self.proc.stdin.flush()
+        self._request({"argv": argv, "env": env, "cwd": os.getcwd()})
         return self._answer()
+
+    def kill(self, launch: int) -> None:
+        """Have the zygote SIGKILL ``launch`` unless it ended."""
+        with self.ended:
+            if launch in self.exits or not self.alive:
+                return
+        with contextlib.suppress(OSError, ValueError):  # (gone: its tasks went with it)
+            self._request({"kill": launch})
+
+    def _request(self, request: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        with self._writing:  # (a kill from another thread: one whole line each)
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
 
     def _answer(self) -> TaskProcess:
         """The task of the oldest request not answered yet, once the zygote answers."""
@@ -183,15 +207,18 @@ def _close() -> None:
 def _serve(replies: Any) -> list[str] | None:
     """The zygote's loop: in a forked task, the task's ``argv``; in the zygote, None
     once the driver closed the request pipe."""
-    running: set[int] = set()
+    running: dict[int, int] = {}  # launch -> pid, of the tasks not reaped yet
+    launches = 0
     pending = b""
+    me = os.getpid()
 
     def reap() -> None:
         while running:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 return
-            running.discard(pid)
+            for launch in [n for n, p in running.items() if p == pid]:
+                del running[launch]
             code = os.waitstatus_to_exitcode(status)
             replies.write(json.dumps({"exit": pid, "status": code}) + "\n")
 
@@ -202,27 +229,38 @@ def _serve(replies: Any) -> list[str] | None:
             continue
         chunk = os.read(0, 65536)
         if not chunk:  # the driver is gone: so are its tasks
-            for pid in running:
+            for pid in running.values():
                 _kill(pid)
             return None
         pending += chunk
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
             request = json.loads(line)
+            if "kill" in request:
+                if (victim := running.get(request["kill"])) is not None:
+                    _kill(victim)  # (not reaped yet: still this task's pid)
+                continue
+            launches += 1
             pid = os.fork()
             if pid == 0:  # the task
+                if _DIE_WITH_ZYGOTE:
+                    die_with_parent()
+                    if os.getppid() != me:  # (the zygote died before that)
+                        os._exit(1)
                 os.close(0)
                 replies.close()
                 os.environ.clear()
                 os.environ.update(request["env"])
                 os.chdir(request["cwd"])
                 return list(request["argv"])
-            running.add(pid)
+            running[launches] = pid
             replies.write(json.dumps({"pid": pid}) + "\n")
 
 
 def main(reply_fd: int) -> int:
     """Import the task code, then serve fork requests until the driver goes away."""
+    import ctypes  # noqa: F401  (die_with_parent's, once: not in every fork)
+
     import pyspark.cloudpickle  # noqa: F401  (a task's graph unpickles with it)
 
     from weir.runtime.continuous import worker  # what every task runs, imported once
