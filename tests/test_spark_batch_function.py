@@ -216,3 +216,72 @@ def test_records_without_an_event_time_go_to_the_dead_letters_before_the_batch_f
     assert "null or invalid event time" in dead["reason"]
     state = weir.read_state(str(tmp_path / "weir")).keyed_state("sessions", "last")
     assert dict(zip(state["key"], state["value"], strict=True)) == {"a": 1, "c": 2}
+
+
+LIMITS = weir.MapStateDescriptor[str, int]("limits")
+TOTAL = weir.ValueStateDescriptor[int]("total")
+
+
+class BatchLimits(weir.KeyedBroadcastBatchFunction):
+    """``test_spark_runtime.Limits`` a batch at a time: a running total per key, an alert
+    when it reaches the broadcast limit of the key's prefix; each rule also emits one
+    row per subtask (Arrow, as the batches' outputs)."""
+
+    def open(self, ctx: weir.KeyedBatchContext) -> None:
+        self.total = ctx.get_state(TOTAL)
+
+    def process_batch(self, batch: pa.RecordBatch, ctx: weir.KeyedBatchContext) -> Any:
+        keys = list(ctx.keys)
+        distinct = list(dict.fromkeys(keys))
+        current = dict(zip(distinct, self.total.get(distinct, type=pa.int64()).to_pylist(),
+                           strict=True))
+        limits = ctx.get_broadcast_state(LIMITS)
+        alerts = []
+        for key in keys:
+            current[key] = (current[key] or 0) + 1
+            if current[key] == limits.get(key[:1]):
+                alerts.append((key, current[key], ctx.subtask_index))
+        self.total.put(distinct, [current[k] for k in distinct])
+        return _limit_rows(alerts)
+
+    def process_broadcast_element(self, value: dict[str, Any], ctx: Any) -> Any:
+        ctx.get_broadcast_state(LIMITS).put(value["prefix"], value["limit"])
+        return _limit_rows([(f"rule {value['prefix']}", value["limit"], ctx.subtask_index)])
+
+
+def _limit_rows(rows: list[tuple[str, int, int]]) -> pa.RecordBatch:
+    return pa.record_batch([pa.array([r[0] for r in rows], pa.string()),
+                            pa.array([r[1] for r in rows], pa.int64()),
+                            pa.array([r[2] for r in rows], pa.int32())],
+                           names=["key", "n", "subtask"])
+
+
+@pytest.mark.spark
+def test_a_broadcast_batch_stage_reads_the_rules_on_every_subtask(
+    spark: Any, tmp_path: Path, backend: str
+) -> None:
+    """As ``test_spark_runtime``'s per-record rules test: every key's alert at its
+    limit, on every subtask; the rule's own output row once per subtask."""
+    rules_schema = pa.schema([("prefix", pa.string()), ("limit", pa.int64())])
+    write_file(tmp_path / "rules", [{"prefix": "k", "limit": 3}], rules_schema)
+    records = keyed_records(0, 200, 20)  # 10 records per key
+    write_file(tmp_path / "in", records, KEYED)
+    rules = spark.readStream.schema("prefix string, limit long").parquet(str(tmp_path / "rules"))
+    sink = run(spark, tmp_path / "in", SCHEMA, lambda ev: weir.spark.process(
+        ev, key_by="key", function=BatchLimits(),
+        output_schema="key string, n long, subtask int", uid="limits",
+        config=weir.JobConfig(str(tmp_path / "weir"),
+                              state_backend=weir.api.config.state_backend_of(backend)),
+        parallelism=3, broadcast=weir.spark.Broadcast(rules, [LIMITS]),
+        heartbeat=False), tmp_path / "spark")
+    rows = sink.rows()
+    alerts = [r for r in rows if not r[0].startswith("rule")]
+    assert sorted(r[0] for r in alerts) == sorted({r["key"] for r in records})
+    assert {r[1] for r in alerts} == {3} and {r[2] for r in alerts} == {0, 1, 2}
+    assert sorted(tuple(r) for r in rows if r[0].startswith("rule")) == [
+        ("rule k", 3, s) for s in range(3)]
+    with pytest.raises(ConfigurationError, match="needs a KeyedBroadcastBatchFunction"):
+        weir.spark.process(spark.createDataFrame([("a", 1)], SCHEMA), key_by="key",
+                           function=BatchCount(), output_schema=COUNT_OUT, uid="plain",
+                           config=weir.JobConfig(tmp_path.as_uri()),
+                           broadcast=weir.spark.Broadcast(rules, [LIMITS]))

@@ -13,6 +13,7 @@ from weir.api.batch import (
     BatchValueState,
     KeyedBatchContext,
     KeyedBatchFunction,
+    KeyedBroadcastBatchFunction,
 )
 from weir.api.checkpointing import CheckpointConfig, CheckpointingMode, SnapshotStrategy
 from weir.api.config import (
@@ -183,6 +184,7 @@ __all__ = [
     "KeyGroupRange",
     "KeyedBatchContext",
     "KeyedBatchFunction",
+    "KeyedBroadcastBatchFunction",
     "KeyedBroadcastProcessFunction",
     "KeyedContext",
     "KeyedProcessFunction",

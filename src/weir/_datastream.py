@@ -10,7 +10,7 @@ import datetime
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from weir.api.batch import KeyedBatchFunction
+from weir.api.batch import KeyedBatchFunction, KeyedBroadcastBatchFunction
 from weir.api.connectors import Sink
 from weir.api.descriptors import MapStateDescriptor
 from weir.api.functions import KeyedBroadcastProcessFunction, KeyedProcessFunction, ProcessFunction
@@ -28,6 +28,23 @@ if TYPE_CHECKING:
     from weir.stream import StreamEnvironment
 
 __all__ = ["BroadcastStream", "DataStream", "KeyedBroadcastStream", "KeyedStream", "uid_of"]
+
+
+def _batch_spec(keyed: KeyedStream, function: KeyedBatchFunction, uid: str, schema: Any,
+                output_batches: bool, dead_letters: bool) -> OperatorSpec:
+    """The keyed operator of a batch function on ``keyed`` (``dead_letters``: asked for,
+    an error)."""
+    from weir.runtime.batch_function import adapter_for  # (pyarrow: only for batches)
+
+    if dead_letters:
+        raise ConfigurationError(
+            f"operator {uid!r}: {type(function).__name__} is a KeyedBatchFunction, which "
+            f"takes no bad_record_exceptions or dead_letters (an exception of process_batch "
+            f"fails the batch)")
+
+    return OperatorSpec(OpKind.KEYED, uid_of(uid), adapter_for(function),
+                        key_selector=keyed._key_selector, batch=True, batch_schema=schema,
+                        output_batches=output_batches)
 
 
 def _rejecting(env: StreamEnvironment, op: OperatorSpec,
@@ -208,17 +225,9 @@ class KeyedStream(DataStream):
         column is ``value``), or with ``output_batches`` each output batch one record."""
         p = self._env.parallelism if parallelism is None else parallelism
         if isinstance(function, KeyedBatchFunction):
-            if bad_record_exceptions or dead_letters is not None:
-                raise ConfigurationError(
-                    f"operator {uid!r}: {type(function).__name__} is a KeyedBatchFunction, "
-                    f"which takes no bad_record_exceptions or dead_letters (an exception "
-                    f"of process_batch fails the batch)")
-            from weir.runtime.batch_function import BatchFunctionAdapter
-
-            return self._then(OperatorSpec(
-                OpKind.KEYED, uid_of(uid), BatchFunctionAdapter(function),
-                key_selector=self._key_selector, batch=True, batch_schema=schema,
-                output_batches=output_batches), p)
+            return self._then(_batch_spec(self, function, uid, schema, output_batches,
+                                          bool(bad_record_exceptions) or dead_letters is not None),
+                              p)
         if schema is not None or output_batches:
             raise ConfigurationError(f"operator {uid!r}: schema and output_batches are for "
                                      f"a KeyedBatchFunction, not {type(function).__name__}")
@@ -254,19 +263,34 @@ class KeyedBroadcastStream:
     def __init__(self, keyed: KeyedStream, broadcast: BroadcastStream) -> None:
         self._keyed, self._broadcast = keyed, broadcast
 
-    def process(self, function: KeyedBroadcastProcessFunction[Any, Any, Any], *, uid: str,
+    def process(self, function: KeyedBroadcastProcessFunction[Any, Any, Any]
+                | KeyedBroadcastBatchFunction, *, uid: str,
                 parallelism: int | None = None,
                 bad_record_exceptions: Sequence[type[BaseException]] = (),
-                dead_letters: Sink[Any] | None = None) -> DataStream:
+                dead_letters: Sink[Any] | None = None, schema: Any = None,
+                output_batches: bool = False) -> DataStream:
         """Run ``function``: keyed records with keyed state and read-only broadcast state,
         broadcast records with writable broadcast state (the same on every subtask).
         Bad records of either input go to the dead letters as with
-        :meth:`DataStream.process`."""
+        :meth:`DataStream.process`. A :class:`~weir.KeyedBroadcastBatchFunction` gets
+        its keyed records in batches (``schema`` and ``output_batches`` as with
+        :meth:`KeyedStream.process`), its broadcast records one by one."""
+        keyed = self._keyed
+        if isinstance(function, KeyedBroadcastBatchFunction):
+            spec = dataclasses.replace(
+                _batch_spec(keyed, function, uid, schema, output_batches,
+                            bool(bad_record_exceptions) or dead_letters is not None),
+                broadcast_descriptors=self._broadcast.descriptors)
+            return keyed._then(spec, keyed._env.parallelism if parallelism is None
+                               else parallelism, keyed._inputs + self._broadcast._inputs)
         if not isinstance(function, KeyedBroadcastProcessFunction):
             raise ConfigurationError(f"process on a connected broadcast stream needs a "
-                                     f"KeyedBroadcastProcessFunction, got "
+                                     f"KeyedBroadcastProcessFunction or a "
+                                     f"KeyedBroadcastBatchFunction, got "
                                      f"{type(function).__name__}")
-        keyed = self._keyed
+        if schema is not None or output_batches:
+            raise ConfigurationError(f"operator {uid!r}: schema and output_batches are for "
+                                     f"a KeyedBatchFunction, not {type(function).__name__}")
         spec = OperatorSpec(OpKind.KEYED, uid_of(uid), function,
                             key_selector=keyed._key_selector,
                             broadcast_descriptors=self._broadcast.descriptors)

@@ -91,7 +91,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from weir.api.batch import KeyedBatchFunction
+from weir.api.batch import KeyedBatchFunction, KeyedBroadcastBatchFunction
 from weir.api.config import JobConfig, RocksDBStateBackend
 from weir.api.functions import (
     KeyedBroadcastProcessFunction,
@@ -108,7 +108,7 @@ from weir.errors import (
     ConfigurationError,
     RestoreError,
 )
-from weir.runtime.batch_function import BatchFunctionAdapter
+from weir.runtime.batch_function import adapter_for
 from weir.runtime.spark.client import JobClient
 from weir.runtime.spark.keys import check_key_types
 from weir.runtime.spark.lifecycle import (
@@ -221,12 +221,12 @@ def _with_internal(struct: StructType) -> StructType:
 
 def _check_function(function: Any, keyed: bool, broadcast: Any, uid: str) -> None:
     if isinstance(function, KeyedBatchFunction):
-        if not keyed or broadcast is not None:
+        if not keyed:
+            raise ConfigurationError(f"operator {uid!r}: a KeyedBatchFunction needs key_by")
+        if broadcast is not None and not isinstance(function, KeyedBroadcastBatchFunction):
             raise ConfigurationError(
-                f"operator {uid!r}: a KeyedBatchFunction needs key_by and takes no broadcast "
-                f"DataFrame, got key_by={'set' if keyed else None}, broadcast="
-                f"{'set' if broadcast is not None else None}"
-            )
+                f"operator {uid!r}: a broadcast DataFrame needs a "
+                f"KeyedBroadcastBatchFunction, got {type(function).__name__}")
         if getattr(function, "bad_record_exceptions", ()):
             raise ConfigurationError(
                 f"operator {uid!r}: a KeyedBatchFunction has no dead letters per record "
@@ -377,7 +377,7 @@ def process(
         raise ConfigurationError(f"record_format must be 'dict' or 'tuple', got {record_format!r}")
     exceptions = bad_record_exceptions(function, legacy.bad_record_exceptions, uid)
     if isinstance(function, KeyedBatchFunction):  # the operator runs it through this
-        function = BatchFunctionAdapter(function)
+        function = adapter_for(function)
     backend = config.state_backend
     checkpointing = config.checkpointing
     p = parallelism or config.parallelism or spark.sparkContext.defaultParallelism

@@ -15,6 +15,13 @@ way (:class:`BatchListState`, :class:`BatchMapState`, :class:`BatchAppendingStat
 Timers are registered from arrays of keys and times (``ctx.register_event_time_timers``);
 the timers due when time advances reach ``on_timers`` together. An exception of
 ``process_batch`` fails the batch (no dead letters per record).
+
+A :class:`KeyedBroadcastBatchFunction` also takes a broadcast input, one element at a
+time (``process_broadcast_element``, broadcast state writable, as a
+:class:`~weir.KeyedBroadcastProcessFunction`'s); its batches read the broadcast state
+(``ctx.get_broadcast_state``, read-only). The keyed records that arrived before a
+broadcast element are processed before it, so each batch sees the broadcast state a
+per-record function would have seen for each of its records.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
-from weir.api.context import Instant, TimeDomain
+from weir.api.context import BroadcastContext, Instant, TimeDomain
 from weir.api.descriptors import (
     AggregatingStateDescriptor,
     ListStateDescriptor,
@@ -36,6 +43,8 @@ if TYPE_CHECKING:  # (``import weir`` imports no pyarrow: the Spark daemon sets 
     # allocator before it does)
     import pyarrow as pa
 
+    from weir.api.state import ReadOnlyBroadcastState
+
     #: keys as a batch function passes them: an Arrow array (one key column) or a
     #: sequence of Python keys (tuples for several key columns)
     Keys: TypeAlias = pa.Array | pa.ChunkedArray | Sequence[Any]
@@ -45,7 +54,7 @@ if TYPE_CHECKING:  # (``import weir`` imports no pyarrow: the Spark daemon sets 
                               | None)
 
 __all__ = ["BatchAppendingState", "BatchListState", "BatchMapState", "BatchValueState",
-           "KeyedBatchContext", "KeyedBatchFunction"]
+           "KeyedBatchContext", "KeyedBatchFunction", "KeyedBroadcastBatchFunction"]
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -172,6 +181,12 @@ class KeyedBatchContext(ABC):
         """The keyed aggregating state of ``descriptor`` (register it in ``open``)."""
 
     @abstractmethod
+    def get_broadcast_state(self, descriptor: MapStateDescriptor[K, V]
+                            ) -> ReadOnlyBroadcastState[K, V]:
+        """Read-only broadcast state (a :class:`KeyedBroadcastBatchFunction`'s, declared
+        by the broadcast input it is connected to)."""
+
+    @abstractmethod
     def register_event_time_timers(self, keys: Keys, timestamps: Any) -> None:
         """A timer for each key at the event time beside it (epoch ms; an Arrow array,
         a NumPy array or a sequence); a key's timer at a time it already has is one."""
@@ -238,3 +253,17 @@ class KeyedBatchFunction(ABC):
         """Called once after the last batch."""
         return None
 
+
+class KeyedBroadcastBatchFunction(KeyedBatchFunction):
+    """A :class:`KeyedBatchFunction` that also receives a broadcast stream: broadcast
+    elements one at a time may change broadcast state; batches of keyed records read it
+    (``ctx.get_broadcast_state``). Connect it as a
+    :class:`~weir.KeyedBroadcastProcessFunction` is connected (``key_by(...).connect(
+    stream.broadcast(descriptors))`` on the continuous runtime, ``broadcast=`` on
+    Spark)."""
+
+    @abstractmethod
+    def process_broadcast_element(self, value: Any, ctx: BroadcastContext) -> BatchOutput:
+        """Process one broadcast element (broadcast state writable through
+        ``ctx.get_broadcast_state``; keyed state through ``ctx.apply_to_keyed_state``);
+        return outputs as Arrow in the stage's output schema, or None."""

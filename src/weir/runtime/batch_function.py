@@ -12,6 +12,12 @@ to pass them to the function's ``on_timers`` together.
 
 The batch states (:class:`~weir.runtime.batch_state.BatchStateView`) read and write
 the state's tables for many keys at once (:mod:`weir.runtime.batch_state`).
+
+A :class:`~weir.KeyedBroadcastBatchFunction` runs in a
+:class:`BroadcastBatchFunctionAdapter`, which is a
+:class:`~weir.KeyedBroadcastProcessFunction` too: the operator passes it broadcast
+elements as it passes them a per-record function (``process_broadcast_element``), and
+its outputs are Arrow, as ``process_batch``'s. :func:`adapter_for` picks the adapter.
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ from weir.api.batch import (
     BatchValueState,
     KeyedBatchContext,
     KeyedBatchFunction,
+    KeyedBroadcastBatchFunction,
 )
-from weir.api.context import Instant, KeyedContext, TimeDomain
+from weir.api.context import BroadcastContext, Instant, KeyedContext, TimeDomain
 from weir.api.descriptors import (
     AggregatingStateDescriptor,
     ListStateDescriptor,
@@ -37,7 +44,7 @@ from weir.api.descriptors import (
     ReducingStateDescriptor,
     ValueStateDescriptor,
 )
-from weir.api.functions import KeyedProcessFunction
+from weir.api.functions import KeyedBroadcastProcessFunction, KeyedProcessFunction
 from weir.errors import ConfigurationError
 from weir.runtime.batch_state import (
     BatchAppendingView,
@@ -50,7 +57,7 @@ from weir.runtime.batch_state import (
 if TYPE_CHECKING:
     from weir.api.batch import BatchOutput, Keys
 
-__all__ = ["BatchFunctionAdapter"]
+__all__ = ["BatchFunctionAdapter", "BroadcastBatchFunctionAdapter", "adapter_for"]
 
 class _BatchContext(KeyedBatchContext):
     def __init__(self, op: Any) -> None:
@@ -88,6 +95,13 @@ class _BatchContext(KeyedBatchContext):
                               ) -> BatchAppendingState[Any]:
         self._check(descriptor, AggregatingStateDescriptor, "get_aggregating_state")
         return BatchAppendingView(self._op, self._op.get_state(descriptor), descriptor.name)
+
+    def get_broadcast_state(self, descriptor: MapStateDescriptor[Any, Any]) -> Any:
+        if not isinstance(self._op.function, BroadcastBatchFunctionAdapter):
+            raise ConfigurationError(
+                f"{self._op.config.describe()}: get_broadcast_state is for a "
+                f"KeyedBroadcastBatchFunction connected to a broadcast input")
+        return self._op.get_broadcast_state(descriptor)
 
     def _check(self, descriptor: Any, kind: type, getter: str) -> None:
         if type(descriptor) is not kind and not isinstance(descriptor, kind):
@@ -214,6 +228,29 @@ class BatchFunctionAdapter(KeyedProcessFunction[Any, Any]):
         if op.keyed_state.record_cleaners:
             op.keyed_state.on_record()
         return _outputs(result)
+
+
+class BroadcastBatchFunctionAdapter(BatchFunctionAdapter,
+                                    KeyedBroadcastProcessFunction[Any, Any, Any]):
+    """:class:`BatchFunctionAdapter` for a :class:`~weir.KeyedBroadcastBatchFunction`:
+    also the keyed broadcast function the operator passes broadcast elements to."""
+
+    function: KeyedBroadcastBatchFunction
+
+    def __init__(self, function: KeyedBroadcastBatchFunction) -> None:
+        super().__init__(function)
+
+    def process_broadcast_element(self, value: Any, ctx: BroadcastContext
+                                  ) -> list[pa.RecordBatch | pa.Table]:
+        """The function's outputs (Arrow) for one broadcast element."""
+        return _outputs(self.function.process_broadcast_element(value, ctx))
+
+
+def adapter_for(function: KeyedBatchFunction) -> BatchFunctionAdapter:
+    """The adapter a keyed operator runs ``function`` in."""
+    if isinstance(function, KeyedBroadcastBatchFunction):
+        return BroadcastBatchFunctionAdapter(function)
+    return BatchFunctionAdapter(function)
 
 
 def _outputs(result: BatchOutput) -> list[pa.RecordBatch | pa.Table]:

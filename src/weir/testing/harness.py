@@ -19,7 +19,7 @@ from weir.api.functions import (
 from weir.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import ConfigurationError
-from weir.runtime.batch_function import BatchFunctionAdapter
+from weir.runtime.batch_function import BatchFunctionAdapter, adapter_for
 from weir.runtime.checkpointer import SnapshotMode, SubtaskCheckpointer
 from weir.runtime.drivers import take_checkpoint, take_savepoint
 from weir.runtime.operator import (
@@ -181,7 +181,7 @@ class KeyedOperatorHarness(_HarnessBase):
             rocksdb_memory=rocksdb_memory,
         )
         if isinstance(function, KeyedBatchFunction):
-            function = BatchFunctionAdapter(function)
+            function = adapter_for(function)
         self._op: KeyedOperator = KeyedOperator(
             function, key_selector, config, clock=self.clock,
             broadcast_state_descriptors=broadcast_state_descriptors,

@@ -9,7 +9,8 @@ anything that must see those records processed: a barrier or cancellation marker
 reaching the barrier handler (so a checkpoint's state holds every record before its
 barrier, and the outputs go ahead of the forwarded barrier), a watermark or idleness
 event, processing-time timers, a control message (a live state query answers over the
-records taken), the end of the input; and whenever no input is waiting (so a record
+records taken), a broadcast element (:meth:`BatchBuffer.broadcast`), the end of the
+input; and whenever no input is waiting (so a record
 waits for no timeout at a low rate) or the buffer holds ``max_records``. A batch is
 thus the records taken since the last flush, in input order, all keys mixed.
 
@@ -166,6 +167,14 @@ class BatchBuffer:
                 f"{self.where}: the records taken since the last call do not make one "
                 f"batch ({exc}); give batches and records one schema, or the operator's "
                 f"schema (process(..., schema=pa.schema(...)))") from None
+
+    def broadcast(self, value: Any, ts: int | None) -> list[Any]:
+        """A broadcast element (a :class:`~weir.KeyedBroadcastBatchFunction`'s): the
+        records taken before it are processed first, so they see the broadcast state
+        it found; its outputs as records."""
+        self.flush()
+        return [record for output in self.op.process_broadcast_element(value, ts)
+                for record in records_of(output, self.output_batches)]
 
     def timers(self) -> None:
         """``on_timers`` of the timers the operator just fired (their outputs carry the

@@ -463,7 +463,8 @@ class Task:
         keyed_head = head.keyed
         if two_inputs:
             assert keyed_head is not None
-            process_broadcast = head.guard(keyed_head.process_broadcast_element)
+            process_broadcast = (head.guard(keyed_head.process_broadcast_element)
+                                 if head.batch is None else head.batch.broadcast)
             after = self.chain.after[0]
         event_time = self.graph.event_time
         valve = WatermarkValve(channels)

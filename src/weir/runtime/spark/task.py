@@ -344,8 +344,9 @@ class _Task:
         if batches:  # one call per batch function for runs of records that fit one
             slices = merged_slices(slices, int(RowKind.RECORD), _BATCH_SLICE_ROWS)
         for kind, part in slices:
-            if kind == RowKind.BROADCAST:
-                self._emit(self._broadcast(op, part), outputs)
+            if kind == RowKind.BROADCAST:  # (a batch function's outputs: Arrow)
+                (self._emit_arrow if batches else self._emit)(self._broadcast(op, part),
+                                                              outputs)
             elif kind == RowKind.RECORD:
                 self.counts["records"] += part.num_rows
                 if batches:
