@@ -138,7 +138,7 @@ def test_process_refuses_a_batch_function_without_key_by_or_with_bad_record_exce
     with pytest.raises(ConfigurationError, match="KeyedBatchFunction needs key_by"):
         weir.spark.process(df, key_by=None, function=BatchCount(), output_schema=COUNT_OUT,
                            uid="nokey", config=config)
-    with pytest.raises(ConfigurationError, match="no dead letters per record"):
+    with pytest.raises(ConfigurationError, match="takes no bad_record_exceptions"):
         weir.spark.process(df, key_by="key", function=Validating(), output_schema=COUNT_OUT,
                            uid="bad", config=config)
 
@@ -285,3 +285,43 @@ def test_a_broadcast_batch_stage_reads_the_rules_on_every_subtask(
                            function=BatchCount(), output_schema=COUNT_OUT, uid="plain",
                            config=weir.JobConfig(tmp_path.as_uri()),
                            broadcast=weir.spark.Broadcast(rules, [LIMITS]))
+
+
+class RejectOdd(BatchCount):
+    """``BatchCount`` over the rows with an even ``seq``; the odd ones are rejected."""
+
+    rejects_records = True
+
+    def process_batch(self, batch: pa.RecordBatch, ctx: weir.KeyedBatchContext) -> Any:
+        odd = [s % 2 == 1 for s in batch.column("seq").to_pylist()]
+        ctx.reject(odd, "an odd seq")
+        even = pa.array([not o for o in odd])
+        keys = [k for k, o in zip(ctx.keys, odd, strict=True) if not o]
+        return super().process_batch(batch.filter(even), _Keys(ctx, keys))
+
+
+class _Keys:
+    """``ctx`` with other keys (the rows a function passes on to another's logic)."""
+
+    def __init__(self, ctx: Any, keys: list[Any]) -> None:
+        self._ctx, self.keys = ctx, keys
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+
+@pytest.mark.spark
+def test_rows_a_batch_stage_rejects_are_its_dead_letters(spark: Any, tmp_path: Path) -> None:
+    records = keyed_records(0, 400, 10)
+    write_file(tmp_path / "in", records, KEYED)
+    location = tmp_path / "weir"
+    sink = run(spark, tmp_path / "in", SCHEMA, lambda ev: weir.spark.process(
+        ev, key_by="key", function=RejectOdd(), output_schema=COUNT_OUT, uid="even",
+        config=weir.JobConfig(location.as_uri()), parallelism=2, heartbeat=False),
+        tmp_path / "spark")
+    assert sorted(r[1] for r in sink.rows()) == list(range(0, 400, 2))
+    dead = weir.read_dead_letters(str(location))
+    assert sorted(d["record"]["seq"] for d in dead) == list(range(1, 400, 2))
+    assert all(d["reason"] == "an odd seq" and d["uid"] == "even" for d in dead)
+    assert all(d["record"] == {"key": r["key"], "seq": r["seq"]}
+               for d in dead for r in [records[d["record"]["seq"]]])

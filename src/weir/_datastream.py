@@ -31,20 +31,29 @@ __all__ = ["BroadcastStream", "DataStream", "KeyedBroadcastStream", "KeyedStream
 
 
 def _batch_spec(keyed: KeyedStream, function: KeyedBatchFunction, uid: str, schema: Any,
-                output_batches: bool, dead_letters: bool) -> OperatorSpec:
-    """The keyed operator of a batch function on ``keyed`` (``dead_letters``: asked for,
-    an error)."""
+                output_batches: bool, bad_record_exceptions: Sequence[type[BaseException]],
+                dead_letters: Sink[Any] | None) -> OperatorSpec:
+    """The keyed operator of a batch function on ``keyed``, with dead letters if the
+    function declares ``rejects_records``."""
     from weir.runtime.batch_function import adapter_for  # (pyarrow: only for batches)
 
-    if dead_letters:
+    name = type(function).__name__
+    if bad_record_exceptions or getattr(function, "bad_record_exceptions", ()):
         raise ConfigurationError(
-            f"operator {uid!r}: {type(function).__name__} is a KeyedBatchFunction, which "
-            f"takes no bad_record_exceptions or dead_letters (an exception of process_batch "
-            f"fails the batch)")
-
-    return OperatorSpec(OpKind.KEYED, uid_of(uid), adapter_for(function),
-                        key_selector=keyed._key_selector, batch=True, batch_schema=schema,
-                        output_batches=output_batches)
+            f"operator {uid!r}: {name} is a KeyedBatchFunction, which takes no "
+            f"bad_record_exceptions (an exception of process_batch fails the batch); "
+            f"declare rejects_records = True and send bad rows to the dead letters with "
+            f"ctx.reject(rows, reason)")
+    op = OperatorSpec(OpKind.KEYED, uid_of(uid), adapter_for(function),
+                      key_selector=keyed._key_selector, batch=True, batch_schema=schema,
+                      output_batches=output_batches)
+    if not function.rejects_records:
+        if dead_letters is not None:
+            raise ConfigurationError(
+                f"operator {uid!r}: a dead_letters sink needs a KeyedBatchFunction that "
+                f"declares rejects_records = True ({name} does not)")
+        return op
+    return _with_dead_letters(keyed._env, op, (), dead_letters)
 
 
 def _rejecting(env: StreamEnvironment, op: OperatorSpec,
@@ -55,8 +64,6 @@ def _rejecting(env: StreamEnvironment, op: OperatorSpec,
     operator of uid ``<uid>-dead-letters``: the ``dead_letters`` sink, or by default the
     job's checkpoint storage (:mod:`weir.connectors.dead_letters`); either wrapped so
     that each dead letter says which checkpoint committed it."""
-    from weir.connectors.dead_letters import DeadLetterSink
-
     bad = tuple(bad_record_exceptions) or tuple(getattr(op.fn, "bad_record_exceptions", ()))
     for exc in bad:
         if not (isinstance(exc, type) and issubclass(exc, BaseException)):
@@ -69,6 +76,15 @@ def _rejecting(env: StreamEnvironment, op: OperatorSpec,
                 f"(given to process, or declared by {type(op.fn).__name__}) — the "
                 f"exceptions whose records go there")
         return op
+    return _with_dead_letters(env, op, bad, dead_letters)
+
+
+def _with_dead_letters(env: StreamEnvironment, op: OperatorSpec,
+                       bad: tuple[type[BaseException], ...], dead_letters: Sink[Any] | None
+                       ) -> OperatorSpec:
+    """``op`` with its dead-letter sink (see :func:`_rejecting`)."""
+    from weir.connectors.dead_letters import DeadLetterSink
+
     if dead_letters is None:
         retention = env.config.dead_letter_retention
         retention_ms = int(retention / datetime.timedelta(milliseconds=1))
@@ -226,8 +242,7 @@ class KeyedStream(DataStream):
         p = self._env.parallelism if parallelism is None else parallelism
         if isinstance(function, KeyedBatchFunction):
             return self._then(_batch_spec(self, function, uid, schema, output_batches,
-                                          bool(bad_record_exceptions) or dead_letters is not None),
-                              p)
+                                          bad_record_exceptions, dead_letters), p)
         if schema is not None or output_batches:
             raise ConfigurationError(f"operator {uid!r}: schema and output_batches are for "
                                      f"a KeyedBatchFunction, not {type(function).__name__}")
@@ -279,7 +294,7 @@ class KeyedBroadcastStream:
         if isinstance(function, KeyedBroadcastBatchFunction):
             spec = dataclasses.replace(
                 _batch_spec(keyed, function, uid, schema, output_batches,
-                            bool(bad_record_exceptions) or dead_letters is not None),
+                            bad_record_exceptions, dead_letters),
                 broadcast_descriptors=self._broadcast.descriptors)
             return keyed._then(spec, keyed._env.parallelism if parallelism is None
                                else parallelism, keyed._inputs + self._broadcast._inputs)

@@ -229,9 +229,10 @@ def _check_function(function: Any, keyed: bool, broadcast: Any, uid: str) -> Non
                 f"KeyedBroadcastBatchFunction, got {type(function).__name__}")
         if getattr(function, "bad_record_exceptions", ()):
             raise ConfigurationError(
-                f"operator {uid!r}: a KeyedBatchFunction has no dead letters per record "
-                f"(an exception of process_batch fails the batch): remove its "
-                f"bad_record_exceptions, or validate the records in process_batch"
+                f"operator {uid!r}: a KeyedBatchFunction takes no bad_record_exceptions "
+                f"(an exception of process_batch fails the batch): remove them, declare "
+                f"rejects_records = True and send bad rows to the dead letters with "
+                f"ctx.reject(rows, reason)"
             )
         return
     if broadcast is not None and not isinstance(function, KeyedBroadcastProcessFunction):

@@ -14,7 +14,9 @@ everything earlier calls wrote. List, map, reducing and aggregating state work t
 way (:class:`BatchListState`, :class:`BatchMapState`, :class:`BatchAppendingState`).
 Timers are registered from arrays of keys and times (``ctx.register_event_time_timers``);
 the timers due when time advances reach ``on_timers`` together. An exception of
-``process_batch`` fails the batch (no dead letters per record).
+``process_batch`` fails the batch; a function that declares ``rejects_records`` sends
+the rows it cannot process to the operator's dead letters instead
+(``ctx.reject(rows, reason)``), and the job goes on.
 
 A :class:`KeyedBroadcastBatchFunction` also takes a broadcast input, one element at a
 time (``process_broadcast_element``, broadcast state writable, as a
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeAlias, TypeVar
 
 from weir.api.context import BroadcastContext, Instant, TimeDomain
 from weir.api.descriptors import (
@@ -159,6 +161,15 @@ class KeyedBatchContext(ABC):
         value as weir keys records (a tuple for several key columns). Empty otherwise."""
 
     @abstractmethod
+    def reject(self, rows: Any, reason: str | Sequence[str]) -> None:
+        """In ``process_batch`` of a function that declares ``rejects_records``: send
+        ``rows`` of the batch to the operator's dead letters with ``reason`` (one for
+        all, or one per row), as a per-record function's bad records go — each row as
+        its record (a ``dict`` of its columns), exactly-once with the batch. ``rows``:
+        row indices (a sequence or array of ints) or a boolean mask of the batch's
+        length. The state the call wrote for them stays; leave them out of the outputs."""
+
+    @abstractmethod
     def get_state(self, descriptor: ValueStateDescriptor[T]) -> BatchValueState[T]:
         """The keyed value state of ``descriptor`` (register it in ``open``)."""
 
@@ -232,6 +243,11 @@ class KeyedBatchContext(ABC):
 class KeyedBatchFunction(ABC):
     """A keyed function that processes a batch of records per call, with keyed value
     state read and written for many keys at once (:class:`BatchValueState`)."""
+
+    rejects_records: ClassVar[bool] = False
+    """True: ``process_batch`` may send rows to the dead letters
+    (:meth:`KeyedBatchContext.reject`) — the job's checkpoint storage, or the
+    ``dead_letters`` sink given to ``process`` on the continuous runtime."""
 
     def open(self, ctx: KeyedBatchContext) -> None:
         """Called once before the first batch; register state here."""

@@ -22,7 +22,7 @@ its outputs are Arrow, as ``process_batch``'s. :func:`adapter_for` picks the ada
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -60,18 +60,48 @@ if TYPE_CHECKING:
 __all__ = ["BatchFunctionAdapter", "BroadcastBatchFunctionAdapter", "adapter_for"]
 
 class _BatchContext(KeyedBatchContext):
-    def __init__(self, op: Any) -> None:
+    def __init__(self, op: Any, rejects: bool) -> None:
         self._op = op
         #: the batch's keys, or a function that makes them (on first use)
         self.batch_keys: Keys | Callable[[], Keys] = []
         #: the domain of the timers ``on_timers`` gets, while it runs
         self.firing: TimeDomain | None = None
+        #: whether the function declares ``rejects_records``
+        self.rejects = rejects
+        #: the rows of the batch ``process_batch`` has (None: not in process_batch)
+        self.rows: int | None = None
+        #: (row, reason) of the rows rejected by this call
+        self.rejected: list[tuple[int, str]] = []
 
     @property
     def keys(self) -> Keys:
         if callable(self.batch_keys):
             self.batch_keys = self.batch_keys()
         return self.batch_keys
+
+    def reject(self, rows: Any, reason: str | Sequence[str]) -> None:
+        where = self._op.config.describe()
+        if not self.rejects:
+            raise ConfigurationError(
+                f"{where}: reject needs a KeyedBatchFunction that declares "
+                f"rejects_records = True (so that the job keeps dead letters for it)")
+        if self.rows is None:
+            raise ConfigurationError(f"{where}: reject is for the rows of process_batch")
+        given = pylist(rows)
+        if given and all(type(r) is bool for r in given):
+            if len(given) != self.rows:
+                raise ValueError(f"{where}: a mask of {len(given)} rows for a batch of "
+                                 f"{self.rows}")
+            indices = [i for i, r in enumerate(given) if r]
+        else:
+            indices = [int(r) for r in given]
+            if any(not 0 <= i < self.rows for i in indices):
+                raise IndexError(f"{where}: rows {indices} are not all rows of a batch of "
+                                 f"{self.rows}")
+        reasons = [reason] * len(indices) if isinstance(reason, str) else list(reason)
+        if len(reasons) != len(indices):
+            raise ValueError(f"{where}: {len(reasons)} reasons for {len(indices)} rows")
+        self.rejected += zip(indices, map(str, reasons), strict=True)
 
     def get_state(self, descriptor: ValueStateDescriptor[Any]) -> BatchValueState[Any]:
         self._check(descriptor, ValueStateDescriptor, "get_state")
@@ -170,7 +200,7 @@ class BatchFunctionAdapter(KeyedProcessFunction[Any, Any]):
         self._fired: list[tuple[Any, int, TimeDomain | None]] = []
 
     def open(self, ctx: KeyedContext) -> None:
-        self._ctx = _BatchContext(ctx)
+        self._ctx = _BatchContext(ctx, bool(getattr(self.function, "rejects_records", False)))
         self.function.open(self._ctx)
 
     def on_timer(self, timestamp: int, ctx: KeyedContext) -> Iterable[Any] | None:
@@ -219,15 +249,35 @@ class BatchFunctionAdapter(KeyedProcessFunction[Any, Any]):
         if ctx is None:
             raise ConfigurationError("process_batch before open")
         ctx.batch_keys = keys
+        ctx.rows, ctx.rejected = batch.num_rows, []
         op = ctx._op
         try:
             result: BatchOutput = self.function.process_batch(batch, ctx)
+        except BaseException:
+            ctx.rejected = []
+            raise
         finally:
             ctx.batch_keys = []
+            ctx.rows = None
             op.key_context.clear()
         if op.keyed_state.record_cleaners:
             op.keyed_state.on_record()
         return _outputs(result)
+
+
+    def rejected(self, batch: pa.RecordBatch) -> list[tuple[Any, str]]:
+        """(record, reason) of each row of ``batch`` the last ``process_batch`` rejected,
+        in the order rejected: a row as a ``dict`` of its columns (its value when the
+        batch's one column is ``value``, the continuous runtime's non-dict records)."""
+        ctx = self._ctx
+        if ctx is None or not ctx.rejected:
+            return []
+        rejected, ctx.rejected = ctx.rejected, []
+        rows = batch.take(pa.array([i for i, _ in rejected], pa.int64()))
+        records = (rows.column(0).to_pylist() if rows.schema.names == ["value"]
+                   else rows.to_pylist())
+        return [(record, reason) for record, (_, reason) in zip(records, rejected,
+                                                                 strict=True)]
 
 
 class BroadcastBatchFunctionAdapter(BatchFunctionAdapter,

@@ -187,6 +187,8 @@ class KeyedOperatorHarness(_HarnessBase):
             broadcast_state_descriptors=broadcast_state_descriptors,
         )
         self._next_checkpoint_id = 1
+        #: (record, reason) of every row a batch function rejected (``ctx.reject``)
+        self.rejected: list[tuple[Any, str]] = []
 
     @classmethod
     def restore(
@@ -228,7 +230,8 @@ class KeyedOperatorHarness(_HarnessBase):
     def process_batch(self, batch: pa.RecordBatch | pa.Table, keys: Sequence[Any] | None = None
                       ) -> list[pa.RecordBatch | pa.Table]:
         """Feed a batch to a :class:`~weir.KeyedBatchFunction` (its records' keys: ``keys``,
-        else the key selector applied to each row as a dict); returns its outputs."""
+        else the key selector applied to each row as a dict); returns its outputs. The
+        rows it rejects (``ctx.reject``) are appended to :attr:`rejected`."""
         self._op._require_open()
         adapter = self._op.function
         if not isinstance(adapter, BatchFunctionAdapter):
@@ -239,7 +242,9 @@ class KeyedOperatorHarness(_HarnessBase):
                 pa.RecordBatch.from_pylist([], schema=batch.schema))
         if keys is None:
             keys = [self._op.key_selector(row) for row in batch.to_pylist()]
-        return adapter.process_batch(batch, list(keys))
+        out = adapter.process_batch(batch, list(keys))
+        self.rejected += adapter.rejected(batch)
+        return out
 
     def process_elements(self, values: Iterable[Any]) -> list[Any]:
         """Feed several elements (no timestamps); returns all outputs."""
@@ -357,6 +362,8 @@ class CheckpointedFunctionHarness(_HarnessBase):
         )
         self._op: NonKeyedOperator = NonKeyedOperator(function, config, clock=self.clock)
         self._next_checkpoint_id = 1
+        #: (record, reason) of every row a batch function rejected (``ctx.reject``)
+        self.rejected: list[tuple[Any, str]] = []
 
     @classmethod
     def restore(

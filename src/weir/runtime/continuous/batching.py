@@ -99,6 +99,8 @@ class BatchBuffer:
         #: the key column of batches taken whole (None: records one by one only)
         self.column = selector.name if isinstance(selector, KeyColumn) else None
         self.emit: Push | None = None
+        #: writes a record ``ctx.reject`` sent to the dead letters (None: none kept)
+        self.reject: Callable[[Any, str], None] | None = None
         self.records: list[Any] = []  # records since the last part
         self.parts: list[pa.RecordBatch] = []  # batches taken, in order
         self.size = 0  # rows taken
@@ -150,6 +152,12 @@ class BatchBuffer:
             keys = list(map(self.op.key_selector, records))
             batch = rows_of(records, self.schema, self.where)
         self._emit(self.adapter.process_batch(batch, keys), ts)
+        rejected = self.adapter.rejected(batch)
+        if rejected:
+            reject = self.reject
+            assert reject is not None  # (ctx.reject needs rejects_records: dead letters)
+            for record, reason in rejected:
+                reject(record, reason)
 
     def _cast(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         try:

@@ -109,6 +109,18 @@ class ChainedOperator:
                 spec.dead_letters, dataclasses.replace(config, uid=spec.dead_letters.name,
                                                        state_backend="hashmap"))
 
+    def rejecting(self) -> Callable[[Any, str], None] | None:
+        """What writes a record a batch function rejected, with its reason, to the
+        dead letters (None: the operator has none)."""
+        if self.dead_letters is None or self.core is None:
+            return None
+        write = self.dead_letters.writer.write
+        uid, subtask, job = self.spec.name, self.core.config.subtask_index, self.job
+
+        def reject(record: Any, reason: str) -> None:
+            write(dead_letter(uid, subtask, reason, record, job))
+        return reject
+
     def guard(self, process: Callable[[Any, int | None], list[Any]]
               ) -> Callable[[Any, int | None], list[Any]]:
         """``process``, sending a record for which it raises one of the spec's
@@ -135,9 +147,10 @@ class ChainedOperator:
         return self.core if isinstance(self.core, KeyedOperator) else None
 
 
-def dead_letter(uid: str, subtask: int, exc: BaseException, record: Any, job: str = ""
+def dead_letter(uid: str, subtask: int, exc: BaseException | str, record: Any, job: str = ""
                 ) -> dict[str, Any]:
-    """A dead letter of a rejected record, in the shape both runtimes share
+    """A dead letter of a rejected record (``exc``: the exception it raised, or the
+    reason), in the shape both runtimes share
     (:mod:`weir.connectors.dead_letters`): the operator and subtask, the reason, the
     record (its ``repr`` if JSON cannot hold it) and where — the job, and the
     checkpoint that commits it (None here: the dead-letter sink's
@@ -146,7 +159,8 @@ def dead_letter(uid: str, subtask: int, exc: BaseException, record: Any, job: st
         json.dumps(record)
     except (TypeError, ValueError):
         record = repr(record)
-    return {"uid": uid, "subtask": subtask, "reason": f"{type(exc).__name__}: {exc}",
+    reason = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+    return {"uid": uid, "subtask": subtask, "reason": reason,
             "record": record, "where": {"job": job, "checkpoint": None}}
 
 
@@ -254,6 +268,7 @@ def _push_of(op: ChainedOperator, nxt: Push) -> Push:
         return nxt  # a source's records enter after it
     if op.batch is not None:  # gathered for the next flush
         op.batch.emit = nxt
+        op.batch.reject = op.rejecting()
         return op.batch.push
     assert op.core is not None
     process = op.guard(op.core.process_element)

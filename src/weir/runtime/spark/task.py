@@ -401,12 +401,15 @@ class _Task:
         keys = functools.partial(keys_of, part, spec.key_columns)  # (if the function asks)
         adapter = cast("BatchFunctionAdapter", live.operator.function)  # (the opened one)
         try:
-            return adapter.process_batch(batch, keys)
+            out = adapter.process_batch(batch, keys)
         except Exception as exc:
             if not self._raised_by_user(exc):
                 raise
             raise self._user_error(exc, "process_batch", keyed=True,
                                    note=f", a batch of {batch.num_rows} records") from exc
+        for record, reason in adapter.rejected(batch):  # (ctx.reject)
+            self._dead_letter(record, reason)
+        return out
 
     def _batch_timers(self, op: KeyedOperator, domain: str) -> list[pa.RecordBatch | pa.Table]:
         """A batch function's ``on_timers`` of the ``domain`` timers that just fired."""
