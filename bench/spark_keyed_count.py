@@ -9,6 +9,9 @@ one row ``(key, count)`` per input record. Peers (``--peers``, all by default):
 * ``weir-hashmap`` / ``weir-rocksdb`` — ``weir.spark.process`` with a
   ``KeyedProcessFunction`` and a ``ValueState``, on each state backend. Skipped with a
   message when ``weir.spark`` cannot be imported;
+* ``weir-hashmap-tuple`` / ``weir-rocksdb-tuple`` — the same with records as tuples
+  (``record_format="tuple"``: what a user picks who needs no column names; no dict
+  per record);
 * ``weir-batch-hashmap`` / ``weir-batch-rocksdb`` — the same count as a
   ``KeyedBatchFunction``: per call, one ``get`` of the batch's distinct keys, the
   per-record counts by NumPy, one ``put`` (issue 43);
@@ -94,7 +97,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SNAPSHOT: str | None = None
 PEERS = ("tws-pandas", "tws-row", "weir-hashmap", "weir-rocksdb", "dict", "dict-routed",
          "dict-route-pass", "weir-hashmap-observed", "weir-rocksdb-observed",
-         "weir-batch-hashmap", "weir-batch-rocksdb")
+         "weir-batch-hashmap", "weir-batch-rocksdb", "weir-hashmap-tuple",
+         "weir-rocksdb-tuple")
 #: peers whose count sequences are not checked (no state across Python workers)
 UNCHECKED_SEQUENCE = ("dict", "dict-routed", "dict-route-pass")
 LATENCY_PEERS = ("tws-row", "weir-hashmap", "weir-rocksdb")
@@ -186,6 +190,21 @@ class CountFunction(weir.KeyedProcessFunction[dict[str, Any], tuple[Any, ...]]):
             yield (value["key"], n, value["ts"])
         else:
             yield (value["key"], n)
+
+
+class TupleCountFunction(CountFunction):
+    """:class:`CountFunction` over records as tuples (``record_format="tuple"``: the
+    input's columns in order, the key first)."""
+
+    def process_element(  # type: ignore[override]
+        self, value: tuple[Any, ...], ctx: weir.KeyedContext
+    ) -> Iterator[tuple[Any, ...]]:
+        n = (self.count.value() or 0) + 1
+        self.count.update(n)
+        if self.with_ts:
+            yield (value[0], n, value[2])
+        else:
+            yield (value[0], n)
 
 
 class BatchCountFunction(weir.KeyedBatchFunction):
@@ -305,7 +324,9 @@ def build(peer: str, events: Any, with_ts: bool, weir_dir: str) -> Any:
     ws, why = weir_spark()
     if ws is None:
         raise RuntimeError(why)
-    backend = peer.removeprefix("weir-").removeprefix("batch-").removesuffix("-observed")
+    backend = (peer.removeprefix("weir-").removeprefix("batch-").removesuffix("-observed")
+               .removesuffix("-tuple"))
+    tuples = peer.endswith("-tuple")
     # (diagnostic peers: the stage's metrics also in Spark's progress, spark.weir.metrics)
     events.sparkSession.conf.set("spark.weir.metrics",
                                  "true" if peer.endswith("-observed") else "false")
@@ -313,7 +334,8 @@ def build(peer: str, events: Any, with_ts: bool, weir_dir: str) -> Any:
         events,
         key_by="key",
         function=(BatchCountFunction(with_ts) if peer.startswith("weir-batch-")
-                  else CountFunction(with_ts)),
+                  else TupleCountFunction(with_ts) if tuples else CountFunction(with_ts)),
+        record_format="tuple" if tuples else "dict",
         output_schema=schema,
         uid="count",
         config=weir.JobConfig(Path(weir_dir).as_uri(), max_parallelism=128,
