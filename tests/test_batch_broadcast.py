@@ -305,3 +305,5 @@ def test_a_broadcast_batch_function_refuses_dead_letters_and_plain_ones_a_broadc
                                      bad_record_exceptions=[ValueError])
     with pytest.raises(ConfigurationError, match="KeyedBroadcastBatchFunction"):
         keyed.connect(rules).process(Plain(), uid="p")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="connect its broadcast input first"):
+        keyed.process(PendingBatches(), uid="p")

@@ -85,10 +85,12 @@ def test_rejected_rows_reach_the_harness_as_records_with_their_reasons() -> None
     h = KeyedOperatorHarness(CountValid(), lambda v: v % 3)
     h.open()
     out = h.process_batch(pa.record_batch({"value": [7, 1, 14, 4]}), [1, 1, 2, 1])
-    assert h.rejected == [(7, "7 is a multiple of 7"), (14, "14 is a multiple of 7")]
+    assert h.rejected == [({"value": 7}, "7 is a multiple of 7"),
+                          ({"value": 14}, "14 is a multiple of 7")]
     assert out[0].column(0).to_pylist() == [[1, 1, 1], [1, 4, 2]]
     forms = [(pa.array([False, True, True]), "x"), (np.array([2, 0]), ["r2", "r0"]),
-             ([1], "one")]
+             ([1], "one"),
+             ([v % 2 == 0 for v in np.array([1, 2, 3])], "x")]  # (NumPy bools: a mask)
     got = []
     for rows, reason in forms:
         g = KeyedOperatorHarness(Rows(rows, reason), lambda r: r["k"])
@@ -98,7 +100,8 @@ def test_rejected_rows_reach_the_harness_as_records_with_their_reasons() -> None
         g.close()
     assert got == [[({"k": "b", "v": 2}, "x"), ({"k": "c", "v": 3}, "x")],
                    [({"k": "c", "v": 3}, "r2"), ({"k": "a", "v": 1}, "r0")],
-                   [({"k": "b", "v": 2}, "one")]]
+                   [({"k": "b", "v": 2}, "one")],
+                   [({"k": "b", "v": 2}, "x")]]
     h.close()
 
 
@@ -107,6 +110,9 @@ def test_rejected_rows_reach_the_harness_as_records_with_their_reasons() -> None
     (Rows([True], "short mask"), ValueError, "a mask of 1 rows for a batch of 3"),
     (Rows([3], "x"), IndexError, "not all rows"),
     (Rows([0, 1], ["one reason"]), ValueError, "1 reasons for 2 rows"),
+    (Rows(pa.array([True, None, False]), "x"), ValueError, "include a null"),
+    (Rows([True, 1, False], "x"), ValueError, "mix booleans and indices"),
+    (Rows([2, 0, 2], "x"), ValueError, r"rows \[2\] rejected twice"),
 ])
 def test_a_reject_that_cannot_be_kept_says_why(function: Any, error: type, match: str
                                                ) -> None:

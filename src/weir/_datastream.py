@@ -240,6 +240,11 @@ class KeyedStream(DataStream):
         outputs' rows become records (``dict`` s, or the values of a batch whose one
         column is ``value``), or with ``output_batches`` each output batch one record."""
         p = self._env.parallelism if parallelism is None else parallelism
+        if isinstance(function, KeyedBroadcastBatchFunction):
+            raise ConfigurationError(
+                f"operator {uid!r}: {type(function).__name__} is a "
+                f"KeyedBroadcastBatchFunction: connect its broadcast input first "
+                f"(key_by(...).connect(stream.broadcast(descriptor)).process(...))")
         if isinstance(function, KeyedBatchFunction):
             return self._then(_batch_spec(self, function, uid, schema, output_batches,
                                           bad_record_exceptions, dead_letters), p)

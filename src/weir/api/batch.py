@@ -165,9 +165,10 @@ class KeyedBatchContext(ABC):
         """In ``process_batch`` of a function that declares ``rejects_records``: send
         ``rows`` of the batch to the operator's dead letters with ``reason`` (one for
         all, or one per row), as a per-record function's bad records go — each row as
-        its record (a ``dict`` of its columns), exactly-once with the batch. ``rows``:
-        row indices (a sequence or array of ints) or a boolean mask of the batch's
-        length. The state the call wrote for them stays; leave them out of the outputs."""
+        its record (as the runtime's other dead letters hold records), exactly-once with
+        the batch. ``rows``: row indices (a sequence or array of ints, each once) or a
+        boolean mask of the batch's length (no nulls). The state the call wrote for them
+        stays; leave them out of the outputs."""
 
     @abstractmethod
     def get_state(self, descriptor: ValueStateDescriptor[T]) -> BatchValueState[T]:

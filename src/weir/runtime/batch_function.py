@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 
 from weir.api.batch import (
@@ -70,8 +71,9 @@ class _BatchContext(KeyedBatchContext):
         self.rejects = rejects
         #: the rows of the batch ``process_batch`` has (None: not in process_batch)
         self.rows: int | None = None
-        #: (row, reason) of the rows rejected by this call
+        #: (row, reason) of the rows rejected by this call, and those rows
         self.rejected: list[tuple[int, str]] = []
+        self.seen: set[int] = set()
 
     @property
     def keys(self) -> Keys:
@@ -87,20 +89,14 @@ class _BatchContext(KeyedBatchContext):
                 f"rejects_records = True (so that the job keeps dead letters for it)")
         if self.rows is None:
             raise ConfigurationError(f"{where}: reject is for the rows of process_batch")
-        given = pylist(rows)
-        if given and all(type(r) is bool for r in given):
-            if len(given) != self.rows:
-                raise ValueError(f"{where}: a mask of {len(given)} rows for a batch of "
-                                 f"{self.rows}")
-            indices = [i for i, r in enumerate(given) if r]
-        else:
-            indices = [int(r) for r in given]
-            if any(not 0 <= i < self.rows for i in indices):
-                raise IndexError(f"{where}: rows {indices} are not all rows of a batch of "
-                                 f"{self.rows}")
+        indices = _row_indices(rows, self.rows, where)
         reasons = [reason] * len(indices) if isinstance(reason, str) else list(reason)
         if len(reasons) != len(indices):
             raise ValueError(f"{where}: {len(reasons)} reasons for {len(indices)} rows")
+        if len(set(indices)) < len(indices) or not self.seen.isdisjoint(indices):
+            twice = sorted(i for i in set(indices) if indices.count(i) > 1 or i in self.seen)
+            raise ValueError(f"{where}: rows {twice} rejected twice in one batch")
+        self.seen.update(indices)
         self.rejected += zip(indices, map(str, reasons), strict=True)
 
     def get_state(self, descriptor: ValueStateDescriptor[Any]) -> BatchValueState[Any]:
@@ -249,7 +245,7 @@ class BatchFunctionAdapter(KeyedProcessFunction[Any, Any]):
         if ctx is None:
             raise ConfigurationError("process_batch before open")
         ctx.batch_keys = keys
-        ctx.rows, ctx.rejected = batch.num_rows, []
+        ctx.rows, ctx.rejected, ctx.seen = batch.num_rows, [], set()
         op = ctx._op
         try:
             result: BatchOutput = self.function.process_batch(batch, ctx)
@@ -265,19 +261,15 @@ class BatchFunctionAdapter(KeyedProcessFunction[Any, Any]):
         return _outputs(result)
 
 
-    def rejected(self, batch: pa.RecordBatch) -> list[tuple[Any, str]]:
-        """(record, reason) of each row of ``batch`` the last ``process_batch`` rejected,
-        in the order rejected: a row as a ``dict`` of its columns (its value when the
-        batch's one column is ``value``, the continuous runtime's non-dict records)."""
+    def rejected(self) -> list[tuple[int, str]]:
+        """(row, reason) of each row of its batch the last ``process_batch`` rejected,
+        in the order rejected (each runtime makes its records of them, as it makes the
+        records of its other dead letters)."""
         ctx = self._ctx
         if ctx is None or not ctx.rejected:
             return []
         rejected, ctx.rejected = ctx.rejected, []
-        rows = batch.take(pa.array([i for i, _ in rejected], pa.int64()))
-        records = (rows.column(0).to_pylist() if rows.schema.names == ["value"]
-                   else rows.to_pylist())
-        return [(record, reason) for record, (_, reason) in zip(records, rejected,
-                                                                 strict=True)]
+        return rejected
 
 
 class BroadcastBatchFunctionAdapter(BatchFunctionAdapter,
@@ -294,6 +286,27 @@ class BroadcastBatchFunctionAdapter(BatchFunctionAdapter,
                                   ) -> list[pa.RecordBatch | pa.Table]:
         """The function's outputs (Arrow) for one broadcast element."""
         return _outputs(self.function.process_broadcast_element(value, ctx))
+
+
+def _row_indices(rows: Any, count: int, where: str) -> list[int]:
+    """The row indices ``rows`` names in a batch of ``count`` rows: indices, or a mask
+    of ``count`` booleans (Python's or NumPy's; a null is an error)."""
+    given = pylist(rows)
+    if None in given:
+        raise ValueError(f"{where}: the rows to reject include a null (a mask over a "
+                         f"nullable column: fill its nulls first)")
+    kinds = {type(r) for r in given}
+    if kinds & {bool, np.bool_}:
+        if not kinds <= {bool, np.bool_}:
+            raise ValueError(f"{where}: rows to reject mix booleans and indices: give a "
+                             f"mask or row indices")
+        if len(given) != count:
+            raise ValueError(f"{where}: a mask of {len(given)} rows for a batch of {count}")
+        return [i for i, r in enumerate(given) if r]
+    indices = [int(r) for r in given]
+    if any(not 0 <= i < count for i in indices):
+        raise IndexError(f"{where}: rows {indices} are not all rows of a batch of {count}")
+    return indices
 
 
 def adapter_for(function: KeyedBatchFunction) -> BatchFunctionAdapter:

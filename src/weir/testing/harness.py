@@ -231,7 +231,8 @@ class KeyedOperatorHarness(_HarnessBase):
                       ) -> list[pa.RecordBatch | pa.Table]:
         """Feed a batch to a :class:`~weir.KeyedBatchFunction` (its records' keys: ``keys``,
         else the key selector applied to each row as a dict); returns its outputs. The
-        rows it rejects (``ctx.reject``) are appended to :attr:`rejected`."""
+        rows it rejects (``ctx.reject``) are appended to :attr:`rejected`, each as a
+        ``dict`` of its columns."""
         self._op._require_open()
         adapter = self._op.function
         if not isinstance(adapter, BatchFunctionAdapter):
@@ -243,7 +244,11 @@ class KeyedOperatorHarness(_HarnessBase):
         if keys is None:
             keys = [self._op.key_selector(row) for row in batch.to_pylist()]
         out = adapter.process_batch(batch, list(keys))
-        self.rejected += adapter.rejected(batch)
+        rejected = adapter.rejected()
+        if rejected:  # (each row as a dict of its columns)
+            rows = batch.take(pa.array([i for i, _ in rejected])).to_pylist()
+            self.rejected += [(row, reason) for row, (_, reason) in zip(rows, rejected,
+                                                                        strict=True)]
         return out
 
     def process_elements(self, values: Iterable[Any]) -> list[Any]:

@@ -142,6 +142,7 @@ class BatchBuffer:
             return
         ts, self.latest, self.size = self.latest, None, 0
         keys: Any
+        records: list[Any] | None = None
         if self.parts:
             self._records_to_part()
             parts, self.parts = self.parts, []
@@ -152,12 +153,14 @@ class BatchBuffer:
             keys = list(map(self.op.key_selector, records))
             batch = rows_of(records, self.schema, self.where)
         self._emit(self.adapter.process_batch(batch, keys), ts)
-        rejected = self.adapter.rejected(batch)
-        if rejected:
-            reject = self.reject
-            assert reject is not None  # (ctx.reject needs rejects_records: dead letters)
-            for record, reason in rejected:
-                reject(record, reason)
+        rejected = self.adapter.rejected()
+        if rejected:  # (ctx.reject: each record as taken; a batch's row as a dict)
+            if self.reject is None:
+                raise ConfigurationError(f"{self.where}: rows rejected without dead letters")
+            dead = ([records[i] for i, _ in rejected] if records is not None
+                    else batch.take(pa.array([i for i, _ in rejected])).to_pylist())
+            for record, (_, reason) in zip(dead, rejected, strict=True):
+                self.reject(record, reason)
 
     def _cast(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         try:

@@ -407,8 +407,13 @@ class _Task:
                 raise
             raise self._user_error(exc, "process_batch", keyed=True,
                                    note=f", a batch of {batch.num_rows} records") from exc
-        for record, reason in adapter.rejected(batch):  # (ctx.reject)
-            self._dead_letter(record, reason)
+        rejected = adapter.rejected()  # (ctx.reject: records as the other dead letters')
+        if rejected:
+            rows = pa.Table.from_batches([batch.take(pa.array([i for i, _ in rejected]))])
+            for record, (_, reason) in zip(columns_to_records(rows, spec.columns,
+                                                              spec.record_format),
+                                           rejected, strict=True):
+                self._dead_letter(record, reason)
         return out
 
     def _batch_timers(self, op: KeyedOperator, domain: str) -> list[pa.RecordBatch | pa.Table]:
