@@ -311,17 +311,23 @@ class _Keys:
 
 
 @pytest.mark.spark
-def test_rows_a_batch_stage_rejects_are_its_dead_letters(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("record_format", ["dict", "tuple"])
+def test_rows_a_batch_stage_rejects_are_its_dead_letters(
+        spark: Any, tmp_path: Path, record_format: str) -> None:
+    """Each odd row once in the dead letters, its record in the stage's record format
+    (as the stage's other dead letters: a dict, or the values in column order)."""
     records = keyed_records(0, 400, 10)
     write_file(tmp_path / "in", records, KEYED)
     location = tmp_path / "weir"
     sink = run(spark, tmp_path / "in", SCHEMA, lambda ev: weir.spark.process(
         ev, key_by="key", function=RejectOdd(), output_schema=COUNT_OUT, uid="even",
-        config=weir.JobConfig(location.as_uri()), parallelism=2, heartbeat=False),
-        tmp_path / "spark")
+        config=weir.JobConfig(location.as_uri()), parallelism=2, heartbeat=False,
+        record_format=record_format), tmp_path / "spark")
     assert sorted(r[1] for r in sink.rows()) == list(range(0, 400, 2))
     dead = weir.read_dead_letters(str(location))
-    assert sorted(d["record"]["seq"] for d in dead) == list(range(1, 400, 2))
     assert all(d["reason"] == "an odd seq" and d["uid"] == "even" for d in dead)
-    assert all(d["record"] == {"key": r["key"], "seq": r["seq"]}
-               for d in dead for r in [records[d["record"]["seq"]]])
+    rows = [dict(zip(("key", "seq"), d["record"], strict=True)) if record_format == "tuple"
+            else d["record"] for d in dead]
+    assert sorted(r["seq"] for r in rows) == list(range(1, 400, 2))
+    assert all(r == records[r["seq"]] for r in rows)
+    assert all(isinstance(d["record"], dict) == (record_format == "dict") for d in dead)
