@@ -3,6 +3,7 @@ zygote replaced and its tasks killed, and no task outliving a driver that died."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
@@ -86,6 +87,26 @@ def test_a_task_is_killed_by_its_zygote_never_by_pid_from_the_driver(
     zygote._zygote._request({"kill": failed._launch})  # (reaped: the zygote ignores it)
     again = zygote.launch([graph_file(tmp_path, Fail()), "v", "0", "0"], dict(os.environ))
     assert again.wait(timeout=30) == 1 and zygote._zygote.alive
+
+
+def test_a_zygote_that_does_not_answer_is_killed_before_it_is_replaced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hung zygote (SIGSTOP) would fork the pending task once it woke up: nobody would
+    track that task. The launch kills it (and what it forked) and forks on a new one."""
+    first = zygote.launch([graph_file(tmp_path, Sleep()), "v", "0", "0"], dict(os.environ))
+    hung = zygote._zygote
+    assert hung is not None
+    monkeypatch.setattr(zygote, "ANSWER_TIMEOUT_S", 0.5)
+    os.kill(hung.proc.pid, signal.SIGSTOP)
+    try:
+        again = zygote.launch([graph_file(tmp_path, Fail()), "v", "0", "0"], dict(os.environ))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(hung.proc.pid, signal.SIGCONT)
+    assert zygote._zygote is not hung and hung.proc.poll() == -signal.SIGKILL
+    assert first.wait(timeout=10) == -signal.SIGKILL  # (it died with its zygote)
+    wait_gone(first.pid)
+    assert again.wait(timeout=30) == 1
 
 
 def test_a_task_gets_the_environment_and_directory_it_asked_for(tmp_path: Path) -> None:

@@ -47,6 +47,8 @@ from weir.runtime.continuous.processes import die_with_parent
 
 __all__ = ["TaskProcess", "launch"]
 
+#: how long a launch waits for the zygote's answer before replacing it (seconds)
+ANSWER_TIMEOUT_S = 60.0
 #: a task gets SIGKILL when its zygote dies (Linux: ``PR_SET_PDEATHSIG``)
 _DIE_WITH_ZYGOTE = sys.platform.startswith("linux")
 
@@ -162,8 +164,8 @@ class _Zygote:
     def _answer(self) -> TaskProcess:
         """The task of the oldest request not answered yet, once the zygote answers."""
         with self.ended:
-            if not self.ended.wait_for(lambda: self.answers or not self.alive, 60.0) \
-                    or not self.answers:
+            if not self.ended.wait_for(lambda: self.answers or not self.alive,
+                                       ANSWER_TIMEOUT_S) or not self.answers:
                 raise OSError("the zygote that forks task processes did not answer "
                               f"(exit status {self.proc.poll()})")
             pid, launch = self.answers.pop(0)
@@ -174,6 +176,13 @@ class _Zygote:
             self.proc.stdin.close()
         self.proc.wait()
         self.reader.join()
+
+    def discard(self) -> None:
+        """Kill a zygote that did not answer (its tasks die with it): a fork it still
+        had to make would be a task nobody tracks."""
+        self.proc.kill()
+        self.proc.wait()
+        self.reader.join(timeout=10.0)
 
 
 _lock = threading.Lock()
@@ -189,7 +198,8 @@ def launch(argv: list[str], env: dict[str, str]) -> TaskProcess:
             _zygote = _Zygote()
         try:
             return _zygote.launch(argv, env)
-        except (OSError, ValueError):  # it died between the check and the request
+        except (OSError, ValueError):  # it died between the check and the request, or hangs
+            _zygote.discard()
             _zygote = _Zygote()
             return _zygote.launch(argv, env)
 
