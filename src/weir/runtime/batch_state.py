@@ -23,7 +23,7 @@ of the same array reuse them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -71,6 +71,12 @@ def _array(values: list[Any], kind: pa.DataType | None, name: str) -> pa.Array:
             f"state {name!r}: its values do not make one Arrow array ({exc}); "
             f"pass get(keys, type=...)"
         ) from None
+
+
+def _split8(values: np.ndarray) -> list[bytes]:
+    """Each 8-byte item of ``values`` as its own ``bytes`` (a void view: every byte
+    kept, trailing zeros too)."""
+    return values.view("V8").tolist()  # type: ignore[no-any-return]
 
 
 def _decode_fixed(stored: list[bytes | None], fixed: tuple[str, pa.DataType, set[type]]
@@ -142,14 +148,16 @@ class BatchStateView(BatchValueState[Any]):
 
     def put(self, keys: Keys, values: pa.Array | pa.ChunkedArray | Sequence[Any]) -> None:
         keys, prefixed = self._keys(keys)
-        values = pylist(values)
-        if len(keys) != len(values):
-            raise ValueError(f"state {self._name!r}: put of {len(keys)} keys with "
-                             f"{len(values)} values")
         if self._rocks is not None:
             assert prefixed is not None
-            self._rocks.store_many(prefixed, self._encoded(values))
+            packed = self._packed(values)
+            datas = (cast("list[bytes | None]", packed) if packed is not None
+                     else self._encoded(pylist(values)))
+            self._check_length(keys, datas)
+            self._rocks.store_many(prefixed, datas)
             return
+        values = pylist(values)
+        self._check_length(keys, values)
         table = self._table
         if table is None:
             state = self._state
@@ -192,6 +200,34 @@ class BatchStateView(BatchValueState[Any]):
         self._remove(prefixed)
 
     # helpers ---------------------------------------------------------------------------
+    def _check_length(self, keys: list[Any], values: list[Any]) -> None:
+        if len(keys) != len(values):
+            raise ValueError(f"state {self._name!r}: put of {len(keys)} keys with "
+                             f"{len(values)} values")
+
+    def _packed(self, values: Any) -> list[bytes] | None:
+        """RocksDB's stored bytes of an Arrow or NumPy array of a fixed-width state's
+        own kind (signed ints for ``IntSerializer``, floats for ``FloatSerializer``)
+        without nulls, packed without a Python object per value; None for anything
+        else (the checked path)."""
+        fixed = self._fixed
+        if fixed is None:
+            return None
+        ints = fixed[1] == pa.int64()
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        if isinstance(values, pa.Array):
+            kind = values.type
+            if values.null_count or not (pa.types.is_signed_integer(kind) if ints
+                                         else pa.types.is_floating(kind)):
+                return None
+            values = values.to_numpy(zero_copy_only=False)
+        elif not isinstance(values, np.ndarray) or values.ndim != 1:
+            return None
+        if values.dtype.kind != ("i" if ints else "f"):
+            return None
+        return _split8(np.ascontiguousarray(values, dtype=fixed[0]))
+
     def _encoded(self, values: list[Any]) -> list[bytes | None]:
         """RocksDB's stored bytes of ``values`` (None: a delete), checked as
         ``ValueState.update`` checks them; fixed-width ints and floats packed at once."""
@@ -203,7 +239,7 @@ class BatchStateView(BatchValueState[Any]):
             except OverflowError:  # (an int beyond int64: the checked encode says so)
                 pass
             else:
-                return [data[i:i + 8] for i in range(0, len(data), 8)]
+                return _split8(np.frombuffer(data, dtype=fixed[0]))  # type: ignore[return-value]
         encode = self._rocks._encode
         return [None if v is None else encode(v) for v in values]
 
