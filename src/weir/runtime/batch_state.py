@@ -73,6 +73,22 @@ def _array(values: list[Any], kind: pa.DataType | None, name: str) -> pa.Array:
         ) from None
 
 
+def _kinds(values: Any) -> set[type] | None:
+    """The Python types of the values of an Arrow or NumPy int or float array without
+    nulls (``{int}``, ``{float}``: what ``tolist`` makes), else None (not known)."""
+    if isinstance(values, pa.Array | pa.ChunkedArray):
+        kind = values.type
+        if values.null_count:
+            return None
+        if pa.types.is_integer(kind):
+            return {int}
+        return {float} if pa.types.is_floating(kind) else None
+    if isinstance(values, np.ndarray) and values.ndim == 1:
+        kinds: dict[str, set[type]] = {"i": {int}, "u": {int}, "f": {float}}
+        return kinds.get(values.dtype.kind)
+    return None
+
+
 def _split8(values: np.ndarray) -> list[bytes]:
     """Each 8-byte item of ``values`` as its own ``bytes`` (a void view: every byte
     kept, trailing zeros too)."""
@@ -156,6 +172,7 @@ class BatchStateView(BatchValueState[Any]):
             self._check_length(keys, datas)
             self._rocks.store_many(prefixed, datas)
             return
+        kinds = _kinds(values)  # (an int or float array without nulls: known at once)
         values = pylist(values)
         self._check_length(keys, values)
         table = self._table
@@ -172,13 +189,13 @@ class BatchStateView(BatchValueState[Any]):
                 self._op.key_context.clear()
             return
         assert prefixed is not None
-        if None in values:  # a null deletes, as update(None) does; each key's last counts
-            last = dict(zip(prefixed, values, strict=True))
+        if kinds is None and None in values:  # a null deletes, as update(None) does; each
+            last = dict(zip(prefixed, values, strict=True))  # key's last counts
             self._remove([k for k, v in last.items() if v is None])
             prefixed = [k for k, v in last.items() if v is not None]
             values = [last[k] for k in prefixed]
         check, ok = table._check, table._ok
-        for kind in set(map(type, values)) - ok:  # the write check, once per new type
+        for kind in (kinds or set(map(type, values))) - ok:  # the write check, once a type
             check(next(v for v in values if type(v) is kind))
         table._data.update(zip(prefixed, values, strict=True))
         self._mark(prefixed)
