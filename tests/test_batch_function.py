@@ -206,6 +206,35 @@ def test_batch_writes_reach_every_snapshot_mode_of_the_hash_map(mode: str, tmp_p
     restored.close()
 
 
+@pytest.mark.parametrize(("backend", "mode"), [("hashmap", "changelog"),
+                                             ("rocksdb", "incremental"),
+                                             ("rocksdb", "changelog")])
+def test_checkpoint_bytes_after_batch_writes_follow_the_change(backend: str, mode: str,
+                                                               tmp_path: Path) -> None:
+    """5,000 keys written by batches: an idle checkpoint writes at most 1% of the
+    state's bytes (nothing with a changelog; RocksDB's native one its metadata files),
+    one after a batch that changed 1% of the keys at most 5% (issue 43)."""
+    coordinator = CheckpointCoordinator(CheckpointStorage(str(tmp_path / "cp")))
+    h = _harness(BatchSum(), backend, tmp_path)
+    h.open()
+    keys = [f"key-{i}" for i in range(5_000)]
+    h.process_batch(_batch([(k, 1) for k in keys]))
+    base = h.checkpoint(coordinator, mode=mode)
+    idle = h.checkpoint(coordinator, mode=mode)
+    h.process_batch(_batch([(k, 1) for k in keys[:50]]))
+    churn = h.checkpoint(coordinator, mode=mode)
+    h.close()
+    stats = [c.metadata.operators["operator"].subtasks[0].stats for c in (idle, churn)]
+    assert stats[0].new_bytes <= (0 if mode == "changelog" else 0.01 * base.metadata.total_bytes)
+    assert 0 < stats[1].new_bytes <= 0.05 * base.metadata.total_bytes, (
+        stats[1].new_bytes, base.metadata.total_bytes)
+    restored = KeyedOperatorHarness.restore(RecordSum(), lambda row: row[0], churn,
+                                            parallelism=1, subtask_index=0)
+    assert _state(restored, set(keys[45:55])) == {k: 2 if k in keys[:50] else 1
+                                                  for k in keys[45:55]}
+    restored.close()
+
+
 def test_get_types_come_from_the_serializer_or_are_given_and_a_bad_value_fails(
     tmp_path: Path
 ) -> None:
