@@ -109,6 +109,29 @@ def test_a_zygote_that_does_not_answer_is_killed_before_it_is_replaced(
     assert again.wait(timeout=30) == 1
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG: Linux")
+def test_a_task_asks_linux_to_kill_it_when_its_zygote_dies(tmp_path: Path) -> None:
+    """A task reads back its parent-death signal (``PR_GET_PDEATHSIG``): SIGKILL, so the
+    driver never needs to kill a dead zygote's tasks by pid."""
+    code = ("import ctypes, pathlib; v = ctypes.c_int(); "
+            "ctypes.CDLL('libc.so.6').prctl(2, ctypes.byref(v)); "
+            "pathlib.Path('pdeathsig').write_text(str(v.value))")
+
+    class Run:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return exec, (code,)
+
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        task = zygote.launch([graph_file(tmp_path, Run()), "v", "0", "0"], dict(os.environ))
+    finally:
+        os.chdir(here)
+    task.wait(timeout=30)
+    assert zygote._DIE_WITH_ZYGOTE
+    assert (tmp_path / "pdeathsig").read_text() == str(int(signal.SIGKILL))
+
+
 def test_a_task_gets_the_environment_and_directory_it_asked_for(tmp_path: Path) -> None:
     code = ("import os, pathlib; pathlib.Path('seen').write_text("
             "os.environ['ONLY_THIS'] + ' ' + str('HOME' in os.environ))")

@@ -15,6 +15,7 @@ import queue
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -25,7 +26,7 @@ from weir.runtime.continuous.control import TaskId
 from weir.runtime.continuous.graph import JobGraph
 
 __all__ = ["check_heartbeats", "describe_exit", "die_with_parent", "name_process",
-           "reported_exception", "root_cause", "stop_processes"]
+           "pdeathsig_available", "reported_exception", "root_cause", "stop_processes"]
 
 
 Report = tuple[TaskId, dict[str, Any]]
@@ -198,6 +199,20 @@ def name_process(name: str) -> None:
     """Show ``name`` (15 bytes at most) as this process's name in ``ps``, ``top`` and
     ``/proc/<pid>/comm`` (``PR_SET_NAME``)."""
     _prctl(15, name.encode()[:15])
+
+
+def pdeathsig_available() -> bool:
+    """Whether a process here can have Linux SIGKILL it when its parent dies
+    (``PR_SET_PDEATHSIG`` through glibc's ``prctl``): what :func:`die_with_parent`
+    needs to work."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        return hasattr(ctypes.CDLL("libc.so.6"), "prctl")
+    except OSError:
+        return False
 
 
 def die_with_parent() -> None:

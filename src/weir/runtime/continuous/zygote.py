@@ -43,14 +43,15 @@ import sys
 import threading
 from typing import Any
 
-from weir.runtime.continuous.processes import die_with_parent
+from weir.runtime.continuous.processes import die_with_parent, pdeathsig_available
 
 __all__ = ["TaskProcess", "launch"]
 
 #: how long a launch waits for the zygote's answer before replacing it (seconds)
 ANSWER_TIMEOUT_S = 60.0
-#: a task gets SIGKILL when its zygote dies (Linux: ``PR_SET_PDEATHSIG``)
-_DIE_WITH_ZYGOTE = sys.platform.startswith("linux")
+#: a task gets SIGKILL when its zygote dies (Linux with glibc: ``PR_SET_PDEATHSIG``;
+#: elsewhere the driver kills a dead zygote's tasks)
+_DIE_WITH_ZYGOTE = pdeathsig_available()
 
 
 def _kill(pid: int) -> None:
