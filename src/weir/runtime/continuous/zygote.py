@@ -116,6 +116,8 @@ class _Zygote:
         self.running: dict[int, int] = {}  # pid -> the launch running under it
         self.answers: list[tuple[int, int]] = []  # (pid, launch), in request order
         self.launches = 0
+        #: how long a launch waits for this zygote's answer (then it is replaced)
+        self.answer_timeout_s = ANSWER_TIMEOUT_S
         self.ended = threading.Condition()
         self._writing = threading.Lock()
         self.alive = True
@@ -166,7 +168,7 @@ class _Zygote:
         """The task of the oldest request not answered yet, once the zygote answers."""
         with self.ended:
             if not self.ended.wait_for(lambda: self.answers or not self.alive,
-                                       ANSWER_TIMEOUT_S) or not self.answers:
+                                       self.answer_timeout_s) or not self.answers:
                 raise OSError("the zygote that forks task processes did not answer "
                               f"(exit status {self.proc.poll()})")
             pid, launch = self.answers.pop(0)
