@@ -593,6 +593,7 @@ def test_a_batch_put_of_arrays_stores_what_per_record_updates_store(
     h.open()
     ctx = h.operator.function._ctx
     ints, floats = ctx.get_state(SUM), ctx.get_state(AMOUNT)
+    ints.put([], np.array([], dtype=np.int64))  # (nothing: no value to check)
     keys = ["a", "b", "c", "d"]
     ints.put(keys, np.array([0, -1, 2**63 - 1, 256], dtype=np.int64))
     floats.put(keys, pa.array([0.0, -1.5, 1e300, 256.0], pa.float64()))

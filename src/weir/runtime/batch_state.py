@@ -73,20 +73,25 @@ def _array(values: list[Any], kind: pa.DataType | None, name: str) -> pa.Array:
         ) from None
 
 
-def _kinds(values: Any) -> set[type] | None:
-    """The Python types of the values of an Arrow or NumPy int or float array without
-    nulls (``{int}``, ``{float}``: what ``tolist`` makes), else None (not known)."""
+def _numeric_kind(values: Any) -> str | None:
+    """NumPy's kind of an Arrow or NumPy 1-d array of numbers without nulls (``"i"``
+    signed ints, ``"u"`` unsigned, ``"f"`` floats), else None."""
     if isinstance(values, pa.Array | pa.ChunkedArray):
         kind = values.type
         if values.null_count:
             return None
-        if pa.types.is_integer(kind):
-            return {int}
-        return {float} if pa.types.is_floating(kind) else None
-    if isinstance(values, np.ndarray) and values.ndim == 1:
-        kinds: dict[str, set[type]] = {"i": {int}, "u": {int}, "f": {float}}
-        return kinds.get(values.dtype.kind)
+        if pa.types.is_signed_integer(kind):
+            return "i"
+        if pa.types.is_unsigned_integer(kind):
+            return "u"
+        return "f" if pa.types.is_floating(kind) else None
+    if isinstance(values, np.ndarray) and values.ndim == 1 and values.dtype.kind in "iuf":
+        return str(values.dtype.kind)
     return None
+
+
+#: the Python type ``tolist`` makes of the values of each numeric kind
+_PYTHON_TYPE: dict[str | None, type] = {"i": int, "u": int, "f": float}
 
 
 def _split8(values: np.ndarray) -> list[bytes]:
@@ -172,7 +177,7 @@ class BatchStateView(BatchValueState[Any]):
             self._check_length(keys, datas)
             self._rocks.store_many(prefixed, datas)
             return
-        kinds = _kinds(values)  # (an int or float array without nulls: known at once)
+        known = _PYTHON_TYPE.get(_numeric_kind(values))  # (the values' one type, if known)
         values = pylist(values)
         self._check_length(keys, values)
         table = self._table
@@ -189,13 +194,14 @@ class BatchStateView(BatchValueState[Any]):
                 self._op.key_context.clear()
             return
         assert prefixed is not None
-        if kinds is None and None in values:  # a null deletes, as update(None) does; each
+        if known is None and None in values:  # a null deletes, as update(None) does; each
             last = dict(zip(prefixed, values, strict=True))  # key's last counts
             self._remove([k for k, v in last.items() if v is None])
             prefixed = [k for k, v in last.items() if v is not None]
             values = [last[k] for k in prefixed]
         check, ok = table._check, table._ok
-        for kind in (kinds or set(map(type, values))) - ok:  # the write check, once a type
+        kinds = {known} if known and values else set(map(type, values))
+        for kind in kinds - ok:  # the write check, once per new type
             check(next(v for v in values if type(v) is kind))
         table._data.update(zip(prefixed, values, strict=True))
         self._mark(prefixed)
@@ -228,21 +234,12 @@ class BatchStateView(BatchValueState[Any]):
         without nulls, packed without a Python object per value; None for anything
         else (the checked path)."""
         fixed = self._fixed
-        if fixed is None:
+        if fixed is None or _numeric_kind(values) != ("i" if fixed[1] == pa.int64() else "f"):
             return None
-        ints = fixed[1] == pa.int64()
         if isinstance(values, pa.ChunkedArray):
             values = values.combine_chunks()
         if isinstance(values, pa.Array):
-            kind = values.type
-            if values.null_count or not (pa.types.is_signed_integer(kind) if ints
-                                         else pa.types.is_floating(kind)):
-                return None
             values = values.to_numpy(zero_copy_only=False)
-        elif not isinstance(values, np.ndarray) or values.ndim != 1:
-            return None
-        if values.dtype.kind != ("i" if ints else "f"):
-            return None
         return _split8(np.ascontiguousarray(values, dtype=fixed[0]))
 
     def _encoded(self, values: list[Any]) -> list[bytes | None]:
