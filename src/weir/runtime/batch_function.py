@@ -58,7 +58,8 @@ from weir.runtime.batch_state import (
 if TYPE_CHECKING:
     from weir.api.batch import BatchOutput, Keys
 
-__all__ = ["BatchFunctionAdapter", "BroadcastBatchFunctionAdapter", "adapter_for"]
+__all__ = ["BatchFunctionAdapter", "BroadcastBatchFunctionAdapter", "adapter_for",
+           "rejected_rows"]
 
 class _BatchContext(KeyedBatchContext):
     def __init__(self, op: Any, rejects: bool) -> None:
@@ -71,9 +72,8 @@ class _BatchContext(KeyedBatchContext):
         self.rejects = rejects
         #: the rows of the batch ``process_batch`` has (None: not in process_batch)
         self.rows: int | None = None
-        #: (row, reason) of the rows rejected by this call, and those rows
+        #: (row, reason) of the rows rejected by this call
         self.rejected: list[tuple[int, str]] = []
-        self.seen: set[int] = set()
 
     @property
     def keys(self) -> Keys:
@@ -93,10 +93,13 @@ class _BatchContext(KeyedBatchContext):
         reasons = [reason] * len(indices) if isinstance(reason, str) else list(reason)
         if len(reasons) != len(indices):
             raise ValueError(f"{where}: {len(reasons)} reasons for {len(indices)} rows")
-        if len(set(indices)) < len(indices) or not self.seen.isdisjoint(indices):
-            twice = sorted(i for i in set(indices) if indices.count(i) > 1 or i in self.seen)
-            raise ValueError(f"{where}: rows {twice} rejected twice in one batch")
-        self.seen.update(indices)
+        seen, twice = {i for i, _ in self.rejected}, set()
+        for i in indices:
+            if i in seen:
+                twice.add(i)
+            seen.add(i)
+        if twice:
+            raise ValueError(f"{where}: rows {sorted(twice)} rejected twice in one batch")
         self.rejected += zip(indices, map(str, reasons), strict=True)
 
     def get_state(self, descriptor: ValueStateDescriptor[Any]) -> BatchValueState[Any]:
@@ -245,13 +248,10 @@ class BatchFunctionAdapter(KeyedProcessFunction[Any, Any]):
         if ctx is None:
             raise ConfigurationError("process_batch before open")
         ctx.batch_keys = keys
-        ctx.rows, ctx.rejected, ctx.seen = batch.num_rows, [], set()
+        ctx.rows, ctx.rejected = batch.num_rows, []
         op = ctx._op
         try:
             result: BatchOutput = self.function.process_batch(batch, ctx)
-        except BaseException:
-            ctx.rejected = []
-            raise
         finally:
             ctx.batch_keys = []
             ctx.rows = None
@@ -286,6 +286,12 @@ class BroadcastBatchFunctionAdapter(BatchFunctionAdapter,
                                   ) -> list[pa.RecordBatch | pa.Table]:
         """The function's outputs (Arrow) for one broadcast element."""
         return _outputs(self.function.process_broadcast_element(value, ctx))
+
+
+def rejected_rows(batch: pa.RecordBatch, rejected: list[tuple[int, str]]) -> pa.RecordBatch:
+    """The rows of ``batch`` that ``rejected`` (``BatchFunctionAdapter.rejected``) names,
+    in its order."""
+    return batch.take(pa.array([i for i, _ in rejected], pa.int64()))
 
 
 def _row_indices(rows: Any, count: int, where: str) -> list[int]:

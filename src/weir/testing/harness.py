@@ -19,7 +19,7 @@ from weir.api.functions import (
 from weir.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
 from weir.checkpoint.storage import CheckpointStorage
 from weir.errors import ConfigurationError
-from weir.runtime.batch_function import BatchFunctionAdapter, adapter_for
+from weir.runtime.batch_function import BatchFunctionAdapter, adapter_for, rejected_rows
 from weir.runtime.checkpointer import SnapshotMode, SubtaskCheckpointer
 from weir.runtime.drivers import take_checkpoint, take_savepoint
 from weir.runtime.operator import (
@@ -246,7 +246,7 @@ class KeyedOperatorHarness(_HarnessBase):
         out = adapter.process_batch(batch, list(keys))
         rejected = adapter.rejected()
         if rejected:  # (each row as a dict of its columns)
-            rows = batch.take(pa.array([i for i, _ in rejected])).to_pylist()
+            rows = rejected_rows(batch, rejected).to_pylist()
             self.rejected += [(row, reason) for row, (_, reason) in zip(rows, rejected,
                                                                         strict=True)]
         return out
@@ -367,8 +367,6 @@ class CheckpointedFunctionHarness(_HarnessBase):
         )
         self._op: NonKeyedOperator = NonKeyedOperator(function, config, clock=self.clock)
         self._next_checkpoint_id = 1
-        #: (record, reason) of every row a batch function rejected (``ctx.reject``)
-        self.rejected: list[tuple[Any, str]] = []
 
     @classmethod
     def restore(

@@ -34,7 +34,7 @@ from typing import Any
 import pyarrow as pa
 
 from weir.errors import ConfigurationError
-from weir.runtime.batch_function import BatchFunctionAdapter
+from weir.runtime.batch_function import BatchFunctionAdapter, rejected_rows
 from weir.runtime.continuous.graph import KeyColumn
 from weir.runtime.operator import KeyedOperator
 
@@ -158,7 +158,7 @@ class BatchBuffer:
             if self.reject is None:
                 raise ConfigurationError(f"{self.where}: rows rejected without dead letters")
             dead = ([records[i] for i, _ in rejected] if records is not None
-                    else batch.take(pa.array([i for i, _ in rejected])).to_pylist())
+                    else rejected_rows(batch, rejected).to_pylist())
             for record, (_, reason) in zip(dead, rejected, strict=True):
                 self.reject(record, reason)
 

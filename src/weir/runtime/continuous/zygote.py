@@ -220,7 +220,7 @@ def _close() -> None:
 def _serve(replies: Any) -> list[str] | None:
     """The zygote's loop: in a forked task, the task's ``argv``; in the zygote, None
     once the driver closed the request pipe."""
-    running: dict[int, int] = {}  # launch -> pid, of the tasks not reaped yet
+    running: dict[int, int] = {}  # pid -> launch, of the tasks not reaped yet
     launches = 0
     pending = b""
     me = os.getpid()
@@ -230,8 +230,7 @@ def _serve(replies: Any) -> list[str] | None:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 return
-            for launch in [n for n, p in running.items() if p == pid]:
-                del running[launch]
+            running.pop(pid, None)
             code = os.waitstatus_to_exitcode(status)
             replies.write(json.dumps({"exit": pid, "status": code}) + "\n")
 
@@ -242,7 +241,7 @@ def _serve(replies: Any) -> list[str] | None:
             continue
         chunk = os.read(0, 65536)
         if not chunk:  # the driver is gone: so are its tasks
-            for pid in running.values():
+            for pid in running:
                 _kill(pid)
             return None
         pending += chunk
@@ -250,7 +249,7 @@ def _serve(replies: Any) -> list[str] | None:
             line, pending = pending.split(b"\n", 1)
             request = json.loads(line)
             if "kill" in request:
-                if (victim := running.get(request["kill"])) is not None:
+                for victim in [p for p, n in running.items() if n == request["kill"]]:
                     _kill(victim)  # (not reaped yet: still this task's pid)
                 continue
             launches += 1
@@ -266,7 +265,7 @@ def _serve(replies: Any) -> list[str] | None:
                 os.environ.update(request["env"])
                 os.chdir(request["cwd"])
                 return list(request["argv"])
-            running[launches] = pid
+            running[pid] = launches
             replies.write(json.dumps({"pid": pid}) + "\n")
 
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from weir.api.functions import KeyedBroadcastProcessFunction
 from weir.errors import UserFunctionError
-from weir.runtime.batch_function import BatchFunctionAdapter
+from weir.runtime.batch_function import BatchFunctionAdapter, rejected_rows
 from weir.runtime.operator import KeyedOperator, NonKeyedOperator
 from weir.runtime.spark.cache import LiveSubtask
 from weir.runtime.spark.keys import keys_of
@@ -82,7 +82,7 @@ class FunctionCalls:
                                    note=f", a batch of {batch.num_rows} records") from exc
         rejected = adapter.rejected()  # (ctx.reject: records as the other dead letters')
         if rejected:
-            rows = pa.Table.from_batches([batch.take(pa.array([i for i, _ in rejected]))])
+            rows = pa.Table.from_batches([rejected_rows(batch, rejected)])
             for record, (_, reason) in zip(columns_to_records(rows, spec.columns,
                                                               spec.record_format),
                                            rejected, strict=True):
