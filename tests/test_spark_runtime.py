@@ -3,6 +3,7 @@ across replays and restarts, new queries, rescaling, savepoints, time, bad recor
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import itertools
 import re
@@ -476,6 +477,10 @@ def test_a_wrong_output_shape_names_the_operator_and_the_field() -> None:
     with pytest.raises(OutputSchemaError, match=r"1 values \('b',\).*has 2 fields"):
         to_record_batch([("a", 1), ("b",), ("c", 3)], schema, "op")
     assert to_record_batch([], schema, "op").num_rows == 0
+    # rows that are not plain tuples (a list, a named tuple) convert as the tuples do
+    pair = collections.namedtuple("pair", "key n")
+    assert to_record_batch([["a", 1], pair("b", 2), ("c", 3)], schema, "op").equals(
+        to_record_batch([("a", 1), ("b", 2), ("c", 3)], schema, "op"))
     assert to_record_batch([("a", 1), ("b", None)], schema, "op").to_pylist() == [
         {"key": "a", "n": 1}, {"key": "b", "n": None}]
     strict = pa.schema([("key", pa.string()), pa.field("n", pa.int64(), nullable=False)])
@@ -500,11 +505,11 @@ _NESTED = pa.schema([
               st.tuples(st.integers(-9, 9), st.text(max_size=3))),
     st.one_of(st.none(), st.datetimes(timezones=st.just(dt.UTC))),
 ), max_size=20))
-def test_tuple_outputs_convert_in_one_pass_to_what_each_column_converts_to(
+def test_tuple_outputs_convert_to_what_each_column_converts_to(
     rows: list[tuple[Any, ...]],
 ) -> None:
     """Tuples of every kind of field (nulls, ints for a double, nested lists and
-    structs, timestamps) convert as a whole to the batch each column's own conversion
+    structs, timestamps) convert to the batch each column's own conversion
     gives, or fail as it does (a struct field given as a tuple and as a dict)."""
     try:
         columns = [pa.array([r[i] for r in rows], type=f.type) for i, f in enumerate(_NESTED)]

@@ -587,6 +587,8 @@ static PyMethodDef module_methods[] = {
      "on_record): KeyedOperator.process_keyed's loop."},
     {"int64_range", (PyCFunction)(void (*)(void))weir_int64_range, METH_FASTCALL,
      "int64_range(start, count) -> bytearray of count native int64s from start."},
+    {"tuple_columns", (PyCFunction)(void (*)(void))weir_tuple_columns, METH_FASTCALL,
+     "tuple_columns(rows, width) -> the rows' columns if all are tuples of width, else None."},
     {"spark_hash_int", (PyCFunction)(void (*)(void))weir_py_spark_hash_int, METH_FASTCALL,
      "spark_hash_int(value, seed) -> Spark's Murmur3 hashInt, unsigned."},
     {"spark_hash_long", (PyCFunction)(void (*)(void))weir_py_spark_hash_long, METH_FASTCALL,

@@ -35,6 +35,8 @@ PyObject *weir_route_keys(PyObject *module, PyObject *const *args, Py_ssize_t na
 /* int64_range(start, count) (see _keycell.c). */
 PyObject *weir_int64_range(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *weir_process_keyed(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* tuple_columns(rows, width) (see _keycell.c). */
+PyObject *weir_tuple_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* Spark's hash primitives (weir.state.keyhash); in _keycell.c. */
 PyObject *weir_py_spark_hash_int(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *weir_py_spark_hash_long(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

@@ -34,6 +34,10 @@ def process_keyed(
 def int64_range(start: int, count: int) -> bytearray:
     """``count`` native int64s from ``start``."""
 
+def tuple_columns(rows: list[Any], width: int) -> list[list[Any]] | None:
+    """Each column of ``rows`` when every row is a tuple of exactly ``width`` items
+    (the i-th list: each row's i-th item), else None."""
+
 def spark_hash_int(value: int, seed: int) -> int:
     """Spark's Murmur3 ``hashInt`` of ``value``'s low 32 bits, unsigned."""
 
