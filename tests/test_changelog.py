@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import pyarrow as pa
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import rule, run_state_machine_as_test
@@ -35,8 +36,9 @@ from weir import (
 from weir.checkpoint.changelog import ChangelogPolicy, decode_delta
 from weir.checkpoint.format import KeyedChangelogHandle
 from weir.errors import CorruptCheckpointError, StateError
+from weir.runtime.batch_state import BatchStateView
 from weir.runtime.checkpointer import SubtaskCheckpointer
-from weir.state.hashmap import SAMPLE_MIN_KEYS
+from weir.state.hashmap import SAMPLE_MASK, SAMPLE_MIN_KEYS
 from weir.state.keygroups import assign_key_to_parallel_operator
 from weir.testing import KeyedOperatorHarness
 from weir.testing.faults import WHEN, FaultInjectingFileSystem, InjectedCrash
@@ -253,6 +255,99 @@ def test_after_a_base_for_churn_writes_are_sampled_until_fewer_keys_change(
     for completed in (few, delta):
         for p in (1, 3):
             assert _restored_state(completed.url, keys, p) == states[completed.checkpoint_id]
+
+
+class Counter(KeyedProcessFunction[Any, Any]):
+    """One value state: element ``(key, n)`` stores n."""
+
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(COUNT)
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        self.count.update(value[1])
+
+
+def test_an_exact_record_turns_sampled_at_the_rebase_share_and_a_base_follows(
+    tmp_path: Path,
+) -> None:
+    """Once one state's exact record of written keys holds ``rebase_share`` of the keys,
+    the checkpoint is a base whatever else is written: the record stops being exact
+    there (a set insert per write no longer buys a delta) and only the sample is kept.
+    Below the share the record stays exact and the checkpoint is a delta."""
+    keys = [f"key-{i}" for i in range(2 * SAMPLE_MIN_KEYS)]
+    limit = len(keys) // 2
+    coordinator = CheckpointCoordinator(str(tmp_path), retained=4)
+    h = KeyedOperatorHarness(Counter(), lambda v: v[0], max_parallelism=MAXP)
+    h.open()
+    op = h.operator
+    [checkpointer] = checkpointers = [SubtaskCheckpointer(
+        op, coordinator.storage, mode="changelog", asynchronous=False,
+        changelog=dataclasses.replace(SYNC, rebase_share=0.5))]
+    try:
+        h.process_elements([(k, 1) for k in keys])
+        exact = take_checkpoint(coordinator, checkpointers)  # the first: a base
+        table = op.backend._tables["count"]  # recorded exactly now, up to the share
+        assert table._dirty_limit == limit and table._sample_mask == 0
+        h.process_elements([(k, 3) for k in keys[: limit - 1]])
+        assert op.changes_known() and table._sample_mask == 0
+        below = take_checkpoint(coordinator, checkpointers)  # 49.99%: a delta
+        h.process_elements([(k, 4) for k in keys[: limit - 1]])
+        assert op.changes_known()
+        h.process_elements([(k, 4) for k in keys[limit - 1 : limit + 2_000]])
+        assert table._sample_mask == SAMPLE_MASK and not op.changes_known()
+        assert len(table._dirty) < limit + 2_000 // 8  # past the limit: the sample only
+        assert op.changed_share() >= 0.5
+        at = take_checkpoint(coordinator, checkpointers)
+        want = {k: h.state_of(k, COUNT) for k in keys}
+        sampled_after = op.changes_sampled()
+    finally:
+        h.close()
+        checkpointer.close()
+    assert _keyed(exact).deltas == () and _keyed(below).base == _keyed(exact).base
+    assert len(_keyed(below).deltas) == 1
+    assert _keyed(at).deltas == () and _keyed(at).base != _keyed(exact).base
+    assert sampled_after  # the share, estimated high, says churn: the next one sampled
+    restored = KeyedOperatorHarness.restore(Counter(), lambda v: v[0], load_checkpoint(at.url),
+                                            parallelism=1, subtask_index=0,
+                                            max_parallelism=MAXP)
+    try:
+        assert {k: restored.state_of(k, COUNT) for k in keys} == want
+    finally:
+        restored.close()
+
+
+@pytest.mark.parametrize("path", ["record", "python", "batch"])
+def test_every_write_path_turns_the_record_sampled_at_its_limit(path: str) -> None:
+    """The per-record C path, the tables' Python path and a batch function's ``put``
+    all stop the exact record at the limit, at exactly that many keys."""
+    keys = [f"key-{i}" for i in range(SAMPLE_MIN_KEYS)]
+    h = KeyedOperatorHarness(Counter(), lambda v: v[0], max_parallelism=MAXP)
+    h.open()
+    try:
+        h.process_elements([(k, 1) for k in keys])
+        op = h.operator
+        op.track_changes(rebase_share=0.25)
+        table = op.backend._tables["count"]
+        limit = SAMPLE_MIN_KEYS // 4
+        assert table._dirty_limit == limit
+
+        def write(batch: list[str]) -> None:
+            if path == "record":
+                h.process_elements([(k, 2) for k in batch])
+            elif path == "python":
+                for k in batch:
+                    table.update_at(op.key_context.prefixed_keys([k])[0], 2)
+                op.key_context.clear()
+            else:
+                view = BatchStateView(op, op.get_state(COUNT), COUNT)
+                view.put(pa.array(batch), pa.array([2] * len(batch)))
+
+        write(keys[: limit - 1])
+        assert table._sample_mask == 0 and len(table._dirty) == limit - 1
+        write(keys[limit - 1 : limit])
+        assert table._sample_mask == SAMPLE_MASK and not op.changes_known()
+    finally:
+        h.close()
 
 
 def test_a_small_state_records_every_change_even_after_a_base_for_churn() -> None:

@@ -287,6 +287,7 @@ class BatchStateView(BatchValueState[Any]):
         table._writes += len(prefixed)
         mask = table._sample_mask
         dirty.update(prefixed if not mask else (k for k in prefixed if not hash(k) & mask))
+        table._check_limit(dirty)
 
 
 

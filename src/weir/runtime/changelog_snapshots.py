@@ -126,7 +126,7 @@ class ChangelogSnapshots:
             decoded = decode_delta(self.storage.read(delta.file, where), delta.key_groups,
                                    key_groups, where)
             changes.extend(decoded.values())
-        if not self.operator.apply_changes(changes):
+        if not self.operator.apply_changes(changes, self.policy.rebase_share):
             return False
         self._chain = handle.keyed
         return True
@@ -158,8 +158,10 @@ class ChangelogSnapshots:
             # most keys changed: the next checkpoint is likely a base too, so its
             # writes are only sampled (the share estimated with a hash test per write
             # instead of a set insert); if fewer keys changed then, it is a base all
-            # the same and the writes after it are recorded exactly again
-            op.track_changes(sampled=churn)
+            # the same and the writes after it are recorded exactly again, until they
+            # reach the rebase share of the keys (a base follows then whatever else is
+            # written, so only the sample is recorded from there)
+            op.track_changes(sampled=churn, rebase_share=rebase)
             self._chain = None
             self._generation += 1  # a running materialization copies an older chain
             self._materialized_at = time.monotonic()

@@ -293,7 +293,7 @@ class SubtaskCheckpointer(ChangelogSnapshots):
         ):
             return False
         assert isinstance(self.operator, KeyedOperator)
-        self.operator.track_changes()
+        self.operator.track_changes(rebase_share=self.policy.rebase_share)
         self._chain = keyed
         self._chain_id = -1
         self._op_file = handle.operator_file

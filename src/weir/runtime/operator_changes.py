@@ -31,14 +31,16 @@ class KeyedChanges(OperatorBase):
     event_timers: TimerQueue
     processing_timers: TimerQueue
 
-    def track_changes(self, sampled: bool = False) -> None:
+    def track_changes(self, sampled: bool = False, rebase_share: float | None = None) -> None:
         """Start recording keyed-state and timer changes (hash map, RocksDB): the state as
         of now is the base of the next :meth:`snapshot_changes`. ``sampled``: a large
         hash-map state records only a sample of its written keys, for
         :meth:`changed_share` (the changes can then be taken only if nothing was
-        written: :meth:`changes_known`); timers and RocksDB always record every change."""
+        written: :meth:`changes_known`); timers and RocksDB always record every change.
+        ``rebase_share``: a large hash-map state's exact record turns into the sample
+        once it holds that share of the keys (the next snapshot is a full one then)."""
         if isinstance(self.backend, HashMapKeyedStateBackend):
-            self.backend.track_changes(sampled)
+            self.backend.track_changes(sampled, rebase_share)
         else:
             self.backend.track_changes()
         self.event_timers.track_changes()
@@ -54,10 +56,12 @@ class KeyedChanges(OperatorBase):
         return (not isinstance(self.backend, HashMapKeyedStateBackend)
                 or self.backend.changes_known())
 
-    def apply_changes(self, changes: Sequence[Mapping[str, StateChange]]) -> bool:
+    def apply_changes(self, changes: Sequence[Mapping[str, StateChange]],
+                      rebase_share: float | None = None) -> bool:
         """Bring the live hash-map state forward by changelog deltas (each: state name
         -> (primary keys replaced, their entries now), this subtask's key groups), in
-        order; the state as of the last one is the base of the next changes. False,
+        order; the state as of the last one is the base of the next changes
+        (``rebase_share`` as :meth:`track_changes` takes it). False,
         with nothing applied, if a delta names a state that is not registered here
         (or the backend is not the hash map). If it raises (a value that cannot be
         decoded), the live state is part way: discard this operator."""
@@ -74,7 +78,7 @@ class KeyedChanges(OperatorBase):
                     queue.replace_entries(primaries, entries)
                 else:
                     backend.replace_entries(name, primaries, entries)
-        self.track_changes()
+        self.track_changes(rebase_share=rebase_share)
         return True
 
     def changed_share(self) -> float:

@@ -21,7 +21,9 @@
  * A write adds the prefixed key to _dirty when _dirty is a set (changelog tracking),
  * counting it in _writes; with a nonzero _sample_mask only a sample of the keys goes
  * into the set (a share estimate that costs far less than the exact set; which keys
- * changed is then unknown once anything is written).
+ * changed is then unknown once anything is written); with a nonzero _dirty_limit the
+ * exact record turns into that sample once the set holds that many keys (the next
+ * snapshot is a full one anyway: see HashMapKeyedStateBackend.track_changes).
  * Nothing here knows serializers, TTL or snapshots. The key context's C base (KeyCell:
  * the current key, set in C for str and int keys) and the route pass's helpers are in
  * _keycell.c, compiled into this module.
@@ -44,7 +46,12 @@ typedef struct {
     Py_ssize_t writes;      /* writes recorded in dirty's place (every one counted) */
     Py_ssize_t sample_mask; /* 0: every key into dirty; else only keys whose hash
                                has none of these bits (a sample, for a share estimate) */
+    Py_ssize_t dirty_limit; /* > 0: at this many keys in dirty, sample_mask becomes
+                               WEIR_SAMPLE_MASK (the exact record stops) */
 } TableCore;
+
+/* The sample mask of sampled change tracking: 1 key in 16 (hashmap_tables.SAMPLE_MASK). */
+#define WEIR_SAMPLE_MASK 15
 
 static PyObject *str_slow_value, *str_slow_update, *str_slow_get, *str_slow_add,
     *str_slow_put, *str_slow_reduce_add, *str_slow_aggregate_add, *str_check;
@@ -94,6 +101,8 @@ static PyMemberDef table_members[] = {
      "Writes since the tracked keys last started over (all keys, sampled or not)."},
     {"_sample_mask", T_PYSSIZET, offsetof(TableCore, sample_mask), 0,
      "0: every written key is tracked; else only those whose hash has none of its bits."},
+    {"_dirty_limit", T_PYSSIZET, offsetof(TableCore, dirty_limit), 0,
+     "> 0: once _dirty holds this many keys, only a sample is tracked (SAMPLE_MASK)."},
     {NULL},
 };
 
@@ -180,8 +189,9 @@ accepted(PyObject *types, PyObject **last, PyObject *value)
 
 /* A write of key: counted, and key added to the tracked set (all keys, or with a
  * sample mask only those whose hash has none of its bits: a bytes key's hash is
- * cached by the dict store before, so the test costs no hashing). The Python side's
- * HashMapTable._mark (weir/state/hashmap_tables.py) does the same. */
+ * cached by the dict store before, so the test costs no hashing); at the table's
+ * dirty limit the record turns sampled. The Python side's HashMapTable._mark
+ * (weir/state/hashmap_tables.py) does the same. */
 static inline int
 mark_dirty(TableCore *self, PyObject *key)
 {
@@ -196,7 +206,13 @@ mark_dirty(TableCore *self, PyObject *key)
                 return 0;
             }
         }
-        return PySet_Add(self->dirty, key);
+        if (PySet_Add(self->dirty, key) < 0) {
+            return -1;
+        }
+        if (self->dirty_limit > 0 && self->sample_mask == 0
+            && PySet_GET_SIZE(self->dirty) >= self->dirty_limit) {
+            self->sample_mask = WEIR_SAMPLE_MASK;
+        }
     }
     return 0;
 }
@@ -668,6 +684,10 @@ PyInit__hashcore(void)
             Py_DECREF(module);
             return NULL;
         }
+    }
+    if (PyModule_AddIntConstant(module, "SAMPLE_MASK", WEIR_SAMPLE_MASK) < 0) {
+        Py_DECREF(module);
+        return NULL;
     }
     return module;
 }

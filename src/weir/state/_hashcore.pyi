@@ -50,6 +50,9 @@ def common_key_hash(key: Any, seed: int) -> int | None:
 def spark_hash_bytes(data: bytes, seed: int) -> int:
     """Spark's Murmur3 ``hashUnsafeBytes`` of ``data``, unsigned."""
 
+#: sampled change tracking: a key is in the sample when its hash has none of these bits
+SAMPLE_MASK: int
+
 class TableCore:
     """Fields shared by the hash-map tables' C fast paths."""
 
@@ -60,6 +63,7 @@ class TableCore:
     _dirty: set[bytes] | None
     _writes: int
     _sample_mask: int
+    _dirty_limit: int
 
 class ValueCore(TableCore):
     def value(self) -> Any: ...

@@ -10,6 +10,7 @@ value returned by ``value()`` is the stored object: call ``update`` after changi
 from __future__ import annotations
 
 import itertools
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -43,15 +44,16 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
         self._restored: dict[str, list[bytes]] = defaultdict(list)
         self._tracking = False
         self._sample_mask = 0
+        self._dirty_limit = 0
 
     def _register(self, table: AnyTable) -> Any:
         table.load_flat(self._restored.pop(table.name, []))
         if self._tracking:  # what it loaded is in the snapshot changes apply to
-            table.track_changes(self._sample_mask)
+            table.track_changes(self._sample_mask, self._dirty_limit)
         self._tables[table.name] = table
         return table
 
-    def track_changes(self, sampled: bool = False) -> None:
+    def track_changes(self, sampled: bool = False, rebase_share: float | None = None) -> None:
         """Start (or start over) recording which keys are written: the state as of now
         is the base that :meth:`take_changes` reports changes against.
 
@@ -62,12 +64,23 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
         snapshot is a full one). For a state most of whose keys change between
         snapshots (each one a full snapshot anyway): the exact record costs a set
         insert per write, 20-50% more per record of a keyed count at 5,000 to 100,000
-        keys; the sample a hash test."""
+        keys; the sample a hash test.
+
+        ``rebase_share`` (an exact record of at least ``SAMPLE_MIN_KEYS`` keys held):
+        once one state's record alone holds that share of the keys held now by every
+        state, the checkpoint is a full one whatever else is written (the changelog's
+        ``rebase_share``: at least that share was written, unless the state grew by
+        the keys written), so that state's exact record stops there and only its
+        sample is recorded: the changes are then unknown (the next snapshot is a full
+        one) and the share estimated from the sample, high."""
         held = self.change_counts()[1]
-        self._sample_mask = SAMPLE_MASK if sampled and held >= SAMPLE_MIN_KEYS else 0
+        large = held >= SAMPLE_MIN_KEYS
+        self._sample_mask = SAMPLE_MASK if sampled and large else 0
+        self._dirty_limit = (max(1, math.ceil(rebase_share * held))
+                             if rebase_share is not None and large and not sampled else 0)
         self._tracking = True
         for table in self._tables.values():
-            table.track_changes(self._sample_mask)
+            table.track_changes(self._sample_mask, self._dirty_limit)
 
     def changes_known(self) -> bool:
         """Whether :meth:`take_changes` can report the changes: every written key was
@@ -83,9 +96,10 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
         """``(keys written since the last take_changes, keys held)`` over all states
         (0 written when changes are not tracked; estimated from the sample when
         sampled)."""
-        written = sum(len(t._dirty) for t in self._tables.values() if t._dirty)
+        written = sum(len(t._dirty) * (t._sample_mask + 1)  # (a table's record may have
+                      for t in self._tables.values() if t._dirty)  # turned sampled)
         held = sum(len(t._data) for t in self._tables.values())
-        return written * (self._sample_mask + 1), held + sum(
+        return written, held + sum(
             len(e) // 2 for e in self._restored.values())
 
     def entry_count(self) -> int:

@@ -13,7 +13,15 @@ from typing import Any
 from weir.api.serializers import MsgpackSerializer, Serializer
 from weir.api.state import ListState, MapState, ValueState
 from weir.errors import StateError
-from weir.state._hashcore import ListCore, MapCore, TableCore, ValueCore, load_flat, load_values
+from weir.state._hashcore import (
+    SAMPLE_MASK,
+    ListCore,
+    MapCore,
+    TableCore,
+    ValueCore,
+    load_flat,
+    load_values,
+)
 from weir.state.backend import (
     EncodedValues,
     ListTable,
@@ -39,10 +47,10 @@ def _no_check(value: Any) -> None:
 
 
 #: sampled change tracking (``HashMapKeyedStateBackend.track_changes``): a key is in the
-#: sample when its hash has none of these bits (1 in 16), in a state of at least
-#: ``SAMPLE_MIN_KEYS`` keys (a sample of about 256 keys or more: a share written of
-#: 70% is estimated within about 3 points, enough to choose between a base and a delta)
-SAMPLE_MASK = 15
+#: sample when its hash has none of the bits of ``SAMPLE_MASK`` (15: 1 in 16; defined in
+#: ``_hashcore.c``, whose writes apply it), in a state of at least ``SAMPLE_MIN_KEYS``
+#: keys (a sample of about 256 keys or more: a share written of 70% is estimated within
+#: about 3 points, enough to choose between a base and a delta)
 SAMPLE_MIN_KEYS = 4_096
 
 #: Types whose objects cannot change in place: a snapshot may share them with live state.
@@ -97,20 +105,29 @@ class HashMapTable(TableCore):
 
     def _mark(self, key: bytes) -> None:
         """Record a write of ``key`` when changes are tracked: counted, and the key
-        tracked (every key; or, sampled, only if in the sample: ``_hashcore.c``'s
-        mark_dirty)."""
-        if self._dirty is not None:
+        tracked (every key; or, sampled, only if in the sample; at the dirty limit the
+        record turns sampled: ``_hashcore.c``'s mark_dirty)."""
+        dirty = self._dirty
+        if dirty is not None:
             self._writes += 1
             if self._sample_mask and hash(key) & self._sample_mask:
                 return
-            self._dirty.add(key)
+            dirty.add(key)
+            self._check_limit(dirty)
 
-    def track_changes(self, sample_mask: int = 0) -> None:
+    def _check_limit(self, dirty: set[bytes]) -> None:
+        """At ``_dirty_limit`` keys tracked, the exact record turns into the sample."""
+        if self._dirty_limit and not self._sample_mask and len(dirty) >= self._dirty_limit:
+            self._sample_mask = SAMPLE_MASK
+
+    def track_changes(self, sample_mask: int = 0, dirty_limit: int = 0) -> None:
         """Record the writes from now on (for changelog snapshots): every key written,
         or with ``sample_mask`` only the keys whose hash has none of its bits (the
         share of keys written can be estimated; which keys changed is unknown once
-        any is written: ``changes_known``)."""
+        any is written: ``changes_known``). ``dirty_limit`` (exact records only): at
+        that many keys recorded, only the sample is recorded from then on."""
         self._dirty, self._writes, self._sample_mask = set(), 0, sample_mask
+        self._dirty_limit = dirty_limit
 
     def changes_known(self) -> bool:
         """Whether :meth:`take_changes` can report every change since it last ran."""
@@ -125,7 +142,7 @@ class HashMapTable(TableCore):
                 f"({self._writes} writes): the changes are unknown; write a full snapshot"
             )
         dirty = self._dirty or set()
-        self.track_changes(self._sample_mask)
+        self.track_changes(self._sample_mask, self._dirty_limit)
         entries = self.entries_at
         for key in dirty:
             yield key, entries(key)
