@@ -615,6 +615,37 @@ def test_a_batch_put_of_arrays_stores_what_per_record_updates_store(
     h.close()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_batch_get_of_numbers_is_what_arrow_makes_of_the_stored_values(
+        backend: str, tmp_path: Path) -> None:
+    """A get as int64 or float64 (read in C on the hash map) gives what Arrow makes of
+    the values per-record reads: nulls where absent; a bool, an int for a float, an
+    int beyond int64 converted or refused as Arrow converts or refuses them."""
+    h = _harness(BatchSum(), backend, tmp_path)
+    h.open()
+    anything = h.operator.function._ctx.get_state(weir.ValueStateDescriptor("any"))
+    per_record = h.operator.get_state(weir.ValueStateDescriptor("any"))
+    stored = {"int": -(2**63), "big": 2**63, "bool": True, "float": -0.5, "one": 1,
+              "nan": float("nan")}
+    for key, value in stored.items():
+        h.operator.key_context.set_current_key(key)
+        per_record.update(value)
+    h.operator.key_context.clear()
+    for kind in (pa.int64(), pa.float64()):
+        for keys in (["int", "gone", "one"], ["float", "nan", "gone"], ["bool"], ["big"],
+                     ["one", "float"], []):
+            try:
+                want = pa.array([stored.get(k) for k in keys], type=kind)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+                with pytest.raises(StateError, match="do not make one Arrow array"):
+                    anything.get(pa.array(keys, pa.string()), type=kind)
+                continue
+            got = anything.get(pa.array(keys, pa.string()), type=kind)
+            assert got.type == kind and got.null_count == want.null_count
+            assert got.equals(want) or str(got) == str(want), (keys, kind)  # (nan != nan)
+    h.close()
+
+
 def _smaller(a: int, b: int) -> int:
     return min(a, b)
 

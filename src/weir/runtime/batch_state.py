@@ -6,7 +6,9 @@ It reads and writes the state's own table under the same descriptor, so the entr
 checks and checkpoints are a per-record function's:
 
 * the hash map's plain value state: one dict operation over the keys' prefixed bytes
-  (the same write check and change tracking as ``ValueState.update``);
+  (the same write check and change tracking as ``ValueState.update``); int64 and
+  float64 values read into, and ints and floats written from, one native buffer in C
+  (``_batchvalues.c``: no Python list of the values);
 * RocksDB's plain value state: the table's entry cache, many keys per call
   (``get_stored`` / ``store_many``: a read misses into RocksDB only where the cache
   does not hold the key, a write is two dict updates where the cache takes every key);
@@ -22,7 +24,7 @@ of the same array reuse them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -32,6 +34,7 @@ from weir.api.batch import BatchAppendingState, BatchListState, BatchMapState, B
 from weir.api.descriptors import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from weir.api.serializers import BytesSerializer, FloatSerializer, IntSerializer, StrSerializer
 from weir.errors import StateError
+from weir.state._hashcore import dict_get_numbers, dict_put_numbers
 from weir.state.hashmap_tables import HashMapValueTable
 from weir.state.rocksdb_tables import RocksValueTable
 
@@ -66,7 +69,7 @@ def _array(values: list[Any], kind: pa.DataType | None, name: str) -> pa.Array:
     """``values`` as one Arrow array of ``kind`` (None: inferred), or a StateError."""
     try:
         return pa.array(values, type=kind)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError) as exc:
         raise StateError(
             f"state {name!r}: its values do not make one Arrow array ({exc}); "
             f"pass get(keys, type=...)"
@@ -92,6 +95,21 @@ def _numeric_kind(values: Any) -> str | None:
 
 #: the Python type ``tolist`` makes of the values of each numeric kind
 _PYTHON_TYPE: dict[str | None, type] = {"i": int, "u": int, "f": float}
+#: the hash map's numbers moved in C (``dict_get_numbers``, ``dict_put_numbers``): the
+#: kind of each Arrow type read, the native NumPy type of each kind written (unsigned
+#: ints take the checked path: beyond int64 they are ints some serializers refuse)
+_NUMBER_KIND: dict[pa.DataType, str] = {pa.int64(): "i", pa.float64(): "f"}
+_NUMBER_DTYPE: dict[str | None, str] = {"i": "=i8", "f": "=f8"}
+
+
+def _as_numpy(values: Any, dtype: str) -> np.ndarray:
+    """An Arrow or NumPy array of numbers without nulls as a contiguous NumPy array of
+    ``dtype`` (a cast where the width or byte order differs)."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if isinstance(values, pa.Array):
+        values = values.to_numpy(zero_copy_only=False)
+    return np.ascontiguousarray(values, dtype=dtype)
 
 
 def _split8(values: np.ndarray) -> list[bytes]:
@@ -162,6 +180,15 @@ class BatchStateView(BatchValueState[Any]):
             decode = self._rocks._decode
             values = [None if d is None else decode(d) for d in stored]
         elif self._table is not None and prefixed is not None:
+            number = _NUMBER_KIND.get(kind) if kind is not None else None
+            got = (None if number is None
+                   else dict_get_numbers(self._table._data, prefixed, number))
+            if got is not None:  # (None: a stored value is not exactly of that kind)
+                assert kind is not None
+                data, validity, nulls = got
+                return pa.Array.from_buffers(kind, len(prefixed), [
+                    None if validity is None else pa.py_buffer(validity), pa.py_buffer(data)],
+                    null_count=nulls)
             values = list(map(self._table._data.get, prefixed))
         else:
             values = self._each(keys, lambda: self._state.value())
@@ -177,10 +204,21 @@ class BatchStateView(BatchValueState[Any]):
             self._check_length(keys, datas)
             self._rocks.store_many(prefixed, datas)
             return
-        known = _PYTHON_TYPE.get(_numeric_kind(values))  # (the values' one type, if known)
+        table = self._table
+        numeric = _numeric_kind(values)
+        if table is not None and numeric in _NUMBER_DTYPE:  # ints or floats, no nulls
+            assert prefixed is not None and numeric is not None
+            array = _as_numpy(values, _NUMBER_DTYPE[numeric])
+            self._check_length(keys, array)
+            kind = _PYTHON_TYPE[numeric]
+            if kind not in table._ok and len(array):  # the write check, once per type
+                table._check(kind(array[0]))
+            dict_put_numbers(table._data, prefixed, array, numeric)
+            self._mark(prefixed)
+            return
+        known = _PYTHON_TYPE.get(numeric)  # (the values' one type, if known)
         values = pylist(values)
         self._check_length(keys, values)
-        table = self._table
         if table is None:
             state = self._state
             try:
@@ -223,7 +261,7 @@ class BatchStateView(BatchValueState[Any]):
         self._remove(prefixed)
 
     # helpers ---------------------------------------------------------------------------
-    def _check_length(self, keys: list[Any], values: list[Any]) -> None:
+    def _check_length(self, keys: list[Any], values: Sized) -> None:
         if len(keys) != len(values):
             raise ValueError(f"state {self._name!r}: put of {len(keys)} keys with "
                              f"{len(values)} values")
@@ -236,11 +274,7 @@ class BatchStateView(BatchValueState[Any]):
         fixed = self._fixed
         if fixed is None or _numeric_kind(values) != ("i" if fixed[1] == pa.int64() else "f"):
             return None
-        if isinstance(values, pa.ChunkedArray):
-            values = values.combine_chunks()
-        if isinstance(values, pa.Array):
-            values = values.to_numpy(zero_copy_only=False)
-        return _split8(np.ascontiguousarray(values, dtype=fixed[0]))
+        return _split8(_as_numpy(values, fixed[0]))
 
     def _encoded(self, values: list[Any]) -> list[bytes | None]:
         """RocksDB's stored bytes of ``values`` (None: a delete), checked as

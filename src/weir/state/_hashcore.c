@@ -603,6 +603,12 @@ static PyMethodDef module_methods[] = {
      "on_record): KeyedOperator.process_keyed's loop."},
     {"int64_range", (PyCFunction)(void (*)(void))weir_int64_range, METH_FASTCALL,
      "int64_range(start, count) -> bytearray of count native int64s from start."},
+    {"dict_get_numbers", (PyCFunction)(void (*)(void))weir_dict_get_numbers, METH_FASTCALL,
+     "dict_get_numbers(data, keys, kind) -> (values, validity, nulls) or None: a batch's "
+     "int64 / float64 values of a value state (see _batchvalues.c)."},
+    {"dict_put_numbers", (PyCFunction)(void (*)(void))weir_dict_put_numbers, METH_FASTCALL,
+     "dict_put_numbers(data, keys, values, kind) -> None: a batch's int64 / float64 "
+     "values stored as Python ints / floats (see _batchvalues.c)."},
     {"tuple_columns", (PyCFunction)(void (*)(void))weir_tuple_columns, METH_FASTCALL,
      "tuple_columns(rows, width) -> the rows' columns if all are tuples of width, else None."},
     {"spark_hash_int", (PyCFunction)(void (*)(void))weir_py_spark_hash_int, METH_FASTCALL,

@@ -49,6 +49,10 @@ PyObject *weir_pack_changes(PyObject *module, PyObject *const *args, Py_ssize_t 
 PyObject *weir_pack_entries(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* pack_fixed(values, kind, pos, limit) -> (groups, next pos | -1) (see _packed.c). */
 PyObject *weir_pack_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* dict_get_numbers / dict_put_numbers: a batch's numbers of a value state (see
+ * _batchvalues.c). */
+PyObject *weir_dict_get_numbers(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *weir_dict_put_numbers(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* load_values(data, entries, decode, scalars, types) -> None (see _unpacked.c). */
 PyObject *weir_load_values(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* load_flat(data, flat, decode, scalars, types) -> None (see _unpacked.c). */

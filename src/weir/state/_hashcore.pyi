@@ -34,6 +34,16 @@ def process_keyed(
 def int64_range(start: int, count: int) -> bytearray:
     """``count`` native int64s from ``start``."""
 
+def dict_get_numbers(data: dict[bytes, Any], keys: list[bytes], kind: str
+                     ) -> tuple[bytearray, bytearray | None, int] | None:
+    """Each key's value as native int64 (``kind`` "i") or float64 ("f") bytes, an Arrow
+    validity bitmap (None without nulls) and the null count; None if a stored value is
+    not exactly of that kind (or an int beyond int64)."""
+
+def dict_put_numbers(data: dict[bytes, Any], keys: list[bytes], values: Any, kind: str
+                     ) -> None:
+    """``data[keys[i]] =`` the i-th native int64 ("i") or float64 ("f") of ``values``."""
+
 def tuple_columns(rows: list[Any], width: int) -> list[list[Any]] | None:
     """Each column of ``rows`` when every row is a tuple of exactly ``width`` items
     (the i-th list: each row's i-th item), else None."""
