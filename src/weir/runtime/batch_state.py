@@ -312,17 +312,10 @@ class BatchStateView(BatchValueState[Any]):
         self._mark(prefixed)
 
     def _mark(self, prefixed: list[bytes]) -> None:
-        """Record the writes as ``ValueState.update`` does (``HashMapTable._mark``)."""
-        table = self._table
-        assert table is not None
-        dirty = table._dirty
-        if dirty is None:
-            return
-        table._writes += len(prefixed)
-        mask = table._sample_mask
-        dirty.update(prefixed if not mask else (k for k in prefixed if not hash(k) & mask))
-        table._check_limit(dirty)
-
+        """Record the writes as ``ValueState.update`` does (``_hashcore.c``'s mark_dirty
+        for each key)."""
+        assert self._table is not None
+        self._table._mark_many(prefixed)
 
 
 

@@ -232,9 +232,38 @@ mark_dirty(TableCore *self, PyObject *key)
         __VA_ARGS__                                                               \
     }
 
+/* _mark_many(keys: list[bytes]): mark_dirty of each key in turn (a batch function's
+ * writes and deletes: weir/runtime/batch_state.py). */
+static PyObject *
+table_mark_many(TableCore *self, PyObject *keys)
+{
+    if (!PyList_CheckExact(keys)) {
+        PyErr_SetString(PyExc_TypeError, "_mark_many(keys: list)");
+        return NULL;
+    }
+    if (self->dirty == NULL || !PySet_Check(self->dirty)) {
+        Py_RETURN_NONE;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
+        PyObject *key = Py_NewRef(PyList_GET_ITEM(keys, i)); /* (hashing may run code) */
+        int failed = mark_dirty(self, key);
+        Py_DECREF(key);
+        if (failed < 0) {
+            return NULL;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef table_methods[] = {
+    {"_mark_many", (PyCFunction)table_mark_many, METH_O,
+     "Record a write of each of a list of keys, as a single write records its key."},
+    {NULL},
+};
+
 static PyTypeObject TableCoreType = TABLE_TYPE(
     "TableCore", "Fields shared by the hash-map tables' C fast paths.",
-    .tp_members = table_members, .tp_getset = table_getset);
+    .tp_members = table_members, .tp_getset = table_getset, .tp_methods = table_methods);
 
 /* The table's Python method ``name`` called with the same arguments. */
 static PyObject *

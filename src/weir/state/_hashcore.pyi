@@ -75,6 +75,9 @@ class TableCore:
     _sample_mask: int
     _dirty_limit: int
 
+    def _mark_many(self, keys: list[bytes]) -> None:
+        """Record a write of each key (changelog tracking), as a single write does."""
+
 class ValueCore(TableCore):
     def value(self) -> Any: ...
     def update(self, value: Any) -> None: ...
