@@ -612,6 +612,9 @@ def test_a_batch_put_of_arrays_stores_what_per_record_updates_store(
             ints.put(["a"], np.array([1.5]))
     with pytest.raises(ValueError, match="put of 2 keys with 1 values"):
         ints.put(["a", "b"], np.array([1]))
+    # a masked array's masked values are nulls: they delete
+    ints.put(keys[:2], np.ma.masked_array([5, 6], mask=[False, True], dtype=np.int64))
+    assert [h.state_of(k, SUM) for k in keys[:2]] == [5, None]
     h.close()
 
 

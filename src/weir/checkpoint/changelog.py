@@ -71,6 +71,7 @@ from weir.checkpoint.format import (
     decode_keyed,
 )
 from weir.checkpoint.storage import FileRef
+from weir.errors import ConfigurationError
 from weir.state._hashcore import pack_changes
 from weir.state.backend import split_map_key
 from weir.state.keygroups import KeyGroupRange
@@ -112,6 +113,14 @@ class ChangelogPolicy:
     #: write materializations in a background thread (False: inside the checkpoint,
     #: for deterministic tests)
     background: bool = True
+
+    def __post_init__(self) -> None:
+        share = self.rebase_share
+        if share is not None and not (type(share) in (int, float) and 0 < share <= 1):
+            raise ConfigurationError(
+                f"ChangelogPolicy(rebase_share={share!r}) must be a share of the keys in "
+                f"(0, 1], or None to never write a new base for churn"
+            )
 
 
 def checkpoint_of(ref: FileRef) -> int:

@@ -78,7 +78,8 @@ def _array(values: list[Any], kind: pa.DataType | None, name: str) -> pa.Array:
 
 def _numeric_kind(values: Any) -> str | None:
     """NumPy's kind of an Arrow or NumPy 1-d array of numbers without nulls (``"i"``
-    signed ints, ``"u"`` unsigned, ``"f"`` floats), else None."""
+    signed ints, ``"u"`` unsigned, ``"f"`` floats), else None (a masked array too: its
+    masked values are nulls)."""
     if isinstance(values, pa.Array | pa.ChunkedArray):
         kind = values.type
         if values.null_count:
@@ -88,7 +89,7 @@ def _numeric_kind(values: Any) -> str | None:
         if pa.types.is_unsigned_integer(kind):
             return "u"
         return "f" if pa.types.is_floating(kind) else None
-    if isinstance(values, np.ndarray) and values.ndim == 1 and values.dtype.kind in "iuf":
+    if type(values) is np.ndarray and values.ndim == 1 and values.dtype.kind in "iuf":
         return str(values.dtype.kind)
     return None
 
@@ -213,8 +214,10 @@ class BatchStateView(BatchValueState[Any]):
             kind = _PYTHON_TYPE[numeric]
             if kind not in table._ok and len(array):  # the write check, once per type
                 table._check(kind(array[0]))
-            dict_put_numbers(table._data, prefixed, array, numeric)
-            self._mark(prefixed)
+            try:
+                dict_put_numbers(table._data, prefixed, array, numeric)
+            finally:  # (recorded even if it stopped part way)
+                self._mark(prefixed)
             return
         known = _PYTHON_TYPE.get(numeric)  # (the values' one type, if known)
         values = pylist(values)

@@ -152,7 +152,8 @@ weir_dict_put_numbers(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             memcpy(&v, in + i * 8, 8);
             value = PyFloat_FromDouble(v);
         }
-        /* (replacing a stored int or float runs no user code: keys stays as it is) */
+        /* (replacing a stored value may run its finalizer: the loop re-reads the
+         * list's length, and each key is checked as it is read) */
         if (value == NULL || PyDict_SetItem(data, key, value) < 0) {
             Py_XDECREF(value);
             PyBuffer_Release(&view);

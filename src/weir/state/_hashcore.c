@@ -245,7 +245,12 @@ table_mark_many(TableCore *self, PyObject *keys)
         Py_RETURN_NONE;
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
-        PyObject *key = Py_NewRef(PyList_GET_ITEM(keys, i)); /* (hashing may run code) */
+        PyObject *key = Py_NewRef(PyList_GET_ITEM(keys, i));
+        if (!PyBytes_CheckExact(key)) {
+            Py_DECREF(key);
+            PyErr_SetString(PyExc_TypeError, "_mark_many: keys must be bytes");
+            return NULL;
+        }
         int failed = mark_dirty(self, key);
         Py_DECREF(key);
         if (failed < 0) {

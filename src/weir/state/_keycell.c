@@ -395,12 +395,6 @@ weir_tuple_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (width < 0) {
         Py_RETURN_NONE;
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *row = PyList_GET_ITEM(rows, i);
-        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != width) {
-            Py_RETURN_NONE;
-        }
-    }
     PyObject *columns = PyList_New(width);
     if (columns == NULL) {
         return NULL;
@@ -413,9 +407,15 @@ weir_tuple_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         PyList_SET_ITEM(columns, j, column);
     }
-    /* (rows is not changed in between: no Python code runs from here) */
+    /* each row checked as it is read (nothing below allocates or runs Python code,
+     * so rows cannot change in between); a list's unset items are NULL, which its
+     * deallocation skips */
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *row = PyList_GET_ITEM(rows, i);
+        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != width) {
+            Py_DECREF(columns);
+            Py_RETURN_NONE;
+        }
         for (Py_ssize_t j = 0; j < width; j++) {
             PyList_SET_ITEM(PyList_GET_ITEM(columns, j), i,
                             Py_NewRef(PyTuple_GET_ITEM(row, j)));

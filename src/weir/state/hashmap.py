@@ -45,6 +45,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
         self._tracking = False
         self._sample_mask = 0
         self._dirty_limit = 0
+        self._rebase_share: float | None = None
 
     def _register(self, table: AnyTable) -> Any:
         table.load_flat(self._restored.pop(table.name, []))
@@ -76,11 +77,18 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
         held = self.change_counts()[1]
         large = held >= SAMPLE_MIN_KEYS
         self._sample_mask = SAMPLE_MASK if sampled and large else 0
-        self._dirty_limit = (max(1, math.ceil(rebase_share * held))
-                             if rebase_share is not None and large and not sampled else 0)
+        self._rebase_share = None if sampled else rebase_share
+        self._dirty_limit = self._limit(held)
         self._tracking = True
         for table in self._tables.values():
             table.track_changes(self._sample_mask, self._dirty_limit)
+
+    def _limit(self, held: int) -> int:
+        """The dirty limit of an exact record of ``held`` keys (0: none)."""
+        share = self._rebase_share
+        if share is None or held < SAMPLE_MIN_KEYS:
+            return 0
+        return max(1, math.ceil(share * held))
 
     def changes_known(self) -> bool:
         """Whether :meth:`take_changes` can report the changes: every written key was
@@ -89,15 +97,15 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
 
     @property
     def sampled(self) -> bool:
-        """Whether writes are recorded as a sample (see :meth:`track_changes`)."""
-        return self._sample_mask != 0
+        """Whether writes are recorded as a sample (see :meth:`track_changes`): since
+        the record started over, or since a state's exact record reached its limit."""
+        return any(t._sample_mask for t in self._tables.values())
 
     def change_counts(self) -> tuple[int, int]:
         """``(keys written since the last take_changes, keys held)`` over all states
         (0 written when changes are not tracked; estimated from the sample when
         sampled)."""
-        written = sum(len(t._dirty) * (t._sample_mask + 1)  # (a table's record may have
-                      for t in self._tables.values() if t._dirty)  # turned sampled)
+        written = sum(t.written_estimate() for t in self._tables.values())
         held = sum(len(t._data) for t in self._tables.values())
         return written, held + sum(
             len(e) // 2 for e in self._restored.values())
@@ -133,7 +141,11 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
     ) -> Iterator[tuple[str, Iterator[tuple[bytes, Iterable[tuple[bytes, bytes]]]]]]:
         """Per state with changes since the last call (or :meth:`track_changes`):
         ``(name, ((prefixed key, its canonical entries now), ...))`` — no entry for a
-        deleted key. Each table's record starts over as it is read."""
+        deleted key. Each table's record starts over as it is read, its dirty limit
+        that of the keys held now."""
+        self._dirty_limit = limit = self._limit(self.change_counts()[1])
+        for table in self._tables.values():
+            table._dirty_limit = limit
         for name, table in self._tables.items():
             if table._writes:  # (sampled: _dirty holds only the sample)
                 yield name, table.take_changes()

@@ -115,6 +115,19 @@ class HashMapTable(TableCore):
             dirty.add(key)
             self._check_limit(dirty)
 
+    def written_estimate(self) -> int:
+        """The keys written since the record started over: counted exactly, estimated
+        from the sample (the exact part as counted when the record turned sampled at
+        its limit)."""
+        dirty = self._dirty
+        if not dirty:
+            return 0
+        scale = self._sample_mask + 1
+        limit = self._dirty_limit
+        if limit and self._sample_mask:  # exact up to the limit, sampled after it
+            return limit + max(0, len(dirty) - limit) * scale
+        return len(dirty) * scale
+
     def _check_limit(self, dirty: set[bytes]) -> None:
         """At ``_dirty_limit`` keys tracked, the exact record turns into the sample."""
         if self._dirty_limit and not self._sample_mask and len(dirty) >= self._dirty_limit:
