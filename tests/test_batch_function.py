@@ -565,6 +565,21 @@ def test_list_and_map_batch_reads_updates_and_deletes(backend: str, tmp_path: Pa
         items.add(["a", "b"], [1])
     with pytest.raises(ConfigurationError, match="get_map_state"):
         probe.ctx.get_state(ENTRIES)
+    # adds fail as per-record adds do, and are recorded for a changelog snapshot
+    with pytest.raises(StateError, match="cannot add None"):
+        items.add(["a", "b"], [8, None])
+    with pytest.raises(weir.errors.StateSerializationError):
+        items.add(["b"], ["not an int"])
+    h.operator.track_changes()
+    items.add(pa.array(["d", "d", "e"]), pa.array([4, 5, 6]))
+    assert items.get(["d", "e"]).to_pylist() == [[4, 5], [6]]
+    assert h.state_of("d", ITEMS) == [4, 5]
+    if backend == "hashmap":
+        changed = {key for _, changes in h.operator.backend.take_changes()
+                   for key, _ in changes}
+        ctx = h.operator.key_context
+        assert changed == set(ctx.prefixed_keys(["d", "e"]))
+        ctx.clear()
     h.close()
 
 

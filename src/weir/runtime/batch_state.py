@@ -14,6 +14,8 @@ checks and checkpoints are a per-record function's:
   does not hold the key, a write is two dict updates where the cache takes every key);
   the fixed-width serializers' (``IntSerializer``, ``FloatSerializer``) values packed and
   unpacked as one NumPy array;
+* the hash map's plain list state (:class:`BatchListView`): reads of each key's
+  stored list, appends in C (``dict_append_many``) after the same write check;
 * every other table (TTL states among them), and list, map, reducing and aggregating
   states (:class:`BatchListView`, :class:`BatchMapView`, :class:`BatchAppendingView`):
   key by key through the state's own API.
@@ -24,6 +26,7 @@ of the same array reuse them.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence, Sized
 from typing import TYPE_CHECKING, Any, cast
 
@@ -34,8 +37,8 @@ from weir.api.batch import BatchAppendingState, BatchListState, BatchMapState, B
 from weir.api.descriptors import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from weir.api.serializers import BytesSerializer, FloatSerializer, IntSerializer, StrSerializer
 from weir.errors import StateError
-from weir.state._hashcore import dict_get_numbers, dict_put_numbers
-from weir.state.hashmap_tables import HashMapValueTable
+from weir.state._hashcore import dict_append_many, dict_get_numbers, dict_put_numbers
+from weir.state.hashmap_tables import HashMapListTable, HashMapValueTable
 from weir.state.rocksdb_tables import RocksValueTable
 
 if TYPE_CHECKING:
@@ -132,6 +135,20 @@ def _decode_fixed(stored: list[bytes | None], fixed: tuple[str, pa.DataType, set
     return pa.array(values, type=fixed[1], mask=absent if absent.any() else None)
 
 
+#: the items of a list state's absent key (read only: Arrow copies it)
+_NO_ITEMS: list[Any] = []
+
+
+def _prefixed_keys(op: Any, keys: list[Any]) -> list[bytes]:
+    """Each key's prefixed bytes (checked: a key of the subtask's key groups, as
+    ``set_current_key`` checks it)."""
+    ctx = op.key_context
+    try:
+        return ctx.prefixed_keys(keys)  # type: ignore[no-any-return]
+    finally:
+        ctx.clear()
+
+
 class BatchStateView(BatchValueState[Any]):
     """A value state read and written for many keys at once (see the module doc)."""
 
@@ -148,13 +165,6 @@ class BatchStateView(BatchValueState[Any]):
         #: the Arrow keys of the last call, their Python values and prefixed bytes
         self._last: tuple[Any, list[Any], list[bytes]] | None = None
 
-    def _prefixed(self, keys: list[Any]) -> list[bytes]:
-        """Each key's prefixed bytes (checked: a key of this subtask's key groups)."""
-        ctx = self._op.key_context
-        try:
-            return ctx.prefixed_keys(keys)  # type: ignore[no-any-return]
-        finally:
-            ctx.clear()
 
     def _keys(self, keys: Any) -> tuple[list[Any], list[bytes] | None]:
         """``keys`` as Python values, and their prefixed bytes when the hash map's path
@@ -166,7 +176,7 @@ class BatchStateView(BatchValueState[Any]):
         if last is not None and last[0] is keys:
             return last[1], last[2]
         values = pylist(keys)
-        prefixed = self._prefixed(values)
+        prefixed = _prefixed_keys(self._op, values)
         self._last = ((keys, values, prefixed) if isinstance(keys, pa.Array | pa.ChunkedArray)
                       else None)
         return values, prefixed
@@ -348,19 +358,44 @@ class _KeyByKey:
 
 
 class BatchListView(_KeyByKey, BatchListState[Any]):
-    """A list state read and appended for many keys at once (key by key)."""
+    """A list state read and appended for many keys at once: the hash map's plain list
+    state through its dict (reads: each key's stored list, absent ``[]``; appends in C,
+    ``dict_append_many``, after the write check per new type), every other table key
+    by key."""
 
     def __init__(self, op: Any, state: Any, descriptor: ListStateDescriptor[Any]) -> None:
         super().__init__(op, state, descriptor.name,
                          _ARROW_TYPES.get(type(descriptor.value_serializer)))
+        self._table = state if type(state) is HashMapListTable else None
 
     def get(self, keys: Keys, type: pa.DataType | None = None) -> pa.Array:
-        lists = self._each(keys, self._state.get)
+        table = self._table
+        if table is not None:  # (Arrow copies the stored lists: no copy here)
+            prefixed = _prefixed_keys(self._op, pylist(keys))
+            lists = list(map(table._data.get, prefixed, itertools.repeat(_NO_ITEMS)))
+        else:
+            lists = self._each(keys, self._state.get)
         item = type or self._type
         return _array(lists, None if item is None else pa.list_(item), self._name)
 
     def add(self, keys: Keys, values: pa.Array | pa.ChunkedArray | Sequence[Any]) -> None:
-        self._each(keys, self._state.add, values)
+        table = self._table
+        items = pylist(values)
+        if table is None or None in items:  # (a None fails at its row, as add does)
+            self._each(keys, self._state.add, items)
+            return
+        keys = pylist(keys)
+        if len(keys) != len(items):
+            raise ValueError(f"state {self._name!r}: {len(keys)} keys with "
+                             f"{[len(items)]} values")
+        prefixed = _prefixed_keys(self._op, keys)
+        check, ok = table._check, table._ok
+        for kind in set(map(type, items)) - ok:  # the write check, once per type
+            check(next(v for v in items if type(v) is kind))
+        try:
+            dict_append_many(table._data, prefixed, items)
+        finally:  # (recorded even if it stopped part way)
+            table._mark_many(prefixed)
 
     def update(self, keys: Keys, lists: pa.Array | pa.ChunkedArray | Sequence[Any]) -> None:
         state = self._state

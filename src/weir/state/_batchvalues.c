@@ -1,7 +1,8 @@
-/* A batch function's reads and writes of a hash-map value state's numbers
- * (weir/runtime/batch_state.py, BatchStateView): many keys' values moved between the
- * table's dict (prefixed key -> Python int or float, as the per-record calls keep
- * them) and one native int64 or float64 buffer, with no Python list in between.
+/* A batch function's reads and writes of hash-map tables for many keys at once
+ * (weir/runtime/batch_state.py): a value state's numbers moved between the table's
+ * dict (prefixed key -> Python int or float, as the per-record calls keep them) and
+ * one native int64 or float64 buffer, with no Python list in between; a list state's
+ * appends (dict_append_many).
  *
  * dict_get_numbers declines (None) when a stored value is not the exact type asked
  * for (a bool, an int for a float column, an int beyond int64, any other object): the
@@ -162,5 +163,52 @@ weir_dict_put_numbers(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(value);
     }
     PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+}
+
+/* dict_append_many(data: dict, keys: list[bytes], values: list) -> None: values[i]
+ * appended to the list data[keys[i]] (a new list where absent), in order: a list
+ * state's adds (the caller has run the write check and records the writes). */
+PyObject *
+weir_dict_append_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyDict_CheckExact(args[0]) || !PyList_CheckExact(args[1])
+        || !PyList_CheckExact(args[2]) || PyList_GET_SIZE(args[1]) != PyList_GET_SIZE(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "dict_append_many(data: dict, keys: list, values: list of its length)");
+        return NULL;
+    }
+    PyObject *data = args[0], *keys = args[1], *values = args[2];
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys) && i < PyList_GET_SIZE(values); i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        PyObject *value = PyList_GET_ITEM(values, i);
+        if (!PyBytes_CheckExact(key)) {
+            PyErr_SetString(PyExc_TypeError, "dict_append_many: keys must be bytes");
+            return NULL;
+        }
+        PyObject *stored = PyDict_GetItemWithError(data, key);
+        if (stored == NULL) {
+            if (PyErr_Occurred()) {
+                return NULL;
+            }
+            PyObject *fresh = PyList_New(1);
+            if (fresh == NULL) {
+                return NULL;
+            }
+            PyList_SET_ITEM(fresh, 0, Py_NewRef(value));
+            int failed = PyDict_SetItem(data, key, fresh);
+            Py_DECREF(fresh);
+            if (failed < 0) {
+                return NULL;
+            }
+        }
+        else if (!PyList_CheckExact(stored)) {
+            PyErr_SetString(PyExc_TypeError, "dict_append_many: a stored value is not a list");
+            return NULL;
+        }
+        else if (PyList_Append(stored, value) < 0) {
+            return NULL;
+        }
+    }
     Py_RETURN_NONE;
 }

@@ -643,6 +643,9 @@ static PyMethodDef module_methods[] = {
     {"dict_put_numbers", (PyCFunction)(void (*)(void))weir_dict_put_numbers, METH_FASTCALL,
      "dict_put_numbers(data, keys, values, kind) -> None: a batch's int64 / float64 "
      "values stored as Python ints / floats (see _batchvalues.c)."},
+    {"dict_append_many", (PyCFunction)(void (*)(void))weir_dict_append_many, METH_FASTCALL,
+     "dict_append_many(data, keys, values) -> None: each value appended to its key's list "
+     "(see _batchvalues.c)."},
     {"tuple_columns", (PyCFunction)(void (*)(void))weir_tuple_columns, METH_FASTCALL,
      "tuple_columns(rows, width) -> the rows' columns if all are tuples of width, else None."},
     {"spark_hash_int", (PyCFunction)(void (*)(void))weir_py_spark_hash_int, METH_FASTCALL,

@@ -44,6 +44,9 @@ def dict_put_numbers(data: dict[bytes, Any], keys: list[bytes], values: Any, kin
                      ) -> None:
     """``data[keys[i]] =`` the i-th native int64 ("i") or float64 ("f") of ``values``."""
 
+def dict_append_many(data: dict[bytes, Any], keys: list[bytes], values: list[Any]) -> None:
+    """``values[i]`` appended to the list ``data[keys[i]]`` (a new list where absent)."""
+
 def tuple_columns(rows: list[Any], width: int) -> list[list[Any]] | None:
     """Each column of ``rows`` when every row is a tuple of exactly ``width`` items
     (the i-th list: each row's i-th item), else None."""
