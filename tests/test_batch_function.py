@@ -664,6 +664,29 @@ def test_a_batch_get_of_numbers_is_what_arrow_makes_of_the_stored_values(
     h.close()
 
 
+@pytest.mark.parametrize("backend", ["rocksdb", "rocksdb-evicting"])
+def test_rocksdbs_fixed_width_values_move_through_one_buffer_or_the_table(
+        backend: str, tmp_path: Path) -> None:
+    """RocksDB's int and float values go between the entry cache and one buffer in C
+    where the cache holds them all, and through the table where it does not (a cache
+    of two entries evicts as the batch writes): the same values either way, nulls where
+    absent, RocksDB read where the cache does not hold a key."""
+    h = _harness(BatchSum(), backend, tmp_path)
+    h.open()
+    ctx = h.operator.function._ctx
+    ints, floats = ctx.get_state(SUM), ctx.get_state(AMOUNT)
+    keys = [f"k{i}" for i in range(10)]
+    ints.put(pa.array(keys), pa.array(range(-5, 5), pa.int64()))
+    floats.put(keys[:5], np.linspace(-1.0, 1.0, 5))
+    h.operator.backend.flush()  # (written to RocksDB: an evicting cache reads it back)
+    asked = [*keys, "absent"]
+    assert ints.get(asked).to_pylist() == [*range(-5, 5), None]
+    assert floats.get(asked).to_pylist() == [*np.linspace(-1.0, 1.0, 5).tolist(),
+                                             *[None] * 6]
+    assert [h.state_of(k, SUM) for k in keys] == list(range(-5, 5))
+    h.close()
+
+
 def _smaller(a: int, b: int) -> int:
     return min(a, b)
 

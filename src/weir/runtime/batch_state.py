@@ -12,8 +12,9 @@ checks and checkpoints are a per-record function's:
 * RocksDB's plain value state: the table's entry cache, many keys per call
   (``get_stored`` / ``store_many``: a read misses into RocksDB only where the cache
   does not hold the key, a write is two dict updates where the cache takes every key);
-  the fixed-width serializers' (``IntSerializer``, ``FloatSerializer``) values packed and
-  unpacked as one NumPy array;
+  the fixed-width serializers' (``IntSerializer``, ``FloatSerializer``) values moved
+  between the cache and one native buffer in C where the cache holds every key
+  (``cache_get_fixed``, ``cache_put_fixed``), else packed and unpacked as one array;
 * the hash map's plain list state (:class:`BatchListView`): reads of each key's
   stored list, appends in C (``dict_append_many``) after the same write check;
 * every other table (TTL states among them), and list, map, reducing and aggregating
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence, Sized
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -116,6 +117,16 @@ def _as_numpy(values: Any, dtype: str) -> np.ndarray:
     return np.ascontiguousarray(values, dtype=dtype)
 
 
+def _from_buffers(kind: pa.DataType, n: int, got: tuple[bytearray, bytearray | None, int]
+                  ) -> pa.Array:
+    """An int64 or float64 Arrow array of ``n`` values from ``(native values, validity
+    bitmap or None, null count)``, as the C readers give them."""
+    data, validity, nulls = got
+    return pa.Array.from_buffers(kind, n, [
+        None if validity is None else pa.py_buffer(validity), pa.py_buffer(data)],
+        null_count=nulls)
+
+
 def _split8(values: np.ndarray) -> list[bytes]:
     """Each 8-byte item of ``values`` as its own ``bytes`` (a void view: every byte
     kept, trailing zeros too)."""
@@ -185,21 +196,22 @@ class BatchStateView(BatchValueState[Any]):
         keys, prefixed = self._keys(keys)
         kind = type or self._type
         if self._rocks is not None and prefixed is not None:
-            stored = self._rocks.get_stored(prefixed)
-            if self._fixed is not None and (kind is None or kind == self._fixed[1]):
-                return _decode_fixed(stored, self._fixed)
+            fixed = self._fixed
+            if fixed is not None and (kind is None or kind == fixed[1]):
+                got = self._rocks.get_fixed(prefixed, _NUMBER_KIND[fixed[1]])
+                if got is not None:  # (None: the entry cache cannot answer alone)
+                    return _from_buffers(fixed[1], len(prefixed), got)
+                return _decode_fixed(self._rocks.get_stored(prefixed), fixed)
             decode = self._rocks._decode
-            values = [None if d is None else decode(d) for d in stored]
+            values = [None if d is None else decode(d)
+                      for d in self._rocks.get_stored(prefixed)]
         elif self._table is not None and prefixed is not None:
             number = _NUMBER_KIND.get(kind) if kind is not None else None
             got = (None if number is None
                    else dict_get_numbers(self._table._data, prefixed, number))
             if got is not None:  # (None: a stored value is not exactly of that kind)
                 assert kind is not None
-                data, validity, nulls = got
-                return pa.Array.from_buffers(kind, len(prefixed), [
-                    None if validity is None else pa.py_buffer(validity), pa.py_buffer(data)],
-                    null_count=nulls)
+                return _from_buffers(kind, len(prefixed), got)
             values = list(map(self._table._data.get, prefixed))
         else:
             values = self._each(keys, lambda: self._state.value())
@@ -210,8 +222,11 @@ class BatchStateView(BatchValueState[Any]):
         if self._rocks is not None:
             assert prefixed is not None
             packed = self._packed(values)
-            datas = (cast("list[bytes | None]", packed) if packed is not None
-                     else self._encoded(pylist(values)))
+            if packed is not None:  # (stored from the array where the cache takes it)
+                self._check_length(keys, packed)
+                self._rocks.store_fixed(prefixed, packed)
+                return
+            datas = self._encoded(pylist(values))
             self._check_length(keys, datas)
             self._rocks.store_many(prefixed, datas)
             return
@@ -279,15 +294,15 @@ class BatchStateView(BatchValueState[Any]):
             raise ValueError(f"state {self._name!r}: put of {len(keys)} keys with "
                              f"{len(values)} values")
 
-    def _packed(self, values: Any) -> list[bytes] | None:
-        """RocksDB's stored bytes of an Arrow or NumPy array of a fixed-width state's
+    def _packed(self, values: Any) -> np.ndarray | None:
+        """RocksDB's stored form of an Arrow or NumPy array of a fixed-width state's
         own kind (signed ints for ``IntSerializer``, floats for ``FloatSerializer``)
-        without nulls, packed without a Python object per value; None for anything
-        else (the checked path)."""
+        without nulls: one contiguous big-endian array, no Python object per value;
+        None for anything else (the checked path)."""
         fixed = self._fixed
-        if fixed is None or _numeric_kind(values) != ("i" if fixed[1] == pa.int64() else "f"):
+        if fixed is None or _numeric_kind(values) != _NUMBER_KIND[fixed[1]]:
             return None
-        return _split8(_as_numpy(values, fixed[0]))
+        return _as_numpy(values, fixed[0])
 
     def _encoded(self, values: list[Any]) -> list[bytes | None]:
         """RocksDB's stored bytes of ``values`` (None: a delete), checked as

@@ -1,8 +1,10 @@
-/* A batch function's reads and writes of hash-map tables for many keys at once
- * (weir/runtime/batch_state.py): a value state's numbers moved between the table's
- * dict (prefixed key -> Python int or float, as the per-record calls keep them) and
- * one native int64 or float64 buffer, with no Python list in between; a list state's
- * appends (dict_append_many).
+/* A batch function's reads and writes of many keys at once (weir/runtime/batch_state.py):
+ * a hash-map value state's numbers moved between the table's dict (prefixed key ->
+ * Python int or float, as the per-record calls keep them) and one native int64 or
+ * float64 buffer, with no Python list in between; a hash-map list state's appends
+ * (dict_append_many); a RocksDB value state's fixed-width values (IntSerializer,
+ * FloatSerializer: 8 big-endian bytes) between its entry cache and one native buffer
+ * (cache_get_fixed, cache_put_fixed).
  *
  * dict_get_numbers declines (None) when a stored value is not the exact type asked
  * for (a bool, an int for a float column, an int beyond int64, any other object): the
@@ -25,6 +27,49 @@ number_kind(PyObject *arg)
     return 0;
 }
 
+/* Acquire values (a contiguous buffer) as 8 bytes for each of n keys; -1 with an
+ * error set (nothing acquired) otherwise. */
+static int
+eight_bytes_each(PyObject *values, Py_ssize_t n, const char *who, Py_buffer *view)
+{
+    if (PyObject_GetBuffer(values, view, PyBUF_C_CONTIGUOUS) < 0) {
+        return -1;
+    }
+    if (view->len != n * 8) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd keys but %zd bytes of values", who, n,
+                     view->len);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* A column of n 8-byte values and its validity bitmap (every bit set), new; -1 with
+ * an error set (nothing allocated) otherwise. */
+static int
+new_column(Py_ssize_t n, PyObject **values, PyObject **validity)
+{
+    *values = PyByteArray_FromStringAndSize(NULL, n * 8);
+    *validity = PyByteArray_FromStringAndSize(NULL, (n + 7) / 8);
+    if (*values == NULL || *validity == NULL) {
+        Py_CLEAR(*values);
+        Py_CLEAR(*validity);
+        return -1;
+    }
+    memset(PyByteArray_AS_STRING(*validity), 0xff, (size_t)((n + 7) / 8));
+    return 0;
+}
+
+/* The (values, validity or None, null count) result of a column read. */
+static PyObject *
+column_result(PyObject *values, PyObject *validity, Py_ssize_t nulls)
+{
+    if (nulls == 0) {
+        Py_SETREF(validity, Py_NewRef(Py_None));
+    }
+    return Py_BuildValue("(NNn)", values, validity, nulls);
+}
+
 /* dict_get_numbers(data: dict, keys: list[bytes], kind) -> (values: bytearray, validity:
  * bytearray | None, null count) | None: each key's value as a native int64 / float64
  * (0 where absent) and an Arrow validity bitmap (LSB first; None without nulls). */
@@ -39,16 +84,13 @@ weir_dict_get_numbers(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (kind == 0) {
         return NULL;
     }
-    PyObject *data = args[0], *keys = args[1];
+    PyObject *data = args[0], *keys = args[1], *values, *validity;
     Py_ssize_t n = PyList_GET_SIZE(keys);
-    PyObject *values = PyByteArray_FromStringAndSize(NULL, n * 8);
-    PyObject *validity = PyByteArray_FromStringAndSize(NULL, (n + 7) / 8);
-    if (values == NULL || validity == NULL) {
-        goto fail;
+    if (new_column(n, &values, &validity) < 0) {
+        return NULL;
     }
     char *out = PyByteArray_AS_STRING(values);
     unsigned char *bits = (unsigned char *)PyByteArray_AS_STRING(validity);
-    memset(bits, 0xff, (size_t)((n + 7) / 8));
     Py_ssize_t nulls = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         /* (no Python code runs in this loop: keys stays as it is; the dict's lookups
@@ -92,18 +134,14 @@ weir_dict_get_numbers(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             memcpy(out + i * 8, &f64, 8);
         }
     }
-    if (nulls == 0) {
-        Py_SETREF(validity, Py_NewRef(Py_None));
-    }
-    PyObject *result = Py_BuildValue("(NNn)", values, validity, nulls);
-    return result;
+    return column_result(values, validity, nulls);
 decline:
     Py_DECREF(values);
     Py_DECREF(validity);
     Py_RETURN_NONE;
 fail:
-    Py_XDECREF(values);
-    Py_XDECREF(validity);
+    Py_DECREF(values);
+    Py_DECREF(validity);
     return NULL;
 }
 
@@ -124,14 +162,8 @@ weir_dict_put_numbers(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *data = args[0], *keys = args[1];
     Py_buffer view;
-    if (PyObject_GetBuffer(args[2], &view, PyBUF_C_CONTIGUOUS) < 0) {
-        return NULL;
-    }
     Py_ssize_t n = PyList_GET_SIZE(keys);
-    if (view.len != n * 8) {
-        PyBuffer_Release(&view);
-        PyErr_Format(PyExc_ValueError, "dict_put_numbers: %zd keys but %zd bytes of values",
-                     n, view.len);
+    if (eight_bytes_each(args[2], n, "dict_put_numbers", &view) < 0) {
         return NULL;
     }
     const char *in = (const char *)view.buf;
@@ -210,5 +242,111 @@ weir_dict_append_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         }
     }
+    Py_RETURN_NONE;
+}
+
+/* cache_get_fixed(cache: dict, keys: list[bytes], kind, complete: bool) -> (values,
+ * validity, null count) | None: each key's stored 8 big-endian bytes (a RocksDB entry
+ * cache: prefixed key -> bytes, None where known absent) as native int64 ('i') or
+ * float64 ('f'), null where absent. A key the cache does not hold is absent when
+ * complete; otherwise, or for a stored value not of 8 bytes, None (the caller reads
+ * through the table). */
+PyObject *
+weir_cache_get_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyDict_CheckExact(args[0]) || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "cache_get_fixed(cache: dict, keys: list, kind, complete)");
+        return NULL;
+    }
+    if (number_kind(args[2]) == 0) {
+        return NULL;
+    }
+    int complete = PyObject_IsTrue(args[3]);
+    if (complete < 0) {
+        return NULL;
+    }
+    PyObject *cache = args[0], *keys = args[1], *values, *validity;
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    if (new_column(n, &values, &validity) < 0) {
+        return NULL;
+    }
+    unsigned char *out = (unsigned char *)PyByteArray_AS_STRING(values);
+    unsigned char *bits = (unsigned char *)PyByteArray_AS_STRING(validity);
+    Py_ssize_t nulls = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        if (!PyBytes_CheckExact(key)) {
+            PyErr_SetString(PyExc_TypeError, "cache_get_fixed: keys must be bytes");
+            goto fail;
+        }
+        PyObject *data = PyDict_GetItemWithError(cache, key);
+        uint64_t u = 0;
+        if (data == NULL && PyErr_Occurred()) {
+            goto fail;
+        }
+        if ((data == NULL && complete) || data == Py_None) {
+            bits[i / 8] &= (unsigned char)~(1u << (i % 8));
+            nulls++;
+        }
+        else if (data == NULL || !PyBytes_CheckExact(data) || PyBytes_GET_SIZE(data) != 8) {
+            Py_DECREF(values);
+            Py_DECREF(validity);
+            Py_RETURN_NONE;
+        }
+        else {
+            const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(data);
+            for (int j = 0; j < 8; j++) {
+                u = (u << 8) | b[j];
+            }
+        }
+        memcpy(out + i * 8, &u, 8); /* (the bits of an int64 or a double, native order) */
+    }
+    return column_result(values, validity, nulls);
+fail:
+    Py_DECREF(values);
+    Py_DECREF(validity);
+    return NULL;
+}
+
+/* cache_put_fixed(cache: dict, record: dict, keys: list[bytes], values) -> None: the
+ * i-th 8 bytes of values (a contiguous buffer of 8 * len(keys) bytes, already the
+ * stored big-endian form) stored for keys[i] in the entry cache and in the record of
+ * writes (the dirty entries or the change record): one bytes object, two dict stores. */
+PyObject *
+weir_cache_put_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyDict_CheckExact(args[0]) || !PyDict_CheckExact(args[1])
+        || !PyList_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "cache_put_fixed(cache: dict, record: dict, keys: list, values)");
+        return NULL;
+    }
+    PyObject *cache = args[0], *record = args[1], *keys = args[2];
+    Py_buffer view;
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    if (eight_bytes_each(args[3], n, "cache_put_fixed", &view) < 0) {
+        return NULL;
+    }
+    const char *in = (const char *)view.buf;
+    for (Py_ssize_t i = 0; i < n && i < PyList_GET_SIZE(keys); i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        if (!PyBytes_CheckExact(key)) {
+            PyBuffer_Release(&view);
+            PyErr_SetString(PyExc_TypeError, "cache_put_fixed: keys must be bytes");
+            return NULL;
+        }
+        Py_INCREF(key); /* (a replaced value's finalizer cannot take it from us) */
+        PyObject *data = PyBytes_FromStringAndSize(in + i * 8, 8);
+        int failed = data == NULL || PyDict_SetItem(cache, key, data) < 0
+                     || PyDict_SetItem(record, key, data) < 0;
+        Py_XDECREF(data);
+        Py_DECREF(key);
+        if (failed) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+    }
+    PyBuffer_Release(&view);
     Py_RETURN_NONE;
 }

@@ -646,6 +646,12 @@ static PyMethodDef module_methods[] = {
     {"dict_append_many", (PyCFunction)(void (*)(void))weir_dict_append_many, METH_FASTCALL,
      "dict_append_many(data, keys, values) -> None: each value appended to its key's list "
      "(see _batchvalues.c)."},
+    {"cache_get_fixed", (PyCFunction)(void (*)(void))weir_cache_get_fixed, METH_FASTCALL,
+     "cache_get_fixed(cache, keys, kind, complete) -> (values, validity, nulls) or None: "
+     "a RocksDB entry cache's 8-byte values as one native buffer (see _batchvalues.c)."},
+    {"cache_put_fixed", (PyCFunction)(void (*)(void))weir_cache_put_fixed, METH_FASTCALL,
+     "cache_put_fixed(cache, record, keys, values) -> None: 8-byte values stored in the "
+     "entry cache and the record of writes (see _batchvalues.c)."},
     {"tuple_columns", (PyCFunction)(void (*)(void))weir_tuple_columns, METH_FASTCALL,
      "tuple_columns(rows, width) -> the rows' columns if all are tuples of width, else None."},
     {"spark_hash_int", (PyCFunction)(void (*)(void))weir_py_spark_hash_int, METH_FASTCALL,

@@ -54,6 +54,8 @@ PyObject *weir_pack_fixed(PyObject *module, PyObject *const *args, Py_ssize_t na
 PyObject *weir_dict_get_numbers(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *weir_dict_put_numbers(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *weir_dict_append_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *weir_cache_get_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *weir_cache_put_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* load_values(data, entries, decode, scalars, types) -> None (see _unpacked.c). */
 PyObject *weir_load_values(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* load_flat(data, flat, decode, scalars, types) -> None (see _unpacked.c). */

@@ -47,6 +47,16 @@ def dict_put_numbers(data: dict[bytes, Any], keys: list[bytes], values: Any, kin
 def dict_append_many(data: dict[bytes, Any], keys: list[bytes], values: list[Any]) -> None:
     """``values[i]`` appended to the list ``data[keys[i]]`` (a new list where absent)."""
 
+def cache_get_fixed(cache: dict[bytes, bytes | None], keys: list[bytes], kind: str,
+                    complete: bool) -> tuple[bytearray, bytearray | None, int] | None:
+    """Each key's stored 8 big-endian bytes as native int64 ("i") or float64 ("f"),
+    null where absent; None where the cache cannot answer (a miss of an incomplete
+    cache, a value of another length)."""
+
+def cache_put_fixed(cache: dict[bytes, bytes | None], record: dict[bytes, bytes | None],
+                    keys: list[bytes], values: Any) -> None:
+    """The i-th 8 bytes of ``values`` stored for ``keys[i]`` in ``cache`` and ``record``."""
+
 def tuple_columns(rows: list[Any], width: int) -> list[list[Any]] | None:
     """Each column of ``rows`` when every row is a tuple of exactly ``width`` items
     (the i-th list: each row's i-th item), else None."""

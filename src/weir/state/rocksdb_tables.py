@@ -62,7 +62,7 @@ from typing import Any
 from weir.api.serializers import MsgpackSerializer, Serializer
 from weir.api.state import ListState, ValueState
 from weir.errors import StateError
-from weir.state._hashcore import RocksPointCore, RocksValueCore
+from weir.state._hashcore import RocksPointCore, RocksValueCore, cache_get_fixed, cache_put_fixed
 from weir.state.backend import (
     EntryFilter,
     ListTable,
@@ -246,6 +246,27 @@ class _PointTable(RocksPointCore, RocksTable):
             found = [self._get(k) if d is _MISSING else d
                      for k, d in zip(keys, found, strict=True)]
         return found
+
+    def get_fixed(self, keys: list[bytes], kind: str
+                  ) -> tuple[bytearray, bytearray | None, int] | None:
+        """:meth:`get_stored` of 8-byte values as one native int64 ("i") or float64
+        ("f") buffer, its validity bitmap and null count (``_hashcore.cache_get_fixed``);
+        None where the cache cannot answer alone (then :meth:`get_stored`)."""
+        if self._complete is None and self._limit:
+            self._warm()
+        return cache_get_fixed(self._cache, keys, kind, bool(self._complete))
+
+    def store_fixed(self, keys: list[bytes], values: Any) -> None:
+        """:meth:`store_many` of 8-byte stored values given as one contiguous
+        big-endian array, stored from it in C where the cache takes every key."""
+        cache = self._cache
+        if self._limit and self._complete is None:
+            self._warm()
+        if self._limit and len(cache) + len(keys) <= self._limit:
+            cache_put_fixed(cache, self._dirty if self._written is None else self._written,
+                            keys, values)
+            return
+        self.store_many(keys, values.view("V8").tolist())
 
     def store_many(self, keys: list[bytes], datas: list[bytes | None]) -> None:
         """Write many prefixed keys' stored bytes (None: delete; a key given twice
