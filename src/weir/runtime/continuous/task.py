@@ -411,6 +411,8 @@ class Task:
                     f"the job restarts from its latest checkpoint")
             if message["kind"] not in ("trigger", "finish"):
                 self.notified(message)
+        for c in self.checkpointers:  # (uploads still running end before what they read)
+            c.close()
         for op in self.chain.all:
             if op.writer is not None:
                 op.writer.close()
