@@ -565,6 +565,15 @@ def test_list_and_map_batch_reads_updates_and_deletes(backend: str, tmp_path: Pa
         items.add(["a", "b"], [1])
     with pytest.raises(ConfigurationError, match="get_map_state"):
         probe.ctx.get_state(ENTRIES)
+    # values compared element-wise by == (arrays) are added, not asked for their truth
+    arrays = probe.ctx.get_list_state(
+        weir.ListStateDescriptor("arrays", serializer=weir.PickleSerializer()))
+    arrays.add(["a", "a"], [np.array([1, 2]), np.array([3])])
+    h.operator.key_context.set_current_key("a")
+    got = h.operator.get_list_state(
+        weir.ListStateDescriptor("arrays", serializer=weir.PickleSerializer())).get()
+    h.operator.key_context.clear()
+    assert [a.tolist() for a in got] == [[1, 2], [3]]
     # adds fail as per-record adds do, and are recorded for a changelog snapshot
     with pytest.raises(StateError, match="cannot add None"):
         items.add(["a", "b"], [8, None])

@@ -351,6 +351,60 @@ def test_the_dirty_limit_follows_the_keys_held_from_one_delta_to_the_next(
     assert len(_keyed(again).deltas) == 2 and _keyed(again).base == _keyed(first).base
 
 
+def test_a_checkpointer_says_when_its_uploads_and_materialization_have_ended(
+    tmp_path: Path,
+) -> None:
+    """``ended(timeout)`` waits in steps for the work handed to the worker threads (a
+    caller that must stay alive, a finishing task, heartbeats in between); ``close``
+    then has nothing left to wait for."""
+    coordinator = CheckpointCoordinator(str(tmp_path), retained=2)
+    cluster = _cluster(1)
+    release = threading.Event()
+    write = coordinator.storage.write
+
+    def slow(relative: str, data: bytes) -> Any:
+        release.wait(10)
+        return write(relative, data)
+
+    [checkpointer] = checkpointers = [SubtaskCheckpointer(
+        cluster[0].operator, coordinator.storage, mode="changelog", asynchronous=True,
+        changelog=dataclasses.replace(SYNC, background=True))]
+    try:
+        assert checkpointer.ended(0.0)  # nothing handed over yet
+        _send(cluster, [("a", 1)])
+        coordinator.storage.write = slow  # type: ignore[method-assign]
+        pending = checkpointer.snapshot(1, 0)
+        assert not checkpointer.ended(0.05)
+        release.set()
+        assert checkpointer.ended(10.0) and pending.future.done()
+    finally:
+        _close(cluster, checkpointers)
+
+
+class _Stub:
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+
+def test_a_finishing_task_waits_for_its_checkpointers_with_heartbeats() -> None:
+    """Before it closes its operators and reports finished, a continuous task waits for
+    each checkpointer's running work, a heartbeat a step, then closes it."""
+    from weir.runtime.continuous.task import Task
+
+    events: list[str] = []
+    answers = iter([False, False, True])
+    checkpointer = _Stub(ended=lambda timeout: next(answers),
+                         close=lambda: events.append("close"))
+    operator = _Stub(core=_Stub(close=lambda: events.append("operator closed")),
+                     writer=None, reader=None)
+    task = _Stub(
+        chain=_Stub(flush=lambda: None, sinks=[], all=[operator], stateful=[operator]),
+        checkpointers=[checkpointer], heartbeat=lambda: events.append("heartbeat"),
+        outs=[], control=_Stub(send=lambda message: events.append(message["kind"])))
+    Task.finish(task)  # type: ignore[arg-type]
+    assert events == ["heartbeat", "heartbeat", "close", "operator closed", "finished"]
+
+
 @pytest.mark.parametrize("share", [0, -0.5, 1.5, float("inf"), float("nan"), "half", True])
 def test_a_rebase_share_outside_zero_to_one_is_refused(share: Any) -> None:
     with pytest.raises(ConfigurationError, match="rebase_share"):

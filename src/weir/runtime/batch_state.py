@@ -28,6 +28,7 @@ of the same array reuse them.
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Sequence, Sized
 from typing import TYPE_CHECKING, Any
 
@@ -115,6 +116,12 @@ def _as_numpy(values: Any, dtype: str) -> np.ndarray:
     if isinstance(values, pa.Array):
         values = values.to_numpy(zero_copy_only=False)
     return np.ascontiguousarray(values, dtype=dtype)
+
+
+def _has_none(values: list[Any]) -> bool:
+    """Whether ``values`` holds None (by identity: ``None in values`` compares each
+    value with ``==``, which a NumPy array answers element-wise)."""
+    return any(map(operator.is_, values, itertools.repeat(None)))
 
 
 def _from_buffers(kind: pa.DataType, n: int, got: tuple[bytearray, bytearray | None, int]
@@ -260,7 +267,7 @@ class BatchStateView(BatchValueState[Any]):
                 self._op.key_context.clear()
             return
         assert prefixed is not None
-        if known is None and None in values:  # a null deletes, as update(None) does; each
+        if known is None and _has_none(values):  # a null deletes, as update(None) does; each
             last = dict(zip(prefixed, values, strict=True))  # key's last counts
             self._remove([k for k, v in last.items() if v is None])
             prefixed = [k for k, v in last.items() if v is not None]
@@ -396,7 +403,7 @@ class BatchListView(_KeyByKey, BatchListState[Any]):
     def add(self, keys: Keys, values: pa.Array | pa.ChunkedArray | Sequence[Any]) -> None:
         table = self._table
         items = pylist(values)
-        if table is None or None in items:  # (a None fails at its row, as add does)
+        if table is None or _has_none(items):  # (a None fails at its row, as add does)
             self._each(keys, self._state.add, items)
             return
         keys = pylist(keys)

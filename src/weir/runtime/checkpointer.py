@@ -64,7 +64,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,6 +172,8 @@ class SubtaskCheckpointer(ChangelogSnapshots):
         #: the upload of the last changelog snapshot (the next one extends its chain)
         self._last_changelog: Future[SubtaskStateHandle] | None = None
         self._mat_pool: ThreadPoolExecutor | None = None
+        #: a no-op queued behind each pool's work (see :meth:`ended`)
+        self._ends: list[Future[None]] | None = None
         self._asynchronous = asynchronous
         self._pool: ThreadPoolExecutor | None = None
         #: local SST file name -> shared file, as of the last completed checkpoint (or
@@ -373,6 +375,17 @@ class SubtaskCheckpointer(ChangelogSnapshots):
             self._chain = None
             self._generation += 1
 
+    def ended(self, timeout_s: float) -> bool:
+        """Whether the work already handed to the worker threads (uploads, a
+        materialization) has ended, waiting up to ``timeout_s`` for it (so that a caller
+        that must stay alive meanwhile, a task sending heartbeats, waits in steps)."""
+        pools = [p for p in (self._pool, self._mat_pool) if p is not None]
+        if self._ends is None or len(self._ends) != len(pools):
+            # each pool has one thread, which runs its work in order: a no-op queued
+            # behind it ends when that work has
+            self._ends = [p.submit(_nothing) for p in pools]
+        return not wait(self._ends, timeout=timeout_s).not_done
+
     def close(self) -> None:
         """Wait for running uploads and stop the worker threads (a materialization
         not started yet is cancelled)."""
@@ -385,6 +398,10 @@ class SubtaskCheckpointer(ChangelogSnapshots):
         owner = getattr(self.operator, "changelog_owner", None)
         if owner is not None and owner() is self:
             self.operator.changelog_owner = None
+
+
+def _nothing() -> None:
+    return None
 
 
 def _recording_entries(

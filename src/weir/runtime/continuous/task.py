@@ -411,7 +411,9 @@ class Task:
                     f"the job restarts from its latest checkpoint")
             if message["kind"] not in ("trigger", "finish"):
                 self.notified(message)
-        for c in self.checkpointers:  # (uploads still running end before what they read)
+        for c in self.checkpointers:  # (uploads or a materialization still running end
+            while not c.ended(1.0):     # before the state they read closes; the task
+                self.heartbeat()        # stays alive for the coordinator meanwhile)
             c.close()
         for op in self.chain.all:
             if op.writer is not None:

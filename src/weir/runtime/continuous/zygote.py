@@ -29,12 +29,14 @@ exits; when the zygote dies, its tasks die with it (``PR_SET_PDEATHSIG``; elsewh
 the driver kills them), so no task outlives its driver (tasks also exit when they
 lose the coordinator).
 
-A forked task ends with ``os._exit`` once its output streams are flushed, as
-``multiprocessing``'s forked children do: no interpreter teardown (freeing every object
-of the task's state, running the zygote's exit handlers), which the driver waited for
-at the end of every job (0.3 s of a job of one batch). What a finished task must end
-it ends itself first (``Task.finish``: its checkpoint uploads, its operators and
-sinks); a failed task ends as a killed one does, which every fault test covers.
+A forked task ends with ``os._exit`` once its output streams are flushed: no
+interpreter teardown (freeing every object of the task's state, exit handlers,
+joining threads), which the driver waited for at the end of every job (0.3 s of a job
+of one batch). What a finished task must end it ends itself first (``Task.finish``:
+its checkpoint uploads and materialization, its operators and sinks; weir's own
+threads are daemons); a thread or exit handler of a user's function that must finish
+its work is ended by that function's ``close``. A failed task ends as a killed one
+does, which every fault test covers.
 """
 
 from __future__ import annotations
@@ -290,9 +292,8 @@ def main(reply_fd: int) -> int:
     argv = _serve(replies)
     if argv is None:
         return 0
-    # a forked task ends with os._exit once its streams are flushed: the interpreter's
-    # teardown (every object of the task's state freed, the zygote's exit handlers) is
-    # work nobody waits for but the driver, which waits for the exit
+    # a forked task ends with os._exit once its streams are flushed (see the module's
+    # doc): the interpreter's teardown is work nobody needs but the driver waits for
     status = 1
     try:
         status = worker.main(argv)
