@@ -26,7 +26,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from weir.examples._kafka_broker import listen_port
 
 __all__ = ["SeaweedS3", "free_port_pair", "moto_s3"]
 
@@ -43,28 +44,10 @@ SECRET = "weir-test-secret-not-for-logs"
 REGION = "us-east-1"
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def free_port_pair(taken: set[int]) -> int:
     """A free loopback port whose +10000 (SeaweedFS's gRPC port) is free too and not in
-    ``taken`` (added to it)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port + 10000 > 65535 or {port, port + 10000} & taken:
-            continue
-        if _bindable(port + 10000):
-            taken.update((port, port + 10000))
-            return port
-    raise RuntimeError("no free port pair for SeaweedFS")
+    ``taken`` (added to it), both below the kernel's ephemeral range (``listen_port``)."""
+    return listen_port(taken, also=10_000)
 
 
 class SeaweedS3:

@@ -84,6 +84,24 @@ def race(n: int, attempt: Any) -> list[Any]:
 # ------------------------------------------------------------------ compare-and-set
 
 
+def test_the_test_servers_listen_below_the_kernels_ephemeral_ports() -> None:
+    """A server's port is chosen free and bound later; a port of the ephemeral range can
+    be given to an outgoing connection in between (weed mini once failed so), a port
+    below it cannot. Ports and their second port (+10000) are free, distinct, and not
+    chosen twice."""
+    import socket
+
+    from weir.examples._kafka_broker import _ephemeral_low, listen_port
+
+    low = _ephemeral_low()
+    taken: set[int] = set()
+    pairs = [listen_port(taken, also=10_000) for _ in range(20)]
+    assert len(taken) == 40 and all(p + 10_000 < low for p in pairs)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", pairs[0]))  # (still free: nothing binds until asked)
+    assert listen_port() < low
+
+
 def test_an_exclusive_create_of_an_existing_object_is_false_not_an_error(
     s3: tuple[str, dict[str, Any]]
 ) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -33,6 +34,44 @@ def noida_db() -> Path:
     return Path(found)
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out on its own (to ``bind(0)`` and to every
+    outgoing connection); 32768 where it does not say."""
+    with contextlib.suppress(OSError, ValueError, IndexError), open(
+            "/proc/sys/net/ipv4/ip_local_port_range") as f:
+        return int(f.read().split()[0])
+    return 32768
+
+
+def listen_port(taken: set[int] | None = None, also: int = 0) -> int:
+    """A loopback port for a server started later (and ``port + also`` when ``also``,
+    a server's second port), free now, below the kernel's ephemeral range: a port of
+    that range, free when chosen, can be given to any outgoing connection before the
+    server binds it (a server of the test suite once failed so). Random among those
+    free, not in ``taken`` (added to it)."""
+    taken = set() if taken is None else taken
+    low = 10_000
+    high = _ephemeral_low() - 1 - also
+    rng = random.Random()
+    for _ in range(500):
+        port = rng.randint(low, high)
+        ports = {port, port + also}
+        if ports & taken or not all(map(_bindable, ports)):
+            continue
+        taken.update(ports)
+        return port
+    raise RuntimeError(f"no free loopback port in {low}..{high}")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 class Broker:
     """One noida-db broker on ``bootstrap`` (127.0.0.1:<free port>), its data in
     ``data_dir``. :meth:`stop` and :meth:`restart` keep the data (a fault test's broker
@@ -42,9 +81,7 @@ class Broker:
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
+        self.port = listen_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.log = data_dir.parent / f"noida-{self.port}.log"
         self._proc: subprocess.Popen[bytes] | None = None
