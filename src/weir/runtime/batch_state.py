@@ -99,13 +99,13 @@ def _numeric_kind(values: Any) -> str | None:
     return None
 
 
-#: the Python type ``tolist`` makes of the values of each numeric kind
-_PYTHON_TYPE: dict[str | None, type] = {"i": int, "u": int, "f": float}
-#: the hash map's numbers moved in C (``dict_get_numbers``, ``dict_put_numbers``): the
-#: kind of each Arrow type read, the native NumPy type of each kind written (unsigned
-#: ints take the checked path: beyond int64 they are ints some serializers refuse)
+#: numbers moved in C (``dict_get_numbers``, ``dict_put_numbers``): the kind of each
+#: Arrow type read, the native NumPy type of each kind written and the Python type the
+#: state holds of it (unsigned ints take the checked path: beyond int64 they are ints
+#: some serializers refuse)
 _NUMBER_KIND: dict[pa.DataType, str] = {pa.int64(): "i", pa.float64(): "f"}
 _NUMBER_DTYPE: dict[str | None, str] = {"i": "=i8", "f": "=f8"}
+_PYTHON_TYPE: dict[str, type] = {"i": int, "f": float}
 
 
 def _as_numpy(values: Any, dtype: str) -> np.ndarray:
@@ -124,6 +124,13 @@ def _has_none(values: list[Any]) -> bool:
     return any(map(operator.is_, values, itertools.repeat(None)))
 
 
+def _check_types(table: Any, values: list[Any]) -> None:
+    """A hash-map table's write check of ``values``: one value of each type it has
+    not accepted yet (as its per-record writes check them)."""
+    for kind in set(map(type, values)) - table._ok:
+        table._check(next(v for v in values if type(v) is kind))
+
+
 def _from_buffers(kind: pa.DataType, n: int, got: tuple[bytearray, bytearray | None, int]
                   ) -> pa.Array:
     """An int64 or float64 Arrow array of ``n`` values from ``(native values, validity
@@ -132,12 +139,6 @@ def _from_buffers(kind: pa.DataType, n: int, got: tuple[bytearray, bytearray | N
     return pa.Array.from_buffers(kind, n, [
         None if validity is None else pa.py_buffer(validity), pa.py_buffer(data)],
         null_count=nulls)
-
-
-def _split8(values: np.ndarray) -> list[bytes]:
-    """Each 8-byte item of ``values`` as its own ``bytes`` (a void view: every byte
-    kept, trailing zeros too)."""
-    return values.view("V8").tolist()  # type: ignore[no-any-return]
 
 
 def _decode_fixed(stored: list[bytes | None], fixed: tuple[str, pa.DataType, set[type]]
@@ -183,7 +184,6 @@ class BatchStateView(BatchValueState[Any]):
         #: the Arrow keys of the last call, their Python values and prefixed bytes
         self._last: tuple[Any, list[Any], list[bytes]] | None = None
 
-
     def _keys(self, keys: Any) -> tuple[list[Any], list[bytes] | None]:
         """``keys`` as Python values, and their prefixed bytes when the hash map's path
         needs them: an Arrow array (immutable) given again, as a ``get`` and then a
@@ -226,16 +226,20 @@ class BatchStateView(BatchValueState[Any]):
 
     def put(self, keys: Keys, values: pa.Array | pa.ChunkedArray | Sequence[Any]) -> None:
         keys, prefixed = self._keys(keys)
-        if self._rocks is not None:
+        rocks = self._rocks
+        if rocks is not None:
             assert prefixed is not None
             packed = self._packed(values)
+            if packed is None:
+                values = pylist(values)
+                packed = self._packed_list(values)
             if packed is not None:  # (stored from the array where the cache takes it)
                 self._check_length(keys, packed)
-                self._rocks.store_fixed(prefixed, packed)
+                rocks.store_fixed(prefixed, packed)
                 return
-            datas = self._encoded(pylist(values))
-            self._check_length(keys, datas)
-            self._rocks.store_many(prefixed, datas)
+            self._check_length(keys, values)
+            encode = rocks._encode
+            rocks.store_many(prefixed, [None if v is None else encode(v) for v in values])
             return
         table = self._table
         numeric = _numeric_kind(values)
@@ -243,15 +247,13 @@ class BatchStateView(BatchValueState[Any]):
             assert prefixed is not None and numeric is not None
             array = _as_numpy(values, _NUMBER_DTYPE[numeric])
             self._check_length(keys, array)
-            kind = _PYTHON_TYPE[numeric]
-            if kind not in table._ok and len(array):  # the write check, once per type
-                table._check(kind(array[0]))
+            if len(array):  # the write check, once per type
+                _check_types(table, [_PYTHON_TYPE[numeric](array[0])])
             try:
                 dict_put_numbers(table._data, prefixed, array, numeric)
             finally:  # (recorded even if it stopped part way)
                 self._mark(prefixed)
             return
-        known = _PYTHON_TYPE.get(numeric)  # (the values' one type, if known)
         values = pylist(values)
         self._check_length(keys, values)
         if table is None:
@@ -267,15 +269,12 @@ class BatchStateView(BatchValueState[Any]):
                 self._op.key_context.clear()
             return
         assert prefixed is not None
-        if known is None and _has_none(values):  # a null deletes, as update(None) does; each
-            last = dict(zip(prefixed, values, strict=True))  # key's last counts
+        if _has_none(values):  # a null deletes, as update(None) does; each key's last
+            last = dict(zip(prefixed, values, strict=True))  # counts
             self._remove([k for k, v in last.items() if v is None])
             prefixed = [k for k, v in last.items() if v is not None]
             values = [last[k] for k in prefixed]
-        check, ok = table._check, table._ok
-        kinds = {known} if known and values else set(map(type, values))
-        for kind in kinds - ok:  # the write check, once per new type
-            check(next(v for v in values if type(v) is kind))
+        _check_types(table, values)
         table._data.update(zip(prefixed, values, strict=True))
         self._mark(prefixed)
 
@@ -311,20 +310,16 @@ class BatchStateView(BatchValueState[Any]):
             return None
         return _as_numpy(values, fixed[0])
 
-    def _encoded(self, values: list[Any]) -> list[bytes | None]:
-        """RocksDB's stored bytes of ``values`` (None: a delete), checked as
-        ``ValueState.update`` checks them; fixed-width ints and floats packed at once."""
-        assert self._rocks is not None
+    def _packed_list(self, values: list[Any]) -> np.ndarray | None:
+        """:meth:`_packed` of Python ints or floats of a fixed-width state's own types
+        (None: another value, or an int beyond int64, for the checked encode)."""
         fixed = self._fixed
-        if fixed is not None and values and set(map(type, values)) <= fixed[2]:
-            try:
-                data = np.asarray(values, dtype=fixed[0]).tobytes()
-            except OverflowError:  # (an int beyond int64: the checked encode says so)
-                pass
-            else:
-                return _split8(np.frombuffer(data, dtype=fixed[0]))  # type: ignore[return-value]
-        encode = self._rocks._encode
-        return [None if v is None else encode(v) for v in values]
+        if fixed is None or not values or not set(map(type, values)) <= fixed[2]:
+            return None
+        try:
+            return np.asarray(values, dtype=fixed[0])
+        except OverflowError:  # (an int beyond int64: the checked encode says so)
+            return None
 
     def _at(self, key: Any) -> None:
         self._op.key_context.set_current_key(key)
@@ -411,9 +406,7 @@ class BatchListView(_KeyByKey, BatchListState[Any]):
             raise ValueError(f"state {self._name!r}: {len(keys)} keys with "
                              f"{[len(items)]} values")
         prefixed = _prefixed_keys(self._op, keys)
-        check, ok = table._check, table._ok
-        for kind in set(map(type, items)) - ok:  # the write check, once per type
-            check(next(v for v in items if type(v) is kind))
+        _check_types(table, items)
         try:
             dict_append_many(table._data, prefixed, items)
         finally:  # (recorded even if it stopped part way)

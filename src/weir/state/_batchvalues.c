@@ -44,6 +44,29 @@ eight_bytes_each(PyObject *values, Py_ssize_t n, const char *who, Py_buffer *vie
     return 0;
 }
 
+/* 0 when every item of the list keys is a bytes object (prefixed keys); -1 with a
+ * TypeError naming who otherwise. The loops below run no code that could change a
+ * list the caller made for the call, and re-read its length where a replaced value's
+ * finalizer runs. */
+static int
+bytes_keys(PyObject *keys, const char *who)
+{
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
+        if (!PyBytes_CheckExact(PyList_GET_ITEM(keys, i))) {
+            PyErr_Format(PyExc_TypeError, "%s: keys must be bytes", who);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Row i of a column read is null: its validity bit cleared. */
+static inline void
+set_null(unsigned char *bits, Py_ssize_t i)
+{
+    bits[i / 8] &= (unsigned char)~(1u << (i % 8));
+}
+
 /* A column of n 8-byte values and its validity bitmap (every bit set), new; -1 with
  * an error set (nothing allocated) otherwise. */
 static int
@@ -85,6 +108,9 @@ weir_dict_get_numbers(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *data = args[0], *keys = args[1], *values, *validity;
+    if (bytes_keys(keys, "dict_get_numbers") < 0) {
+        return NULL;
+    }
     Py_ssize_t n = PyList_GET_SIZE(keys);
     if (new_column(n, &values, &validity) < 0) {
         return NULL;
@@ -96,41 +122,31 @@ weir_dict_get_numbers(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         /* (no Python code runs in this loop: keys stays as it is; the dict's lookups
          * of bytes keys call no user code) */
         PyObject *key = PyList_GET_ITEM(keys, i);
-        if (!PyBytes_CheckExact(key)) {
-            PyErr_SetString(PyExc_TypeError, "dict_get_numbers: keys must be bytes");
-            goto fail;
-        }
         PyObject *value = PyDict_GetItemWithError(data, key);
-        int64_t i64 = 0;
-        double f64 = 0.0;
         if (value == NULL) {
             if (PyErr_Occurred()) {
                 goto fail;
             }
-            bits[i / 8] &= (unsigned char)~(1u << (i % 8));
+            set_null(bits, i);
             nulls++;
+            memset(out + i * 8, 0, 8);
         }
         else if (kind == 'i') {
             if (!PyLong_CheckExact(value)) {
                 goto decline;
             }
             int overflow = 0;
-            long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+            int64_t i64 = (int64_t)PyLong_AsLongLongAndOverflow(value, &overflow);
             if (overflow != 0) {
                 goto decline;
             }
-            i64 = (int64_t)v;
+            memcpy(out + i * 8, &i64, 8);
         }
         else {
             if (!PyFloat_CheckExact(value)) {
                 goto decline;
             }
-            f64 = PyFloat_AS_DOUBLE(value);
-        }
-        if (kind == 'i') {
-            memcpy(out + i * 8, &i64, 8);
-        }
-        else {
+            double f64 = PyFloat_AS_DOUBLE(value);
             memcpy(out + i * 8, &f64, 8);
         }
     }
@@ -161,6 +177,9 @@ weir_dict_put_numbers(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *data = args[0], *keys = args[1];
+    if (bytes_keys(keys, "dict_put_numbers") < 0) {
+        return NULL;
+    }
     Py_buffer view;
     Py_ssize_t n = PyList_GET_SIZE(keys);
     if (eight_bytes_each(args[2], n, "dict_put_numbers", &view) < 0) {
@@ -169,11 +188,6 @@ weir_dict_put_numbers(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     const char *in = (const char *)view.buf;
     for (Py_ssize_t i = 0; i < n && i < PyList_GET_SIZE(keys); i++) {
         PyObject *key = PyList_GET_ITEM(keys, i);
-        if (!PyBytes_CheckExact(key)) {
-            PyBuffer_Release(&view);
-            PyErr_SetString(PyExc_TypeError, "dict_put_numbers: keys must be bytes");
-            return NULL;
-        }
         PyObject *value;
         if (kind == 'i') {
             int64_t v;
@@ -211,13 +225,12 @@ weir_dict_append_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *data = args[0], *keys = args[1], *values = args[2];
+    if (bytes_keys(keys, "dict_append_many") < 0) {
+        return NULL;
+    }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys) && i < PyList_GET_SIZE(values); i++) {
         PyObject *key = PyList_GET_ITEM(keys, i);
         PyObject *value = PyList_GET_ITEM(values, i);
-        if (!PyBytes_CheckExact(key)) {
-            PyErr_SetString(PyExc_TypeError, "dict_append_many: keys must be bytes");
-            return NULL;
-        }
         PyObject *stored = PyDict_GetItemWithError(data, key);
         if (stored == NULL) {
             if (PyErr_Occurred()) {
@@ -267,6 +280,9 @@ weir_cache_get_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *cache = args[0], *keys = args[1], *values, *validity;
+    if (bytes_keys(keys, "cache_get_fixed") < 0) {
+        return NULL;
+    }
     Py_ssize_t n = PyList_GET_SIZE(keys);
     if (new_column(n, &values, &validity) < 0) {
         return NULL;
@@ -276,17 +292,13 @@ weir_cache_get_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t nulls = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *key = PyList_GET_ITEM(keys, i);
-        if (!PyBytes_CheckExact(key)) {
-            PyErr_SetString(PyExc_TypeError, "cache_get_fixed: keys must be bytes");
-            goto fail;
-        }
         PyObject *data = PyDict_GetItemWithError(cache, key);
         uint64_t u = 0;
         if (data == NULL && PyErr_Occurred()) {
             goto fail;
         }
         if ((data == NULL && complete) || data == Py_None) {
-            bits[i / 8] &= (unsigned char)~(1u << (i % 8));
+            set_null(bits, i);
             nulls++;
         }
         else if (data == NULL || !PyBytes_CheckExact(data) || PyBytes_GET_SIZE(data) != 8) {
@@ -323,6 +335,9 @@ weir_cache_put_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *cache = args[0], *record = args[1], *keys = args[2];
+    if (bytes_keys(keys, "cache_put_fixed") < 0) {
+        return NULL;
+    }
     Py_buffer view;
     Py_ssize_t n = PyList_GET_SIZE(keys);
     if (eight_bytes_each(args[3], n, "cache_put_fixed", &view) < 0) {
@@ -331,11 +346,6 @@ weir_cache_put_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     const char *in = (const char *)view.buf;
     for (Py_ssize_t i = 0; i < n && i < PyList_GET_SIZE(keys); i++) {
         PyObject *key = PyList_GET_ITEM(keys, i);
-        if (!PyBytes_CheckExact(key)) {
-            PyBuffer_Release(&view);
-            PyErr_SetString(PyExc_TypeError, "cache_put_fixed: keys must be bytes");
-            return NULL;
-        }
         Py_INCREF(key); /* (a replaced value's finalizer cannot take it from us) */
         PyObject *data = PyBytes_FromStringAndSize(in + i * 8, 8);
         int failed = data == NULL || PyDict_SetItem(cache, key, data) < 0

@@ -190,8 +190,8 @@ accepted(PyObject *types, PyObject **last, PyObject *value)
 /* A write of key: counted, and key added to the tracked set (all keys, or with a
  * sample mask only those whose hash has none of its bits: a bytes key's hash is
  * cached by the dict store before, so the test costs no hashing); at the table's
- * dirty limit the record turns sampled. The Python side's HashMapTable._mark
- * (weir/state/hashmap_tables.py) does the same. */
+ * dirty limit the record turns sampled. The tables' Python methods record their
+ * writes through it too (TableCore._mark). */
 static inline int
 mark_dirty(TableCore *self, PyObject *key)
 {
@@ -232,6 +232,21 @@ mark_dirty(TableCore *self, PyObject *key)
         __VA_ARGS__                                                               \
     }
 
+/* _mark(key: bytes): mark_dirty of one key (the tables' Python methods' writes:
+ * weir/state/hashmap_tables.py). */
+static PyObject *
+table_mark(TableCore *self, PyObject *key)
+{
+    if (!PyBytes_CheckExact(key)) {
+        PyErr_SetString(PyExc_TypeError, "_mark: a key is bytes");
+        return NULL;
+    }
+    if (mark_dirty(self, key) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* _mark_many(keys: list[bytes]): mark_dirty of each key in turn (a batch function's
  * writes and deletes: weir/runtime/batch_state.py). */
 static PyObject *
@@ -246,21 +261,20 @@ table_mark_many(TableCore *self, PyObject *keys)
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
         PyObject *key = Py_NewRef(PyList_GET_ITEM(keys, i));
-        if (!PyBytes_CheckExact(key)) {
-            Py_DECREF(key);
-            PyErr_SetString(PyExc_TypeError, "_mark_many: keys must be bytes");
-            return NULL;
-        }
-        int failed = mark_dirty(self, key);
+        PyObject *done = table_mark(self, key);
         Py_DECREF(key);
-        if (failed < 0) {
+        if (done == NULL) {
             return NULL;
         }
+        Py_DECREF(done);
     }
     Py_RETURN_NONE;
 }
 
 static PyMethodDef table_methods[] = {
+    {"_mark", (PyCFunction)table_mark, METH_O,
+     "Record a write of a key when changes are tracked (mark_dirty: counted, the key "
+     "tracked, or only sampled; at the dirty limit the record turns sampled)."},
     {"_mark_many", (PyCFunction)table_mark_many, METH_O,
      "Record a write of each of a list of keys, as a single write records its key."},
     {NULL},

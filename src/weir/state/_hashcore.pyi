@@ -88,6 +88,10 @@ class TableCore:
     _sample_mask: int
     _dirty_limit: int
 
+    def _mark(self, key: bytes) -> None:
+        """Record a write of ``key`` when changes are tracked (counted; tracked, or only
+        sampled; at the dirty limit the record turns sampled)."""
+
     def _mark_many(self, keys: list[bytes]) -> None:
         """Record a write of each key (changelog tracking), as a single write does."""
 

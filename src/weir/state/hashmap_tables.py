@@ -103,18 +103,6 @@ class HashMapTable(TableCore):
         self._data.pop(key, None)
         self._mark(key)
 
-    def _mark(self, key: bytes) -> None:
-        """Record a write of ``key`` when changes are tracked: counted, and the key
-        tracked (every key; or, sampled, only if in the sample; at the dirty limit the
-        record turns sampled: ``_hashcore.c``'s mark_dirty)."""
-        dirty = self._dirty
-        if dirty is not None:
-            self._writes += 1
-            if self._sample_mask and hash(key) & self._sample_mask:
-                return
-            dirty.add(key)
-            self._check_limit(dirty)
-
     def written_estimate(self) -> int:
         """The keys written since the record started over: counted exactly, estimated
         from the sample (the exact part as counted when the record turned sampled at
@@ -127,11 +115,6 @@ class HashMapTable(TableCore):
         if limit and self._sample_mask:  # exact up to the limit, sampled after it
             return limit + max(0, len(dirty) - limit) * scale
         return len(dirty) * scale
-
-    def _check_limit(self, dirty: set[bytes]) -> None:
-        """At ``_dirty_limit`` keys tracked, the exact record turns into the sample."""
-        if self._dirty_limit and not self._sample_mask and len(dirty) >= self._dirty_limit:
-            self._sample_mask = SAMPLE_MASK
 
     def track_changes(self, sample_mask: int = 0, dirty_limit: int = 0) -> None:
         """Record the writes from now on (for changelog snapshots): every key written,
